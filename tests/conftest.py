@@ -1,0 +1,44 @@
+"""Shared fixtures: a tiny model config and small byte streams, sized for a 2-core machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarm.data import ByteWindows
+from swarm.model import ModelConfig
+
+TINY = {"prefix_len": 16, "gen_len": 8, "d_model": 32, "n_heads": 2, "n_layers": 4, "n_blocks": 2}
+
+SAMPLE_TEXT = (
+    "The quick brown fox jumps over the lazy dog. "
+    "A swarm of small computers can train one model together, block by block. "
+) * 40
+
+
+@pytest.fixture
+def tiny_config() -> ModelConfig:
+    return ModelConfig(**TINY)
+
+
+@pytest.fixture
+def tiny_windows(tiny_config) -> ByteWindows:
+    return ByteWindows(torch.tensor(list(SAMPLE_TEXT.encode()), dtype=torch.uint8), tiny_config.seq_len)
+
+
+@pytest.fixture
+def tiny_config_file(tmp_path) -> Path:
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    return path
+
+
+@pytest.fixture
+def text_file(tmp_path) -> Path:
+    """A small text file of paragraphs: a local corpus for the commands."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join(SAMPLE_TEXT[i : i + 300] for i in range(0, len(SAMPLE_TEXT), 300)))
+    return path
