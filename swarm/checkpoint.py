@@ -59,7 +59,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: t.detach().contiguous().clone() for name, t in module.state_dict().items()}
+    return {name: t.detach().cpu().contiguous().clone() for name, t in module.state_dict().items()}
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ def run_command(command: click.Command) -> None:
     setup_logging()
     name = command.name or "swarm"
     try:
-        status = command.main(prog_name=name, standalone_mode=False)
+        args = expand_multi_value_option(sys.argv[1:])
+        status = command.main(args=args, prog_name=name, standalone_mode=False)
     except click.exceptions.Exit as done:
         status = done.exit_code
     except click.ClickException as error:
@@ -44,3 +45,23 @@ def _fail(name: str, message: str, status: int) -> None:
     sys.stderr.write(f"{name}: error: {one_line}\n")
     sys.stderr.flush()
     sys.exit(status)
+
+
+def expand_multi_value_option(args: list[str], option: str = "--initial-peers") -> list[str]:
+    """Let `--initial-peers A B C` mean `--initial-peers A --initial-peers B --initial-peers C`.
+
+    click options take one value each; only the multiaddrs (arguments starting with '/')
+    right after the option are taken, so a positional argument after them is left alone.
+    """
+    expanded, i = [], 0
+    while i < len(args):
+        expanded.append(args[i])
+        if args[i] == option and i + 1 < len(args):
+            expanded.append(args[i + 1])
+            i += 2
+            while i < len(args) and args[i].startswith("/"):
+                expanded += [option, args[i]]
+                i += 1
+            continue
+        i += 1
+    return expanded

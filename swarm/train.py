@@ -67,13 +67,14 @@ class Trainer:
             self.module.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay
         )
         self.generator = torch.Generator().manual_seed(self.config.seed)
+        self.device = next(self.module.parameters()).device
 
     def step(self) -> float:
         started = time.perf_counter()
         self.module.train()
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.lr_at(self.step_count)
-        window = self.windows.sample(self.config.batch_size, self.generator)
+        window = self.windows.sample(self.config.batch_size, self.generator).to(self.device)
         loss = self.loss_fn(window, self.generator)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -87,20 +88,23 @@ class Trainer:
 
 def diffusion_loss_fn(denoiser: Denoiser, block: int | None) -> LossFn:
     """The loss of one block on its widened sigma interval (or of the end-to-end model on all of it)."""
-    codebook, partition = make_codebook(denoiser.config), NoisePartition(denoiser.config)
+    device = next(denoiser.parameters()).device
+    codebook, partition = make_codebook(denoiser.config).to(device), NoisePartition(denoiser.config)
 
     def loss(window: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         sigma = partition.sample(len(window), block, generator)
         noise = torch.randn(len(window), denoiser.config.gen_len, denoiser.config.d_model, generator=generator)
-        return denoising_loss(denoiser, codebook, window, sigma, noise)
+        return denoising_loss(denoiser, codebook, window, sigma.to(device), noise.to(device))
 
     return loss
 
 
-def block_trainer(config: ModelConfig, block: int, windows: ByteWindows, train_config: TrainConfig) -> Trainer:
+def block_trainer(
+    config: ModelConfig, block: int, windows: ByteWindows, train_config: TrainConfig, device: str = "cpu"
+) -> Trainer:
     """A trainer that holds block `block` and nothing of any other block."""
     torch.manual_seed(train_config.seed * 1000 + block)
-    denoiser = build_block(config, block)
+    denoiser = build_block(config, block).to(device)
     return Trainer(denoiser, diffusion_loss_fn(denoiser, block), windows, _seeded(train_config, block))
 
 

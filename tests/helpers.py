@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+from swarm.launch import command_path
+
 COMMAND_TIMEOUT_S = 240
-
-
-def command_path(name: str) -> str:
-    """The console script of this environment (next to its python), else the one on PATH."""
-    beside = Path(sys.executable).parent / name
-    found = str(beside) if beside.exists() else shutil.which(name)
-    assert found, f"{name} is not installed: pip install -e ."
-    return found
 
 
 def run_command(name: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

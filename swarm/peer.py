@@ -1,0 +1,214 @@
+"""A swarm peer: joins, picks a block, starts from the freshest replica, trains, serves, announces.
+
+`Peer.run()` is the whole life of `swarm-peer`:
+1. join the DHT and read the swarm's model config (`S.model`);
+2. pick a block (`auto`: the one with the fewest live hosts);
+3. start from its own newest checkpoint, else the freshest verified replica's, else fresh;
+4. serve its checkpoints over P2P and announce itself under `S.block.<b>`;
+5. train with the core's block trainer, saving every `save_every` steps and announcing
+   every `announce_period` seconds, until `max_steps` or a stop signal;
+6. on stop: save, announce that it is leaving, shut down.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hivemind.utils.crypto import RSAPrivateKey
+
+from swarm import __version__
+from swarm.checkpoint import decode_block
+from swarm.data import load_corpus
+from swarm.directory import SwarmDirectory, freshest_first, least_hosted_block
+from swarm.errors import SwarmError
+from swarm.model import ModelConfig
+from swarm.network import EventLoopThread, NetworkOptions, start_dht
+from swarm.records import BlockAnnouncement, CheckpointInfo, PeerState, check_swarm_name
+from swarm.train import TrainConfig, Trainer, block_trainer
+from swarm.transfer import BlockServicer, CheckpointStore, fetch_verified
+
+logger = logging.getLogger(__name__)
+
+P2P_CALL_TIMEOUT_S = 30.0
+LOSS_WINDOW = 20  # steps averaged into the announced loss
+
+
+@dataclass
+class PeerConfig:
+    """Everything `swarm-peer` is told; the defaults suit the built-in demo on one machine."""
+
+    swarm: str = "demo"
+    block: str = "auto"  # "auto" or a block index
+    checkpoint_dir: str = "peer-checkpoints"
+    data: str | None = None  # text source; None: the built-in corpus
+    device: str = "cpu"
+    max_steps: int | None = None  # stop after this many steps (None: until stopped)
+    save_every: int = 50
+    announce_period: float = 10.0
+    public_name: str = ""
+    batch_size: int = 32
+    lr: float = 2e-3
+    join_timeout: float = 30.0
+    network: NetworkOptions = field(default_factory=NetworkOptions)
+
+    def checked(self) -> "PeerConfig":
+        check_swarm_name(self.swarm)
+        if self.block != "auto" and not self.block.isdigit():
+            raise SwarmError(f"--block must be 'auto' or a block index, not {self.block!r}")
+        if self.announce_period <= 0 or self.save_every <= 0:
+            raise SwarmError("--announce-period and --save-every must be positive")
+        return self
+
+
+class Peer:
+    """One peer's life; `stop()` (or SIGINT/SIGTERM) ends it cleanly after the current step."""
+
+    def __init__(self, config: PeerConfig):
+        self.config = config.checked()
+        self.stopping = threading.Event()
+        self.private_key = RSAPrivateKey()
+        self.dht = self.loop = None
+        self.trainer: Trainer | None = None
+        self.checkpoint: CheckpointInfo | None = None
+        self.checkpoint_time: float | None = None
+        self.state: PeerState = "joining"
+
+    def stop(self, *_signal_args) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self.stop)
+        try:
+            self._join()
+            self._train_until_stopped()
+        finally:
+            self._leave()
+
+    def _join(self) -> None:
+        self.dht = start_dht(self.config.swarm, self.config.network, self.private_key)
+        self.peer_id = self.dht.peer_id.to_base58()
+        self.directory = SwarmDirectory(self.dht, self.config.swarm, self.private_key)
+        self.model_config = self.directory.wait_for_model(self.config.join_timeout)
+        self.block = self._choose_block(self.model_config)
+        logger.info("peer %s hosts block %d of swarm %r", self.peer_id, self.block, self.config.swarm)
+        self._announce(wait=True)  # as "joining": peers choosing a block now see this one taken
+        self.store = CheckpointStore(Path(self.config.checkpoint_dir), self.model_config, self.block, self.config.swarm)
+        self.loop = EventLoopThread()
+        self.p2p = self.loop.run(self.dht.replicate_p2p(), P2P_CALL_TIMEOUT_S)
+        windows = load_corpus(self.config.data).windows("train", self.model_config.seq_len)
+        train_config = TrainConfig(
+            steps=self.config.max_steps or 100_000, batch_size=self.config.batch_size, lr=self.config.lr
+        )
+        self.trainer = block_trainer(self.model_config, self.block, windows, train_config, self.config.device)
+        self._load_start_state()
+        servicer = BlockServicer(self.block, self.store, self.info)
+        self.loop.run(servicer.add_p2p_handlers(self.p2p), P2P_CALL_TIMEOUT_S)
+        self.state = "training"
+        self._announce(wait=True)
+
+    def _choose_block(self, config: ModelConfig) -> int:
+        if self.config.block == "auto":
+            return least_hosted_block(self.directory.all_hosts(config.n_blocks))
+        block = int(self.config.block)
+        if block >= config.n_blocks:
+            raise SwarmError(f"block index {block} is out of range: swarm {self.config.swarm!r} has blocks 0..{config.n_blocks - 1}")
+        return block
+
+    def _load_start_state(self) -> None:
+        """Own newest checkpoint, else the freshest verified replica's, else fresh weights."""
+        local = self.store.latest()
+        if local is not None:
+            path, self.checkpoint = local
+            data, origin = path.read_bytes(), f"own checkpoint {path}"
+        else:
+            data, origin = self._fetch_from_replica()
+        if data is None:
+            logger.info("block %d: no checkpoint anywhere, starting fresh", self.block)
+            return
+        denoiser, step = decode_block(data, self.model_config, self.block)
+        self.trainer.module.load_state_dict(denoiser.state_dict())
+        self.trainer.step_count = step
+        self.checkpoint_time = time.time()
+        logger.info("block %d: starting at step %d from %s", self.block, step, origin)
+
+    def _fetch_from_replica(self) -> tuple[bytes | None, str]:
+        hosts = freshest_first(self.directory.hosts(self.block))
+        if not hosts:
+            return None, ""
+        coro = fetch_verified(self.p2p, hosts, self.model_config, self.block)
+        data, host = self.loop.run(coro, P2P_CALL_TIMEOUT_S * 2 * len(hosts))
+        self.store.adopt(data, host.announcement.checkpoint)
+        self.checkpoint = host.announcement.checkpoint
+        return data, f"replica {host.peer_id} ({host.announcement.public_name or 'unnamed'})"
+
+    def _train_until_stopped(self) -> None:
+        last_announce = time.monotonic()
+        while not self.stopping.is_set():
+            if self.config.max_steps is not None and self.trainer.step_count >= self.config.max_steps:
+                break
+            self.trainer.step()
+            if self.trainer.step_count % self.config.save_every == 0:
+                self._save()
+            if time.monotonic() - last_announce >= self.config.announce_period:
+                self._announce()
+                last_announce = time.monotonic()
+        self._save()
+        self.state = "serving"  # done training (max steps): still serves its checkpoint until stopped
+        self._announce(wait=True)
+        if not self.stopping.is_set():
+            logger.info("block %d: reached %d steps; serving until stopped", self.block, self.trainer.step_count)
+            while not self.stopping.wait(self.config.announce_period):
+                self._announce()
+
+    def _save(self) -> None:
+        if self.checkpoint is not None and self.checkpoint.step == self.trainer.step_count:
+            return
+        self.checkpoint = self.store.save(self.trainer.module, self.trainer.step_count)
+        self.checkpoint_time = time.time()
+        logger.info("block %d: saved step %d (%s)", self.block, self.checkpoint.step, self.checkpoint.sha256[:12])
+
+    def _announcement(self) -> BlockAnnouncement:
+        recent = self.trainer.losses[-LOSS_WINDOW:] if self.trainer else []
+        seconds = self.trainer.step_seconds[-LOSS_WINDOW:] if self.trainer else []
+        return BlockAnnouncement(
+            peer_id=self.peer_id,
+            state=self.state,
+            step=self.trainer.step_count if self.trainer else 0,
+            checkpoint=self.checkpoint,
+            loss=sum(recent) / len(recent) if recent else None,
+            throughput=len(seconds) / sum(seconds) if seconds else 0.0,
+            version=__version__,
+            public_name=self.config.public_name,
+            checkpoint_time=self.checkpoint_time,
+        )
+
+    def _announce(self, wait: bool = False) -> None:
+        lifetime = 3 * self.config.announce_period
+        ok = self.directory.announce(self.block, self._announcement(), lifetime, wait=wait)
+        if wait and not ok:
+            logger.warning("block %d: announcement was not stored by any DHT node", self.block)
+
+    def info(self) -> dict:
+        """What this peer hosts: answered to `rpc_info` (status, ping)."""
+        return {"block": getattr(self, "block", None), **self._announcement().model_dump()}
+
+    def _leave(self) -> None:
+        if self.dht is None:
+            return
+        try:
+            if self.trainer is not None and getattr(self, "block", None) is not None:
+                self._save()
+                self.state = "leaving"
+                self._announce(wait=True)
+        except Exception as error:  # leaving must not hang or fail: the record expires anyway
+            logger.warning("could not announce leaving: %s", error)
+        if self.loop is not None:
+            self.loop.close(getattr(self, "p2p", None))
+        self.dht.shutdown()
+        logger.info("peer stopped")

@@ -1,0 +1,117 @@
+"""Every record BlockSwarm puts on the DHT: one typed, validated class each, and their keys.
+
+Keys (S is the swarm's name, without dots):
+- `S.model`: a `ModelRecord`, the model config every peer must train, with its hash;
+- `S.block.<b>`: one `BlockAnnouncement` per hosting peer, under a subkey that carries the
+  peer's RSA public key, so hivemind's `RSASignatureValidator` lets only that peer write it.
+
+`SwarmRecordValidator` makes DHT nodes refuse records under these keys that do not match
+their schema (or, for block records, whose subkey carries no public key). Readers parse
+tolerantly as well: an entry that does not parse is skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Literal
+
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.protocol import DHTProtocol
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from swarm.errors import SwarmError
+
+logger = logging.getLogger(__name__)
+
+MAX_BLOCKS = 256  # block records are recognised for indices below this
+SWARM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+PeerState = Literal["joining", "training", "serving", "leaving"]
+
+
+def check_swarm_name(swarm: str) -> str:
+    if not SWARM_NAME.match(swarm):
+        raise SwarmError(f"swarm name {swarm!r} must be 1-64 letters, digits, '-' or '_' (no dots)")
+    return swarm
+
+
+def model_key(swarm: str) -> str:
+    return f"{swarm}.model"
+
+
+def block_key(swarm: str, block: int) -> str:
+    return f"{swarm}.block.{block}"
+
+
+class _Record(BaseModel):
+    """Strict on types, tolerant of unknown fields (a newer peer may add some)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class CheckpointInfo(_Record):
+    """A checkpoint a peer can serve: the receiver checks size and sha256 before keeping a byte."""
+
+    step: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(gt=0, le=2**34)
+
+
+class BlockAnnouncement(_Record):
+    """What a peer says about the block it hosts, refreshed every announce period."""
+
+    peer_id: str = Field(min_length=1, max_length=128)
+    state: PeerState
+    step: int = Field(ge=0)
+    checkpoint: CheckpointInfo | None = None
+    loss: float | None = None
+    throughput: float = Field(default=0.0, ge=0)  # optimizer steps per second
+    version: str = Field(default="", max_length=32)
+    public_name: str = Field(default="", max_length=64)
+    checkpoint_time: float | None = None  # unix time the checkpoint was saved
+
+
+class ModelRecord(_Record):
+    """The model every peer of the swarm trains; peers compare `config_hash` before joining."""
+
+    config: dict
+    config_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+def parse_record(schema: type[_Record], value: object) -> _Record | None:
+    """The record, or None if the value does not fit the schema (readers skip such entries)."""
+    try:
+        return schema.model_validate(value)
+    except ValidationError as error:
+        logger.debug("skipping a %s that does not parse: %s", schema.__name__, error)
+        return None
+
+
+class SwarmRecordValidator(RecordValidatorBase):
+    """Rejects malformed records under one swarm's keys; other keys pass through untouched."""
+
+    def __init__(self, swarm: str):
+        self._schemas: dict[bytes, type[_Record]] = {DHTID.generate(source=model_key(swarm)).to_bytes(): ModelRecord}
+        for block in range(MAX_BLOCKS):
+            self._schemas[DHTID.generate(source=block_key(swarm, block)).to_bytes()] = BlockAnnouncement
+
+    def validate(self, record: DHTRecord) -> bool:
+        schema = self._schemas.get(record.key)
+        if schema is None:
+            return True
+        if schema is BlockAnnouncement and not RSASignatureValidator._PUBLIC_KEY_RE.search(record.subkey or b""):
+            return False  # a block entry must be owned: its subkey carries the owner's public key
+        try:
+            value = DHTProtocol.serializer.loads(record.value)
+        except Exception:  # msgpack raises several types on garbage
+            return False
+        return parse_record(schema, value) is not None
+
+    @property
+    def priority(self) -> int:
+        return 5  # after the signature validator (10), which strips the signature first
+
+    def merge_with(self, other: RecordValidatorBase) -> bool:
+        return False

@@ -1,0 +1,129 @@
+"""The swarm with real processes on 127.0.0.1: bootstrap, peers, fetch, join, crash, forged records."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+import torch
+from hivemind.utils import get_dht_time
+from safetensors.torch import load_file
+
+from helpers import assert_one_line_error, run_command
+from swarm.checkpoint import load_model_folder
+from swarm.launch import LocalSwarm
+from swarm.records import BlockAnnouncement, block_key
+from swarm_helpers import directory_client, wait_for, write_tiny_setup
+
+FAST = ["--max-steps", "6", "--save-every", "3", "--announce-period", "1"]
+SWARM = "swarmtest"
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    """A bootstrap node and one peer per block of a tiny model, each trained for 6 steps."""
+    workdir = tmp_path_factory.mktemp("swarm")
+    config_path, corpus_path = write_tiny_setup(workdir)
+    with LocalSwarm(workdir, swarm=SWARM, config_path=config_path, data=corpus_path) as local:
+        local.start_bootstrap(refresh_period=2)
+        local.peers = {name: local.start_peer(name, block, FAST) for name, block in (("a", "0"), ("b", "1"))}
+        with directory_client(SWARM, local.initial_peers) as directory:
+            local.directory = directory
+            wait_for(lambda: all(serving(directory, b, 6) for b in (0, 1)), 90, "both blocks served at step 6")
+            yield local
+
+
+def serving(directory, block: int, step: int) -> list:
+    return [h for h in directory.hosts(block) if h.announcement.state == "serving" and h.announcement.step == step]
+
+
+def peer_file(local: LocalSwarm, name: str, block: int, step: int):
+    return local.workdir / name / f"block_{block}_step_{step}.safetensors"
+
+
+def test_fetch_assembles_the_peers_latest_checkpoints_and_generates(swarm):
+    result = swarm.run("swarm-fetch", "--out", "fetched")
+    assert result.returncode == 0, result.stderr
+    model = load_model_folder(swarm.workdir / "fetched")
+    for block, name in ((0, "a"), (1, "b")):
+        expected = load_file(peer_file(swarm, name, block, 6))
+        got = model.modules[block].state_dict()
+        assert expected.keys() == got.keys()
+        assert all(torch.equal(expected[k], got[k]) for k in expected)
+        assert model.manifest["blocks"][str(block)]["step"] == 6
+    generated = run_command("swarm-generate", "--model", "fetched", "--max-bytes", "12", "hello", cwd=swarm.workdir)
+    assert generated.returncode == 0, generated.stderr
+
+
+def test_status_lists_every_block_and_host(swarm):
+    result = swarm.run("swarm-status", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)["hosts"]
+    assert {(r["block"], r["public_name"], r["step"]) for r in rows} == {(0, "a", 6), (1, "b", 6)}
+
+
+def test_joining_replica_starts_from_host_checkpoint_then_survives_crashes(swarm):
+    directory = swarm.directory
+    joiner = swarm.start_peer("c", "0", FAST)
+    def c_announcements():  # "joining" entries carry no progress yet; the first one after is checked
+        return [h for h in directory.hosts(0) if h.announcement.public_name == "c" and h.announcement.state != "joining"]
+
+    c_hosts = wait_for(c_announcements, 60, "c announced after joining")
+    assert c_hosts[0].announcement.step == 6  # it starts from the host's step 6, not from 0
+    wait_for(lambda: peer_file(swarm, "c", 0, 6).exists(), 30, "c's checkpoint")
+    assert peer_file(swarm, "c", 0, 6).read_bytes() == peer_file(swarm, "a", 0, 6).read_bytes()
+
+    # the original host of block 0 crashes: its record expires and fetch uses the joiner
+    a_id = [h.peer_id for h in directory.hosts(0) if h.announcement.public_name == "a"][0]
+    swarm.stop(swarm.peers["a"], signal.SIGKILL)
+    wait_for(lambda: a_id not in {h.peer_id for h in directory.hosts(0)}, 30, "a's record to expire")
+    result = swarm.run("swarm-fetch", "--out", "after-crash")
+    assert result.returncode == 0, result.stderr
+    assert load_model_folder(swarm.workdir / "after-crash").manifest["blocks"]["0"]["public_name"] == "c"
+
+    # the last host of block 0 crashes: fetch names the block and leaves no folder behind
+    swarm.stop(joiner, signal.SIGKILL)
+    wait_for(lambda: not directory.hosts(0), 30, "block 0 to have no host")
+    result = swarm.run("swarm-fetch", "--out", "missing")
+    assert_one_line_error(result, "block(s) 0")
+    assert not (swarm.workdir / "missing").exists()
+    assert not [p for p in swarm.workdir.iterdir() if p.name.startswith(".missing")]
+
+
+def test_records_under_another_peers_subkey_or_off_schema_are_rejected(swarm):
+    directory = swarm.directory
+    victim = wait_for(lambda: [h for h in directory.hosts(1) if h.announcement.public_name == "b"], 30, "b")[0]
+    found = directory.dht.get(block_key(SWARM, 1), latest=True)
+    victim_subkey = next(k for k, v in found.value.items() if v.value["peer_id"] == victim.peer_id)
+    forged = BlockAnnouncement(peer_id=victim.peer_id, state="leaving", step=999).model_dump()
+    stored = directory.dht.store(block_key(SWARM, 1), forged, get_dht_time() + 60, subkey=victim_subkey)
+    assert not stored
+    off_schema = {"peer_id": "x", "state": "hacking", "step": -1}
+    assert not directory.dht.store(block_key(SWARM, 1), off_schema, get_dht_time() + 60, subkey=directory.owner_subkey)
+    hosts = directory.hosts(1)
+    assert [h.announcement.step for h in hosts if h.peer_id == victim.peer_id] == [6]
+    assert all(h.announcement.peer_id != "x" for h in hosts)
+
+
+def test_peer_refuses_bad_options_with_one_line(swarm, tmp_path):
+    peer_args = swarm.peer_args("bad", "0")[1:]  # without the program itself
+    cases = [
+        (["--swarm", "has.dot", "--initial-peers", *swarm.initial_peers], "no dots"),
+        (["--swarm", SWARM, "--initial-peers", "not-a-multiaddr"], "not a multiaddr"),
+        (["--swarm", SWARM, "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmSoLnSGccFuZQJzRadHn95W2CrSFmZuTdDWP8HXaHca9z"],
+         "could not join"),
+        ([*peer_args[: peer_args.index("--block")], "--block", "7", *peer_args[peer_args.index("--block") + 2 :]],
+         "out of range"),
+    ]
+    for args, fragment in cases:
+        assert_one_line_error(run_command("swarm-peer", *args, cwd=tmp_path), fragment)
+
+
+def test_sigterm_saves_announces_leaving_and_exits_cleanly(swarm):
+    directory = swarm.directory
+    b_id = wait_for(lambda: [h for h in directory.hosts(1) if h.announcement.public_name == "b"], 30, "b")[0].peer_id
+    code = swarm.stop(swarm.peers["b"], signal.SIGTERM, timeout=10)  # killed (and the test fails) past 10 s
+    assert code == 0, swarm.peers["b"].log()[-2000:]
+    assert b_id not in {h.peer_id for h in directory.hosts(1)}  # gone at once: it said it was leaving
+    assert "peer stopped" in swarm.peers["b"].log()

@@ -1,0 +1,91 @@
+"""Checkpoint transfer over real hivemind P2P on 127.0.0.1, and tolerant reading of records."""
+
+from __future__ import annotations
+
+import hivemind
+import pytest
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.utils import get_dht_time
+
+from swarm.directory import Host, SwarmDirectory
+from swarm.errors import SwarmError
+from swarm.model import build_block
+from swarm.network import EventLoopThread, NetworkOptions, start_dht
+from swarm.records import BlockAnnouncement, CheckpointInfo, block_key
+from swarm.transfer import BlockServicer, CheckpointStore, fetch_verified
+
+
+@pytest.fixture
+def loop():
+    """An event loop thread; P2P handles made through `loop.p2p(dht)` are shut down with it."""
+    loop = EventLoopThread()
+    handles = []
+    loop.p2p = lambda dht: handles.append(loop.run(dht.replicate_p2p(), 30)) or handles[-1]
+    yield loop
+    loop.close(*handles)
+
+
+def serve(loop, tmp_path, name, config, step):
+    """A real DHT node whose P2P handle serves a checkpoint store holding block 0 at `step`."""
+    dht = start_dht("transfer", NetworkOptions())
+    store = CheckpointStore(tmp_path / name, config, block=0, swarm="transfer")
+    info = store.save(build_block(config, 0), step)
+    p2p = loop.p2p(dht)
+    loop.run(BlockServicer(0, store, dict).add_p2p_handlers(p2p), 30)
+    return dht, store, info
+
+
+def host(dht, info: CheckpointInfo) -> Host:
+    announcement = BlockAnnouncement(peer_id=dht.peer_id.to_base58(), state="training", step=info.step, checkpoint=info)
+    return Host(block=0, announcement=announcement, expires_at=get_dht_time() + 60)
+
+
+def test_fetch_moves_past_lying_and_vanished_replicas_to_one_that_verifies(tmp_path, tiny_config, loop, caplog):
+    tampered_dht, tampered_store, tampered_info = serve(loop, tmp_path, "tampered", tiny_config, 9)
+    path = tampered_store.path_for(9)
+    data = bytearray(path.read_bytes())
+    data[-10:] = bytes(10)  # same size, other bytes: the announced sha256 no longer holds
+    path.write_bytes(bytes(data))
+    short_dht, _, short_info = serve(loop, tmp_path, "short", tiny_config, 8)
+    gone_dht, _, gone_info = serve(loop, tmp_path, "gone", tiny_config, 7)
+    good_dht, good_store, good_info = serve(loop, tmp_path, "good", tiny_config, 5)
+    hosts = [
+        host(tampered_dht, tampered_info),
+        host(short_dht, short_info.model_copy(update={"size": short_info.size - 100})),  # sends more than announced
+        host(gone_dht, gone_info),
+        host(good_dht, good_info),
+    ]
+    gone_dht.shutdown()
+    live = [str(m) for dht in (tampered_dht, short_dht, good_dht) for m in dht.get_visible_maddrs()]
+    client = start_dht("transfer", NetworkOptions(initial_peers=live))
+    try:
+        p2p = loop.p2p(client)
+        received, chosen = loop.run(fetch_verified(p2p, hosts, tiny_config, 0, show_progress=False), 120)
+        assert chosen.peer_id == good_dht.peer_id.to_base58()
+        assert received == good_store.path_for(5).read_bytes()
+        messages = " ".join(r.getMessage() for r in caplog.records)
+        assert "does not match its announced sha256" in messages
+        assert "more than the announced" in messages
+
+        with pytest.raises(SwarmError, match="no replica"):
+            loop.run(fetch_verified(p2p, hosts[:3], tiny_config, 0, show_progress=False), 120)
+    finally:
+        for dht in (client, tampered_dht, short_dht, good_dht):
+            dht.shutdown()
+
+
+def test_readers_skip_entries_that_break_the_schema():
+    """A node without our validator holds a malformed entry: the reader keeps the good one."""
+    key = hivemind.utils.crypto.RSAPrivateKey()
+    signer = RSASignatureValidator(key)
+    dht = hivemind.DHT(start=True, record_validators=[signer])
+    try:
+        good = BlockAnnouncement(peer_id="good", state="training", step=3).model_dump()
+        expiration = get_dht_time() + 60
+        assert dht.store(block_key("readers", 0), good, expiration, subkey=signer.local_public_key)
+        assert dht.store(block_key("readers", 0), {"state": 42}, expiration, subkey=b"somebody")
+        assert dht.store(block_key("readers", 0), b"junk", expiration, subkey=b"somebody-else")
+        hosts = SwarmDirectory(dht, "readers", key).hosts(0)
+        assert [h.announcement.peer_id for h in hosts] == ["good"]
+    finally:
+        dht.shutdown()
