@@ -1,0 +1,94 @@
+"""swarm-demo: a whole swarm on this machine, from nothing to generated text.
+
+Starts a bootstrap node and one peer per block as separate processes on 127.0.0.1, lets
+each peer train its block for --steps steps on the built-in corpus, fetches the assembled
+model from the swarm as any user would (swarm-fetch), evaluates it, prints a continuation,
+and stops every process it started.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from swarm.checkpoint import load_model_folder
+from swarm.console import run_command
+from swarm.data import load_corpus
+from swarm.directory import SwarmDirectory
+from swarm.errors import SwarmError
+from swarm.evaluate import evaluate_denoiser
+from swarm.generate import continue_text
+from swarm.launch import LocalSwarm
+from swarm.network import NetworkOptions, start_dht
+
+logger = logging.getLogger(__name__)
+
+SWARM = "demo"
+
+
+def wait_until_trained(local: LocalSwarm, directory: SwarmDirectory, n_blocks: int, steps: int, timeout: float) -> None:
+    """Show the swarm's progress until every block is served at `steps`; SwarmError if a peer dies."""
+    deadline = time.monotonic() + timeout
+    with tqdm(total=n_blocks * steps, desc="swarm training", unit="step") as bar:
+        while True:
+            hosts = directory.all_hosts(n_blocks)
+            done = [max((h.announcement.step for h in hs), default=0) for hs in hosts.values()]
+            bar.update(sum(done) - bar.n)
+            if all(any(h.announcement.state == "serving" for h in hs) for hs in hosts.values()):
+                return
+            for handle in local.started:
+                if handle.process.poll() is not None:
+                    raise SwarmError(f"{handle.name} exited early; its log ends: {handle.log()[-300:]!r}")
+            if time.monotonic() > deadline:
+                raise SwarmError(f"the swarm did not finish {steps} steps per block in {timeout:.0f}s")
+            time.sleep(2.0)
+
+
+@click.command("swarm-demo")
+@click.option("--workdir", default="demo", show_default=True, help="Folder for logs, checkpoints and the model.")
+@click.option("--steps", type=click.IntRange(min=1), default=100, show_default=True, help="Steps each peer trains.")
+@click.option("--config", "config_path", default=None, help="Model config JSON (default: the built-in config).")
+@click.option("--data", default=None, help="Text source for the peers (default: built-in corpus).")
+@click.option("--prompt", default="The history of", show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=10), default=1800.0, show_default=True)
+def demo_command(workdir, steps, config_path, data, prompt, timeout):
+    """Run a demo swarm on this machine: train, fetch, evaluate, generate, stop."""
+    workdir = Path(workdir).resolve()
+    config_path = str(Path(config_path).resolve()) if config_path else None
+    data = str(Path(data).resolve()) if data and Path(data).exists() else data
+    with LocalSwarm(workdir, swarm=SWARM, config_path=config_path, data=data) as local:
+        initial_peers = local.start_bootstrap()
+        logger.info("bootstrap is up: --initial-peers %s", " ".join(initial_peers))
+        dht = start_dht(SWARM, NetworkOptions(initial_peers=initial_peers, client_mode=True))
+        try:
+            directory = SwarmDirectory(dht, SWARM)
+            config = directory.wait_for_model(30)
+            for block in range(config.n_blocks):
+                extra = ["--max-steps", str(steps), "--save-every", str(max(1, steps // 4)), "--announce-period", "3"]
+                local.start_peer(f"peer{block}", str(block), extra)
+            wait_until_trained(local, directory, config.n_blocks, steps, timeout)
+        finally:
+            dht.shutdown()
+        fetched = local.run("swarm-fetch", "--out", str(workdir / "model"))
+        if fetched.returncode != 0:
+            raise SwarmError(f"swarm-fetch failed: {fetched.stderr.strip().splitlines()[-1:]}")
+    report(workdir / "model", data, prompt)
+
+
+def report(model_dir: Path, data: str | None, prompt: str) -> None:
+    """Evaluate the fetched model and print its figures and a continuation of the prompt."""
+    model = load_model_folder(model_dir)
+    windows = load_corpus(data).windows("validation", model.config.seq_len).fixed(128)
+    figures = evaluate_denoiser(model.denoiser_for_block, model.config, windows, steps_per_block=4)
+    click.echo(json.dumps({"model": str(model_dir), "manifest": model.manifest, **figures}, indent=2))
+    spans = continue_text(model.denoiser_for_block, model.config, prompt.encode(), 64, steps_per_block=4)
+    click.echo(f"{prompt}|{b''.join(spans).decode('utf-8', errors='replace')}")
+
+
+def main() -> None:
+    run_command(demo_command)
