@@ -32,7 +32,7 @@ from swarm.autoregressive import ByteTransformer, generate_bytes
 from swarm.checkpoint import load_block, load_model_folder, save_block, save_model_folder
 from swarm.console import setup_logging
 from swarm.data import ByteWindows, load_corpus
-from swarm.diffusion import generate_span
+from swarm.diffusion import generate_span, local_runner
 from swarm.evaluate import evaluate_autoregressive, evaluate_denoiser
 from swarm.model import ModelConfig, count_parameters
 from swarm.train import TrainConfig, Trainer, autoregressive_trainer, block_trainer, end_to_end_trainer, train
@@ -134,7 +134,8 @@ def samples(config: ModelConfig, windows: torch.Tensor, blocks, e2e, judge, step
     text = lambda rows: [bytes(r.tolist()).decode("utf-8", errors="replace") for r in rows]  # noqa: E731
     out = {"prefix": text(prefix), "true": text(windows[:3, config.prefix_len :])}
     for name, model in (("blocks", blocks), ("end_to_end", e2e)):
-        out[name] = text(generate_span(model, config, prefix, steps_per_block, torch.Generator().manual_seed(0))[0])
+        run_block = local_runner(model, config)
+        out[name] = text(generate_span(run_block, config, prefix, steps_per_block, torch.Generator().manual_seed(0))[0])
     out["autoregressive"] = text(generate_bytes(judge, prefix, config.gen_len, torch.Generator().manual_seed(0)))
     return out
 

@@ -1,1 +1,1 @@
-"""The bootstrap node program (swarm-bootstrap): a stable DHT entry point. Not built yet."""
+"""The bootstrap program, swarm-bootstrap (main.py): a stable DHT entry point that can create a swarm."""

@@ -1,1 +1,1 @@
-"""The peer program (swarm-peer): joins a swarm, trains its block, syncs and serves. Not built yet."""
+"""The peer program, swarm-peer (main.py): a thin click wrapper over `swarm.peer.Peer`."""

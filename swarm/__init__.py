@@ -9,7 +9,14 @@ Where things are:
 - evaluate.py: denoise_ce, chain_ce, gen_nll, ar_ce
 - checkpoint.py: safetensors files of one block and of an assembled model folder
 - generate.py: text continuation by repeated single passes
-- cli.py: swarm-train, swarm-eval, swarm-generate; console.py: error handling for every command
+- records.py: every record on the DHT (model, block announcements) and their validator
+- network.py: joining the DHT with our validators; an event loop thread for P2P calls
+- directory.py: one swarm's records as typed objects; block choice, freshest replica first
+- transfer.py: a peer's checkpoint store, its P2P service, verified downloads
+- peer.py: the life of a peer (join, start from a replica, train, announce, serve, leave)
+- launch.py: a swarm of real processes on this machine (demo, tests, benchmarks)
+- cli.py: swarm-train, swarm-eval, swarm-generate; swarm_cli.py: swarm-fetch, swarm-status;
+  demo.py: swarm-demo; options.py: shared swarm options; console.py: one-line errors
 """
 
 __version__ = "0.1.0"

@@ -18,10 +18,14 @@ import torch
 from swarm.checkpoint import load_block, load_model_folder, save_block, save_model_folder
 from swarm.console import run_command
 from swarm.data import ByteWindows, load_corpus, load_text_bytes
+from swarm.diffusion import local_runner
 from swarm.errors import SwarmError
 from swarm.evaluate import evaluate_autoregressive, evaluate_denoiser
 from swarm.generate import continue_text
 from swarm.model import ModelConfig
+from swarm.options import swarm_options
+from swarm.remote import RemoteBlocks
+from swarm.swarm_cli import SwarmClient
 from swarm.train import TrainConfig, autoregressive_trainer, block_trainer, end_to_end_trainer, train
 
 logger = logging.getLogger(__name__)
@@ -120,22 +124,34 @@ def eval_command(model_dir, text, data, judge, windows, steps_per_block):
 
 
 @click.command("swarm-generate")
-@click.option("--model", "model_dir", required=True, help="Model folder of a block or end-to-end model.")
+@swarm_options
+@click.option("--model", "model_dir", default=None, help="Model folder; or --initial-peers to run on the swarm's peers.")
 @click.argument("prompt")
 @click.option("--max-bytes", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--steps-per-block", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature, seed):
+def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature, seed, **swarm_kwargs):
     """Write the continuation of PROMPT, one span of G bytes per pass through the blocks."""
-    model = load_model_folder(Path(model_dir))
-    if model.kind == "autoregressive":
-        raise SwarmError("swarm-generate needs a block or end-to-end model, not an autoregressive one")
+    if (model_dir is None) == (not swarm_kwargs["initial_peers"]):
+        raise SwarmError("give either --model DIR (run here) or --initial-peers ... (run on the swarm's peers)")
+    settings = dict(max_bytes=max_bytes, steps_per_block=steps_per_block, temperature=temperature, seed=seed)
+    if model_dir is not None:
+        model = load_model_folder(Path(model_dir))
+        if model.kind == "autoregressive":
+            raise SwarmError("swarm-generate needs a block or end-to-end model, not an autoregressive one")
+        write_continuation(local_runner(model.denoiser_for_block, model.config), model.config, prompt, settings)
+        return
+    with SwarmClient(swarm_kwargs) as client:
+        config = client.directory.wait_for_model(15)
+        runner = RemoteBlocks(client.directory, client.p2p, client.loop, config)
+        write_continuation(runner, config, prompt, settings)
+
+
+def write_continuation(run_block, config: ModelConfig, prompt: str, settings: dict) -> None:
+    """Stream the continuation to stdout span by span, decoding UTF-8 across span boundaries."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    spans = continue_text(
-        model.denoiser_for_block, model.config, prompt.encode(), max_bytes, steps_per_block, temperature, seed
-    )
-    for span in spans:
+    for span in continue_text(run_block, config, prompt.encode(), **settings):
         sys.stdout.write(decoder.decode(span))
         sys.stdout.flush()
     sys.stdout.write(decoder.decode(b"", final=True) + "\n")

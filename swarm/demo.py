@@ -19,6 +19,7 @@ from tqdm import tqdm
 from swarm.checkpoint import load_model_folder
 from swarm.console import run_command
 from swarm.data import load_corpus
+from swarm.diffusion import local_runner
 from swarm.directory import SwarmDirectory
 from swarm.errors import SwarmError
 from swarm.evaluate import evaluate_denoiser
@@ -39,7 +40,7 @@ def wait_until_trained(local: LocalSwarm, directory: SwarmDirectory, n_blocks: i
             hosts = directory.all_hosts(n_blocks)
             done = [max((h.announcement.step for h in hs), default=0) for hs in hosts.values()]
             bar.update(sum(done) - bar.n)
-            if all(any(h.announcement.state == "serving" for h in hs) for hs in hosts.values()):
+            if directory.every_block_served(n_blocks):
                 return
             for handle in local.started:
                 if handle.process.poll() is not None:
@@ -86,7 +87,8 @@ def report(model_dir: Path, data: str | None, prompt: str) -> None:
     windows = load_corpus(data).windows("validation", model.config.seq_len).fixed(128)
     figures = evaluate_denoiser(model.denoiser_for_block, model.config, windows, steps_per_block=4)
     click.echo(json.dumps({"model": str(model_dir), "manifest": model.manifest, **figures}, indent=2))
-    spans = continue_text(model.denoiser_for_block, model.config, prompt.encode(), 64, steps_per_block=4)
+    run_block = local_runner(model.denoiser_for_block, model.config)
+    spans = continue_text(run_block, model.config, prompt.encode(), 64, steps_per_block=4)
     click.echo(f"{prompt}|{b''.join(spans).decode('utf-8', errors='replace')}")
 
 

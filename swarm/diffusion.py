@@ -110,11 +110,24 @@ def denoise_steps(
 
 
 DenoiserForBlock = Callable[[int], Denoiser]
+# (block, prefix, z, sigmas) -> (z after the block's steps, its last logits): where the block runs
+BlockRunner = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def local_runner(denoiser_for_block: DenoiserForBlock, config: ModelConfig) -> BlockRunner:
+    """Run each block in this process. `denoiser_for_block(b)` is the denoiser that owns block
+    b's interval: block b itself, or the end-to-end model for every b."""
+    codebook = make_codebook(config)
+
+    def run(block: int, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor):
+        return denoise_steps(denoiser_for_block(block), codebook, prefix, z, sigmas)
+
+    return run
 
 
 @torch.no_grad()
 def generate_span(
-    denoiser_for_block: DenoiserForBlock,
+    run_block: BlockRunner,
     config: ModelConfig,
     prefix: torch.Tensor,
     steps_per_block: int,
@@ -123,16 +136,15 @@ def generate_span(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One pass through the B blocks: G bytes for each prefix (N, P). Returns (bytes, final logits).
 
-    `denoiser_for_block(b)` gives the denoiser that owns block b's interval (block b itself,
-    or the end-to-end model for every b). temperature 0 takes the argmax.
+    The noise and the byte choice come from `generator`, here, wherever the blocks run, so a
+    remote pass gives the same bytes as a local one with the same weights and seed.
+    temperature 0 takes the argmax.
     """
-    codebook, partition = make_codebook(config), NoisePartition(config)
+    partition = NoisePartition(config)
     shape = (len(prefix), config.gen_len, config.d_model)
     z = torch.randn(shape, generator=generator) * config.sigma_max
     for block in range(config.n_blocks):
-        z, logits = denoise_steps(
-            denoiser_for_block(block), codebook, prefix, z, partition.schedule(block, steps_per_block)
-        )
+        z, logits = run_block(block, prefix, z, partition.schedule(block, steps_per_block))
     return pick_bytes(logits, temperature, generator), logits
 
 

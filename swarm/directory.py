@@ -96,6 +96,11 @@ class SwarmDirectory:
     def all_hosts(self, n_blocks: int) -> dict[int, list[Host]]:
         return {block: self.hosts(block) for block in range(n_blocks)}
 
+    def every_block_served(self, n_blocks: int) -> bool:
+        """True when every block has a peer that finished training and serves (state 'serving')."""
+        hosts = self.all_hosts(n_blocks)
+        return all(any(h.announcement.state == "serving" for h in hs) for hs in hosts.values())
+
 
 def least_hosted_block(hosts_by_block: dict[int, list[Host]], rng: random.Random | None = None) -> int:
     """The block with the fewest live hosts; ties broken at random."""

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from swarm.autoregressive import ByteTransformer, continuation_nll
-from swarm.diffusion import DenoiserForBlock, NoisePartition, generate_span, make_codebook, noisy_target
+from swarm.diffusion import DenoiserForBlock, NoisePartition, generate_span, local_runner, make_codebook, noisy_target
 from swarm.model import VOCAB_SIZE, ModelConfig
 
 GRID_POINTS_PER_BLOCK = 3
@@ -56,9 +56,9 @@ def generate_for_windows(
     denoiser_for_block: DenoiserForBlock, config: ModelConfig, windows: torch.Tensor, steps_per_block: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Single-pass generation (argmax, fixed noise) after each window's prefix: (bytes, logits)."""
-    generator = torch.Generator().manual_seed(NOISE_SEED)
+    generator, run_block = torch.Generator().manual_seed(NOISE_SEED), local_runner(denoiser_for_block, config)
     outputs = [
-        generate_span(denoiser_for_block, config, w[:, : config.prefix_len], steps_per_block, generator)
+        generate_span(run_block, config, w[:, : config.prefix_len], steps_per_block, generator)
         for w in _batches(windows)
     ]
     return torch.cat([o[0] for o in outputs]), torch.cat([o[1] for o in outputs])

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import torch
 
-from swarm.diffusion import DenoiserForBlock, generate_span
+from swarm.diffusion import BlockRunner, generate_span
 from swarm.model import ModelConfig
 
 PAD_BYTE = ord(" ")  # a prompt shorter than P bytes is left-padded with spaces
@@ -19,7 +19,7 @@ def prefix_tensor(context: bytes, config: ModelConfig) -> torch.Tensor:
 
 
 def continue_text(
-    denoiser_for_block: DenoiserForBlock,
+    run_block: BlockRunner,
     config: ModelConfig,
     prompt: bytes,
     max_bytes: int,
@@ -27,12 +27,15 @@ def continue_text(
     temperature: float = 0.0,
     seed: int = 0,
 ) -> Iterator[bytes]:
-    """Yield the continuation of `prompt` span by span (G bytes per pass, the last one cut to max_bytes)."""
+    """Yield the continuation of `prompt` span by span (G bytes per pass, the last one cut to max_bytes).
+
+    `run_block` runs the blocks here (`local_runner`) or on swarm peers (`RemoteBlocks`).
+    """
     generator = torch.Generator().manual_seed(seed)
     context, written = prompt, 0
     while written < max_bytes:
         span, _ = generate_span(
-            denoiser_for_block, config, prefix_tensor(context, config), steps_per_block, generator, temperature
+            run_block, config, prefix_tensor(context, config), steps_per_block, generator, temperature
         )
         new = bytes(span[0].tolist())[: max_bytes - written]
         context, written = context + new, written + len(new)

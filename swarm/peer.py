@@ -19,9 +19,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm import __version__
+from swarm.ar_pipeline import StageServicer
+from swarm.autoregressive import ByteTransformer
 from swarm.checkpoint import decode_block
 from swarm.data import load_corpus
 from swarm.directory import SwarmDirectory, freshest_first, least_hosted_block
@@ -29,6 +32,7 @@ from swarm.errors import SwarmError
 from swarm.model import ModelConfig
 from swarm.network import EventLoopThread, NetworkOptions, start_dht
 from swarm.records import BlockAnnouncement, CheckpointInfo, PeerState, check_swarm_name
+from swarm.serving import DenoiseServicer
 from swarm.train import TrainConfig, Trainer, block_trainer
 from swarm.transfer import BlockServicer, CheckpointStore, fetch_verified
 
@@ -54,6 +58,7 @@ class PeerConfig:
     batch_size: int = 32
     lr: float = 2e-3
     join_timeout: float = 30.0
+    serve_ar_stage: bool = False  # also serve a stage of the autoregressive pipeline (serving benchmark)
     network: NetworkOptions = field(default_factory=NetworkOptions)
 
     def checked(self) -> "PeerConfig":
@@ -107,10 +112,23 @@ class Peer:
         )
         self.trainer = block_trainer(self.model_config, self.block, windows, train_config, self.config.device)
         self._load_start_state()
-        servicer = BlockServicer(self.block, self.store, self.info)
-        self.loop.run(servicer.add_p2p_handlers(self.p2p), P2P_CALL_TIMEOUT_S)
+        for servicer in self._servicers():
+            self.loop.run(servicer.add_p2p_handlers(self.p2p), P2P_CALL_TIMEOUT_S)
         self.state = "training"
         self._announce(wait=True)
+
+    def _servicers(self) -> list:
+        """Checkpoints and info, remote denoising, and (for benchmarks) an autoregressive stage."""
+        module, lock = self.trainer.module, self.trainer.weights_lock
+        servicers = [
+            BlockServicer(self.block, self.store, self.info),
+            DenoiseServicer(self.model_config, self.block, module, lock),
+        ]
+        if self.config.serve_ar_stage:
+            torch.manual_seed(0)  # every peer holds a stage of the same (untrained) model
+            ar_model = ByteTransformer(self.model_config)
+            servicers.append(StageServicer(ar_model, self.block, self.model_config.n_blocks))
+        return servicers
 
     def _choose_block(self, config: ModelConfig) -> int:
         if self.config.block == "auto":
@@ -121,13 +139,17 @@ class Peer:
         return block
 
     def _load_start_state(self) -> None:
-        """Own newest checkpoint, else the freshest verified replica's, else fresh weights."""
-        local = self.store.latest()
-        if local is not None:
-            path, self.checkpoint = local
+        """The freshest of: a verified replica's checkpoint, its own newest checkpoint, fresh weights."""
+        own = self.store.latest()
+        own_step = own[1].step if own else -1
+        fresher = [
+            h for h in freshest_first(self.directory.hosts(self.block))
+            if h.peer_id != self.peer_id and h.announcement.checkpoint.step > own_step
+        ]  # fmt: skip
+        data, origin = self._fetch_from_replica(fresher) if fresher else (None, "")
+        if data is None and own is not None:
+            path, self.checkpoint = own
             data, origin = path.read_bytes(), f"own checkpoint {path}"
-        else:
-            data, origin = self._fetch_from_replica()
         if data is None:
             logger.info("block %d: no checkpoint anywhere, starting fresh", self.block)
             return
@@ -137,12 +159,14 @@ class Peer:
         self.checkpoint_time = time.time()
         logger.info("block %d: starting at step %d from %s", self.block, step, origin)
 
-    def _fetch_from_replica(self) -> tuple[bytes | None, str]:
-        hosts = freshest_first(self.directory.hosts(self.block))
-        if not hosts:
-            return None, ""
+    def _fetch_from_replica(self, hosts: list) -> tuple[bytes | None, str]:
+        """The first of `hosts` whose checkpoint verifies, kept in this peer's store; None if none does."""
         coro = fetch_verified(self.p2p, hosts, self.model_config, self.block)
-        data, host = self.loop.run(coro, P2P_CALL_TIMEOUT_S * 2 * len(hosts))
+        try:
+            data, host = self.loop.run(coro, P2P_CALL_TIMEOUT_S * 2 * len(hosts))
+        except (SwarmError, TimeoutError) as error:
+            logger.warning("block %d: %s", self.block, error)
+            return None, ""
         self.store.adopt(data, host.announcement.checkpoint)
         self.checkpoint = host.announcement.checkpoint
         return data, f"replica {host.peer_id} ({host.announcement.public_name or 'unnamed'})"
@@ -159,12 +183,13 @@ class Peer:
                 self._announce()
                 last_announce = time.monotonic()
         self._save()
-        self.state = "serving"  # done training (max steps): still serves its checkpoint until stopped
+        if self.stopping.is_set():
+            return
+        self.state = "serving"  # done training (max steps): still serves its block until stopped
         self._announce(wait=True)
-        if not self.stopping.is_set():
-            logger.info("block %d: reached %d steps; serving until stopped", self.block, self.trainer.step_count)
-            while not self.stopping.wait(self.config.announce_period):
-                self._announce()
+        logger.info("block %d: reached %d steps; serving until stopped", self.block, self.trainer.step_count)
+        while not self.stopping.wait(self.config.announce_period):
+            self._announce()
 
     def _save(self) -> None:
         if self.checkpoint is not None and self.checkpoint.step == self.trainer.step_count:

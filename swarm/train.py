@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -68,6 +69,7 @@ class Trainer:
         )
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.device = next(self.module.parameters()).device
+        self.weights_lock = threading.Lock()  # held while the optimizer writes: readers see whole steps
 
     def step(self) -> float:
         started = time.perf_counter()
@@ -79,7 +81,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(self.module.parameters(), self.config.grad_clip)
-        self.optimizer.step()
+        with self.weights_lock:
+            self.optimizer.step()
         self.step_count += 1
         self.losses.append(loss.item())
         self.step_seconds.append(time.perf_counter() - started)

@@ -34,8 +34,8 @@ from swarm.records import CheckpointInfo
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20
-DOWNLOAD_TIMEOUT_S = 120.0
 FIRST_BYTE_TIMEOUT_S = 15.0
+SLOWEST_RATE_BYTES_S = 128 * 1024  # a download slower than this (1 Mbit/s) is given up
 
 
 class TransferError(Exception):
@@ -139,7 +139,7 @@ async def download(p2p: P2P, host: Host, show_progress: bool = True) -> bytes:
         raise TransferError(f"peer {host.peer_id} announces no checkpoint")
     stub = BlockServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
     try:
-        async with asyncio.timeout(DOWNLOAD_TIMEOUT_S):
+        async with asyncio.timeout(FIRST_BYTE_TIMEOUT_S + info.size / SLOWEST_RATE_BYTES_S):
             stream = await asyncio.wait_for(
                 stub.rpc_download(runtime_pb2.ExpertUID(uid=f"{host.block}:{info.sha256}")), FIRST_BYTE_TIMEOUT_S
             )

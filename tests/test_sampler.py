@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from swarm.diffusion import NoisePartition, denoise_steps, generate_span, make_codebook
+from swarm.diffusion import NoisePartition, denoise_steps, generate_span, local_runner, make_codebook
 from swarm.generate import continue_text, prefix_tensor
 from swarm.model import build_block
 
@@ -25,7 +25,8 @@ def test_chain_with_an_oracle_lands_on_the_answer_and_visits_every_block_interva
     oracles = [Oracle(tiny_config, answer) for _ in range(tiny_config.n_blocks)]
     prefix = torch.zeros(2, tiny_config.prefix_len, dtype=torch.long)
     steps = 3
-    generated, _ = generate_span(lambda b: oracles[b], tiny_config, prefix, steps, torch.Generator().manual_seed(0))
+    run_block = local_runner(lambda b: oracles[b], tiny_config)
+    generated, _ = generate_span(run_block, tiny_config, prefix, steps, torch.Generator().manual_seed(0))
     assert (generated == answer).all()
     partition = NoisePartition(tiny_config)
     for block, oracle in enumerate(oracles):
@@ -47,7 +48,8 @@ def test_generation_is_deterministic_for_a_seed_and_samples_with_temperature(tin
     torch.manual_seed(0)
     blocks = [build_block(tiny_config, b).eval() for b in range(tiny_config.n_blocks)]
     prefix = torch.randint(0, 256, (4, tiny_config.prefix_len))
-    run = lambda seed, t: generate_span(lambda b: blocks[b], tiny_config, prefix, 2, torch.Generator().manual_seed(seed), t)[0]  # noqa: E731
+    run_block = local_runner(lambda b: blocks[b], tiny_config)
+    run = lambda seed, t: generate_span(run_block, tiny_config, prefix, 2, torch.Generator().manual_seed(seed), t)[0]  # noqa: E731
     assert torch.equal(run(5, 0.0), run(5, 0.0))
     assert torch.equal(run(5, 1.0), run(5, 1.0))
     hot = torch.stack([run(seed, 5.0) for seed in range(3)])
@@ -57,7 +59,8 @@ def test_generation_is_deterministic_for_a_seed_and_samples_with_temperature(tin
 def test_continue_text_writes_exactly_max_bytes_in_spans_of_g(tiny_config):
     torch.manual_seed(0)
     blocks = [build_block(tiny_config, b).eval() for b in range(tiny_config.n_blocks)]
-    spans = list(continue_text(lambda b: blocks[b], tiny_config, b"Hello", max_bytes=20, steps_per_block=1))
+    run_block = local_runner(lambda b: blocks[b], tiny_config)
+    spans = list(continue_text(run_block, tiny_config, b"Hello", max_bytes=20, steps_per_block=1))
     assert [len(s) for s in spans] == [8, 8, 4]
     assert prefix_tensor(b"Hi", tiny_config).shape == (1, tiny_config.prefix_len)
     assert bytes(prefix_tensor(b"Hi", tiny_config)[0].tolist()).endswith(b" Hi")

@@ -127,3 +127,23 @@ def test_sigterm_saves_announces_leaving_and_exits_cleanly(swarm):
     assert code == 0, swarm.peers["b"].log()[-2000:]
     assert b_id not in {h.peer_id for h in directory.hosts(1)}  # gone at once: it said it was leaving
     assert "peer stopped" in swarm.peers["b"].log()
+
+
+def test_restarted_peer_resumes_from_its_own_checkpoint_dir(swarm):
+    """b left (previous test); block 1 has no host now. Restarted on the same folder, b resumes."""
+    directory = swarm.directory
+    wait_for(lambda: not directory.hosts(1), 30, "block 1 to have no host")
+    again = swarm.start_peer("b", "1", FAST)
+    resumed = wait_for(lambda: [h for h in directory.hosts(1) if h.announcement.state != "joining"], 60, "b back")
+    assert resumed[0].announcement.step == 6
+    assert "from own checkpoint" in again.log()
+
+
+def test_bootstrap_identity_is_created_once_and_kept(tmp_path):
+    config_path, _ = write_tiny_setup(tmp_path)
+    peer_ids = []
+    for _ in range(2):
+        with LocalSwarm(tmp_path, swarm="identity", config_path=config_path) as local:
+            peer_ids.append(local.start_bootstrap()[0].rsplit("/p2p/", 1)[1])
+    assert (tmp_path / "bootstrap.id").exists()
+    assert peer_ids[0] == peer_ids[1]

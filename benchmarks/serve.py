@@ -1,0 +1,145 @@
+"""Serving latency: single-pass generation through the block peers vs an autoregressive pipeline.
+
+Both run over the same peers and the same P2P transport: single pass makes one trip through
+the B block peers per G bytes; the autoregressive pipeline (the byte transformer split into B
+stages, stage b on the peer of block b) makes one trip through all B stages per byte.
+
+By default it starts its own swarm on 127.0.0.1 (a bootstrap node and one peer per block,
+separate processes, each training a couple of steps and then only serving). With
+--initial-peers it measures a swarm that is already running (its peers must have been
+started with --serve-ar-stage for the autoregressive side).
+
+    python benchmarks/serve.py --lengths 64 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from swarm.ar_pipeline import call_stage
+from swarm.console import setup_logging
+from swarm.diffusion import pick_bytes
+from swarm.directory import SwarmDirectory
+from swarm.generate import continue_text, prefix_tensor
+from swarm.launch import LocalSwarm
+from swarm.network import EventLoopThread, NetworkOptions, start_dht
+from swarm.remote import RemoteBlocks
+
+logger = logging.getLogger("benchmarks.serve")
+
+PROMPT = b"The history of the city begins with"
+REQUEST_TIMEOUT_S = 60.0
+
+
+def single_pass(runner: RemoteBlocks, config, length: int, steps_per_block: int) -> dict:
+    before = runner.round_trips
+    started = time.perf_counter()
+    text = b"".join(continue_text(runner, config, PROMPT, length, steps_per_block))
+    seconds = time.perf_counter() - started
+    hops = runner.round_trips - before
+    return {"seconds": seconds, "hops": hops, "trips_through_swarm": hops // config.n_blocks, "bytes": len(text)}
+
+
+def autoregressive(loop: EventLoopThread, p2p, stage_peers: list[str], config, length: int) -> dict:
+    context = prefix_tensor(PROMPT, config)
+    hops, started = 0, time.perf_counter()
+    for _ in range(length):
+        x = context[:, -config.seq_len :]
+        for stage, peer_id in enumerate(stage_peers):
+            x = loop.run(call_stage(p2p, peer_id, stage, x, REQUEST_TIMEOUT_S), REQUEST_TIMEOUT_S)
+            hops += 1
+        context = torch.cat([context, pick_bytes(x, 0.0, torch.Generator())[:, None]], dim=1)
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "hops": hops, "trips_through_swarm": hops // len(stage_peers), "bytes": length}
+
+
+def measure(directory: SwarmDirectory, p2p, loop: EventLoopThread, lengths: list[int], repeats: int, steps_per_block: int) -> dict:
+    config = directory.wait_for_model(30)
+    runner = RemoteBlocks(directory, p2p, loop, config, request_timeout=REQUEST_TIMEOUT_S)
+    stage_peers = [runner.choose(block).peer_id for block in range(config.n_blocks)]
+    pings = {peer: statistics.median(runner.ping(peer) for _ in range(5)) for peer in stage_peers}
+    result = {
+        "n_blocks": config.n_blocks,
+        "gen_len": config.gen_len,
+        "steps_per_block": steps_per_block,
+        "ping_ms": {f"block {b}": 1000 * pings[peer] for b, peer in enumerate(stage_peers)},
+        "lengths": {},
+    }
+    for length in lengths:
+        runs = {"single_pass": [], "autoregressive": []}
+        for _ in range(repeats):
+            runs["single_pass"].append(single_pass(runner, config, length, steps_per_block))
+            runs["autoregressive"].append(autoregressive(loop, p2p, stage_peers, config, length))
+        result["lengths"][str(length)] = summarize(runs)
+    return result
+
+
+def summarize(runs: dict) -> dict:
+    out = {}
+    for name, samples in runs.items():
+        seconds = statistics.median(s["seconds"] for s in samples)
+        out[name] = {
+            "median_seconds": seconds,
+            "hops": samples[0]["hops"],
+            "trips_through_swarm": samples[0]["trips_through_swarm"],
+            "seconds_per_hop": seconds / samples[0]["hops"],
+        }
+    out["latency_ratio_autoregressive_over_single_pass"] = (
+        out["autoregressive"]["median_seconds"] / out["single_pass"]["median_seconds"]
+    )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--initial-peers", nargs="*", default=None, help="measure this running swarm instead")
+    parser.add_argument("--swarm", default="servebench")
+    parser.add_argument("--config", default=None, help="model config JSON for the local swarm")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps-per-block", type=int, default=1)
+    parser.add_argument("--out", default="benchmarks/results/serve")
+    args = parser.parse_args()
+    setup_logging()
+    with tempfile.TemporaryDirectory() as tmp, LocalSwarm(Path(tmp), swarm=args.swarm, config_path=args.config) as local:
+        initial_peers = args.initial_peers or local.start_bootstrap()
+        result = run_client(args, local, initial_peers, start_peers=not args.initial_peers)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+def run_client(args, local: LocalSwarm, initial_peers: list[str], start_peers: bool) -> dict:
+    """Join as a client; on a local swarm first start one serving peer per block and wait for them."""
+    dht = start_dht(args.swarm, NetworkOptions(initial_peers=initial_peers, client_mode=True))
+    loop = EventLoopThread()
+    p2p = loop.run(dht.replicate_p2p(), 30)
+    try:
+        directory = SwarmDirectory(dht, args.swarm)
+        if start_peers:
+            n_blocks = directory.wait_for_model(30).n_blocks
+            for block in range(n_blocks):
+                extra = ["--max-steps", "2", "--save-every", "2", "--announce-period", "2", "--serve-ar-stage"]
+                local.start_peer(f"peer{block}", str(block), extra)
+            deadline = time.monotonic() + 300
+            while not directory.every_block_served(n_blocks):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the peers did not start serving within 300 s")
+                time.sleep(1.0)
+        return measure(directory, p2p, loop, args.lengths, args.repeats, args.steps_per_block)
+    finally:
+        loop.close(p2p)
+        dht.shutdown()
+
+
+if __name__ == "__main__":
+    main()

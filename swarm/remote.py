@@ -1,0 +1,110 @@
+"""Running the blocks on swarm peers: one trip through B peers per span of G bytes.
+
+`RemoteBlocks` is a block runner (see `swarm.diffusion.BlockRunner`) whose blocks live on
+other peers. For each block it prefers a live peer with the freshest checkpoint and the
+lowest measured round trip (pings are cached); when a peer times out or refuses, it bans
+that peer for a while and retries the block on another replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
+from hivemind.p2p import P2P, PeerID
+from hivemind.proto import runtime_pb2
+from hivemind.utils import MSGPackSerializer
+
+from swarm.directory import Host, SwarmDirectory
+from swarm.errors import SwarmError
+from swarm.model import ModelConfig
+from swarm.network import EventLoopThread
+from swarm.serving import DenoiseServicer
+from swarm.transfer import BlockServicer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RemoteBlocks:
+    """A block runner over the swarm, with failover and bans; counts its network round trips."""
+
+    directory: SwarmDirectory
+    p2p: P2P
+    loop: EventLoopThread
+    config: ModelConfig
+    request_timeout: float = 30.0
+    ping_timeout: float = 5.0
+    ban_seconds: float = 60.0
+    round_trips: int = 0
+    _banned_until: dict[str, float] = field(default_factory=dict)
+    _rtt: dict[str, float] = field(default_factory=dict)
+    _chosen: dict[int, Host] = field(default_factory=dict)
+
+    def __call__(self, block: int, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor):
+        """Run block `block`'s steps on some replica: (z, logits); SwarmError when none answers."""
+        want_logits = block == self.config.n_blocks - 1
+        while True:
+            host = self.choose(block)
+            try:
+                z_out, logits = self.loop.run(self._denoise(host, prefix, z, sigmas, want_logits), self.request_timeout)
+                self.round_trips += 1
+                return z_out, logits
+            except Exception as error:  # timeout, vanished peer, refusal, garbage: try another replica
+                logger.warning("block %d on %s failed (%s); banning it for %.0fs", block, host.peer_id, error, self.ban_seconds)
+                self._banned_until[host.peer_id] = time.monotonic() + self.ban_seconds
+                self._chosen.pop(block, None)
+
+    def choose(self, block: int) -> Host:
+        """The replica this runner uses for a block now."""
+        chosen = self._chosen.get(block)
+        if chosen is not None and not self._banned(chosen.peer_id):
+            return chosen
+        candidates = [h for h in self.directory.hosts(block) if not self._banned(h.peer_id)]
+        if not candidates:
+            raise SwarmError(f"no live peer serves block {block}")
+        freshest = max((h.announcement.checkpoint.step if h.announcement.checkpoint else -1) for h in candidates)
+        fresh = [h for h in candidates if (h.announcement.checkpoint.step if h.announcement.checkpoint else -1) == freshest]
+        self._chosen[block] = min(fresh, key=lambda h: self.round_trip(h))
+        return self._chosen[block]
+
+    def _banned(self, peer_id: str) -> bool:
+        return self._banned_until.get(peer_id, 0.0) > time.monotonic()
+
+    def round_trip(self, host: Host) -> float:
+        """Seconds of one P2P ping (rpc_info) to a host, measured once and cached; inf if it fails."""
+        if host.peer_id not in self._rtt:
+            self._rtt[host.peer_id] = self.ping(host.peer_id)
+        return self._rtt[host.peer_id]
+
+    def ping(self, peer_id: str) -> float:
+        """Seconds of one P2P round trip (rpc_info) to a peer; inf if it does not answer in time."""
+        return self.loop.run(self._ping(peer_id), self.ping_timeout + 1)
+
+    async def _ping(self, peer_id: str) -> float:
+        stub = BlockServicer.get_stub(self.p2p, PeerID.from_base58(peer_id))
+        started = time.perf_counter()
+        try:
+            await stub.rpc_info(runtime_pb2.ExpertUID(uid="ping"), timeout=self.ping_timeout)
+        except Exception:
+            return float("inf")
+        return time.perf_counter() - started
+
+    async def _denoise(self, host: Host, prefix, z, sigmas, want_logits: bool):
+        stub = DenoiseServicer.get_stub(self.p2p, PeerID.from_base58(host.peer_id))
+        request = runtime_pb2.ExpertRequest(
+            uid=str(host.block),
+            tensors=[serialize_torch_tensor(t) for t in (prefix.long(), z.float(), sigmas.float())],
+            metadata=MSGPackSerializer.dumps({"logits": want_logits}),
+        )
+        response = await stub.rpc_denoise(request, timeout=self.request_timeout)
+        if response.metadata:
+            raise SwarmError(f"refused: {MSGPackSerializer.loads(response.metadata).get('error')}")
+        outputs = [deserialize_torch_tensor(t) for t in response.tensors]
+        if len(outputs) != 1 + want_logits or outputs[0].shape != z.shape or not torch.isfinite(outputs[0]).all():
+            raise SwarmError("malformed reply")
+        return outputs[0], (outputs[1] if want_logits else None)

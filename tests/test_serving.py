@@ -1,0 +1,113 @@
+"""Generation through real peer processes: equal to local generation, failover, refusals."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+from hivemind.compression import serialize_torch_tensor
+from hivemind.p2p import PeerID
+from hivemind.proto import runtime_pb2
+from hivemind.utils import MSGPackSerializer
+
+from swarm.checkpoint import load_model_folder
+from swarm.diffusion import NoisePartition, generate_span, local_runner
+from swarm.generate import continue_text, prefix_tensor
+from swarm.launch import LocalSwarm
+from swarm.network import EventLoopThread
+from swarm.remote import RemoteBlocks
+from swarm.serving import MAX_BATCH, DenoiseServicer
+from swarm_helpers import directory_client, wait_for, write_tiny_setup
+
+FAST = ["--max-steps", "6", "--save-every", "3", "--announce-period", "1"]
+SWARM = "servetest"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Block 0 on peer a; block 1 on b1 and on b2, which starts from b1's checkpoint (same weights)."""
+    workdir = tmp_path_factory.mktemp("serve")
+    config_path, corpus_path = write_tiny_setup(workdir)
+    with LocalSwarm(workdir, swarm=SWARM, config_path=config_path, data=corpus_path) as local:
+        local.start_bootstrap(refresh_period=2)
+        peers = {"a": local.start_peer("a", "0", FAST), "b1": local.start_peer("b1", "1", FAST)}
+        with directory_client(SWARM, local.initial_peers) as directory:
+            wait_for(lambda: directory.every_block_served(2), 90, "both blocks served")
+            peers["b2"] = local.start_peer("b2", "1", FAST)
+            wait_for(lambda: len([h for h in directory.hosts(1) if h.announcement.state == "serving"]) == 2, 60, "b2")
+            fetched = local.run("swarm-fetch", "--out", "model")
+            assert fetched.returncode == 0, fetched.stderr
+            loop = EventLoopThread()
+            p2p = loop.run(directory.dht.replicate_p2p(), 30)
+            model = load_model_folder(workdir / "model")
+            yield local, peers, directory, loop, p2p, model
+            loop.close(p2p)
+
+
+def remote_runner(served_fixture) -> RemoteBlocks:
+    _, _, directory, loop, p2p, model = served_fixture
+    return RemoteBlocks(directory, p2p, loop, model.config, request_timeout=10, ban_seconds=120)
+
+
+def test_distributed_generation_equals_local_generation(served):
+    local_swarm, _, _, _, _, model = served
+    prefix = prefix_tensor(b"The quick brown", model.config)
+    remote = generate_span(remote_runner(served), model.config, prefix, 3, torch.Generator().manual_seed(5))
+    here = generate_span(local_runner(model.denoiser_for_block, model.config), model.config, prefix, 3,
+                         torch.Generator().manual_seed(5))
+    assert torch.allclose(remote[1], here[1], atol=1e-4)
+    assert torch.equal(remote[0], here[0])
+
+    expected = b"".join(continue_text(local_runner(model.denoiser_for_block, model.config), model.config,
+                                      b"The quick brown", 20, steps_per_block=2, seed=9))
+    result = local_swarm.run("swarm-generate", "--max-bytes", "20", "--steps-per-block", "2", "--seed", "9",
+                             "The quick brown")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip("\n") == expected.decode("utf-8", errors="replace")
+
+
+def test_generation_survives_a_replica_killed_midway(served):
+    local_swarm, peers, _, _, _, model = served
+    runner = remote_runner(served)
+    spans = continue_text(runner, model.config, b"Swarm", 40, steps_per_block=1, seed=1)
+    first = next(spans)
+    victim = runner.choose(1).announcement.public_name  # the replica the first span went through
+    local_swarm.stop(peers[victim], signal.SIGKILL)
+    text = first + b"".join(spans)
+    expected = b"".join(continue_text(local_runner(model.denoiser_for_block, model.config), model.config,
+                                      b"Swarm", 40, steps_per_block=1, seed=1))
+    assert text == expected
+    assert runner.choose(1).announcement.public_name != victim
+
+
+def denoise_call(served, uid: str, tensors: list[torch.Tensor]):
+    """Send a hand-made denoise request to peer a (block 0): the reply, or the refusal's metadata."""
+    _, _, directory, loop, p2p, _ = served
+    host = next(h for h in directory.hosts(0) if h.announcement.public_name == "a")
+    stub = DenoiseServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
+    request = runtime_pb2.ExpertRequest(uid=uid, tensors=[serialize_torch_tensor(t) for t in tensors])
+    response = loop.run(stub.rpc_denoise(request, timeout=10), 15)
+    return MSGPackSerializer.loads(response.metadata) if response.metadata else response
+
+
+def test_malformed_requests_are_refused_and_the_peer_keeps_serving(served):
+    config = served[5].config
+    n, p, g, d = 2, config.prefix_len, config.gen_len, config.d_model
+    good = [torch.zeros(n, p, dtype=torch.long), torch.randn(n, g, d), NoisePartition(config).schedule(0, 2)]
+    nan_z = good[1].clone()
+    nan_z[0, 0, 0] = float("nan")
+    bad_requests = {
+        "wrong block": ("1", good),
+        "wrong z shape": ("0", [good[0], torch.randn(n, g, d + 1), good[2]]),
+        "NaN in z": ("0", [good[0], nan_z, good[2]]),
+        "absurd batch": ("0", [torch.zeros(MAX_BATCH + 1, p, dtype=torch.long), torch.randn(MAX_BATCH + 1, g, d), good[2]]),
+        "rising sigmas": ("0", [good[0], good[1], good[2].flip(0)]),
+        "not bytes": ("0", [good[0] + 300, good[1], good[2]]),
+        "missing tensor": ("0", good[:2]),
+    }
+    for name, (uid, tensors) in bad_requests.items():
+        reply = denoise_call(served, uid, tensors)
+        assert isinstance(reply, dict) and "error" in reply, name
+    reply = denoise_call(served, "0", good)
+    assert not isinstance(reply, dict) and len(reply.tensors) == 1
