@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 from swarm.directory import SwarmDirectory
+from swarm.launch import LocalSwarm, Started
 from swarm.network import NetworkOptions, start_dht
 
 import conftest
@@ -44,3 +45,23 @@ def write_tiny_setup(folder: Path) -> tuple[str, str]:
     text = conftest.SAMPLE_TEXT
     corpus.write_text("\n\n".join(text[i : i + 300] for i in range(0, 6000, 300)))
     return str(config), str(corpus)
+
+
+# peers of the swarm tests: 6 steps, a checkpoint every 3, an announcement every second
+FAST_PEER = ["--max-steps", "6", "--save-every", "3", "--announce-period", "1"]
+
+
+@contextmanager
+def tiny_swarm(workdir: Path, swarm: str, blocks: dict[str, str]) -> Iterator[tuple[LocalSwarm, dict[str, Started], SwarmDirectory]]:
+    """A bootstrap node and the named peers (name -> block) of a tiny model, all blocks served.
+
+    Yields the swarm, the peer processes by name, and a DHT client reading the swarm's records.
+    """
+    config_path, corpus_path = write_tiny_setup(workdir)
+    with LocalSwarm(workdir, swarm=swarm, config_path=config_path, data=corpus_path) as local:
+        local.start_bootstrap(refresh_period=2)
+        peers = {name: local.start_peer(name, block, FAST_PEER) for name, block in blocks.items()}
+        with directory_client(swarm, local.initial_peers) as directory:
+            n_blocks = json.loads(Path(config_path).read_text())["n_blocks"]
+            wait_for(lambda: directory.every_block_served(n_blocks), 90, "every block served")
+            yield local, peers, directory

@@ -14,35 +14,26 @@ from hivemind.utils import MSGPackSerializer
 from swarm.checkpoint import load_model_folder
 from swarm.diffusion import NoisePartition, generate_span, local_runner
 from swarm.generate import continue_text, prefix_tensor
-from swarm.launch import LocalSwarm
 from swarm.network import EventLoopThread
 from swarm.remote import RemoteBlocks
 from swarm.serving import MAX_BATCH, DenoiseServicer
-from swarm_helpers import directory_client, wait_for, write_tiny_setup
+from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 
-FAST = ["--max-steps", "6", "--save-every", "3", "--announce-period", "1"]
 SWARM = "servetest"
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """Block 0 on peer a; block 1 on b1 and on b2, which starts from b1's checkpoint (same weights)."""
-    workdir = tmp_path_factory.mktemp("serve")
-    config_path, corpus_path = write_tiny_setup(workdir)
-    with LocalSwarm(workdir, swarm=SWARM, config_path=config_path, data=corpus_path) as local:
-        local.start_bootstrap(refresh_period=2)
-        peers = {"a": local.start_peer("a", "0", FAST), "b1": local.start_peer("b1", "1", FAST)}
-        with directory_client(SWARM, local.initial_peers) as directory:
-            wait_for(lambda: directory.every_block_served(2), 90, "both blocks served")
-            peers["b2"] = local.start_peer("b2", "1", FAST)
-            wait_for(lambda: len([h for h in directory.hosts(1) if h.announcement.state == "serving"]) == 2, 60, "b2")
-            fetched = local.run("swarm-fetch", "--out", "model")
-            assert fetched.returncode == 0, fetched.stderr
-            loop = EventLoopThread()
-            p2p = loop.run(directory.dht.replicate_p2p(), 30)
-            model = load_model_folder(workdir / "model")
-            yield local, peers, directory, loop, p2p, model
-            loop.close(p2p)
+    with tiny_swarm(tmp_path_factory.mktemp("serve"), SWARM, {"a": "0", "b1": "1"}) as (local, peers, directory):
+        peers["b2"] = local.start_peer("b2", "1", FAST_PEER)
+        wait_for(lambda: len([h for h in directory.hosts(1) if h.announcement.state == "serving"]) == 2, 60, "b2")
+        fetched = local.run("swarm-fetch", "--out", "model")
+        assert fetched.returncode == 0, fetched.stderr
+        loop = EventLoopThread()
+        p2p = loop.run(directory.dht.replicate_p2p(), 30)
+        yield local, peers, directory, loop, p2p, load_model_folder(local.workdir / "model")
+        loop.close(p2p)
 
 
 def remote_runner(served_fixture) -> RemoteBlocks:

@@ -14,24 +14,18 @@ from helpers import assert_one_line_error, run_command
 from swarm.checkpoint import load_model_folder
 from swarm.launch import LocalSwarm
 from swarm.records import BlockAnnouncement, block_key
-from swarm_helpers import directory_client, wait_for, write_tiny_setup
+from swarm_helpers import FAST_PEER, tiny_swarm, wait_for, write_tiny_setup
 
-FAST = ["--max-steps", "6", "--save-every", "3", "--announce-period", "1"]
 SWARM = "swarmtest"
 
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
     """A bootstrap node and one peer per block of a tiny model, each trained for 6 steps."""
-    workdir = tmp_path_factory.mktemp("swarm")
-    config_path, corpus_path = write_tiny_setup(workdir)
-    with LocalSwarm(workdir, swarm=SWARM, config_path=config_path, data=corpus_path) as local:
-        local.start_bootstrap(refresh_period=2)
-        local.peers = {name: local.start_peer(name, block, FAST) for name, block in (("a", "0"), ("b", "1"))}
-        with directory_client(SWARM, local.initial_peers) as directory:
-            local.directory = directory
-            wait_for(lambda: all(serving(directory, b, 6) for b in (0, 1)), 90, "both blocks served at step 6")
-            yield local
+    with tiny_swarm(tmp_path_factory.mktemp("swarm"), SWARM, {"a": "0", "b": "1"}) as (local, peers, directory):
+        local.peers, local.directory = peers, directory
+        wait_for(lambda: all(serving(directory, b, 6) for b in (0, 1)), 30, "both blocks served at step 6")
+        yield local
 
 
 def serving(directory, block: int, step: int) -> list:
@@ -65,7 +59,7 @@ def test_status_lists_every_block_and_host(swarm):
 
 def test_joining_replica_starts_from_host_checkpoint_then_survives_crashes(swarm):
     directory = swarm.directory
-    joiner = swarm.start_peer("c", "0", FAST)
+    joiner = swarm.start_peer("c", "0", FAST_PEER)
     def c_announcements():  # "joining" entries carry no progress yet; the first one after is checked
         return [h for h in directory.hosts(0) if h.announcement.public_name == "c" and h.announcement.state != "joining"]
 
@@ -133,7 +127,7 @@ def test_restarted_peer_resumes_from_its_own_checkpoint_dir(swarm):
     """b left (previous test); block 1 has no host now. Restarted on the same folder, b resumes."""
     directory = swarm.directory
     wait_for(lambda: not directory.hosts(1), 30, "block 1 to have no host")
-    again = swarm.start_peer("b", "1", FAST)
+    again = swarm.start_peer("b", "1", FAST_PEER)
     resumed = wait_for(lambda: [h for h in directory.hosts(1) if h.announcement.state != "joining"], 60, "b back")
     assert resumed[0].announcement.step == 6
     assert "from own checkpoint" in again.log()
