@@ -13,6 +13,9 @@ Where things are:
 - network.py: joining the DHT with our validators; an event loop thread for P2P calls
 - directory.py: one swarm's records as typed objects; block choice, freshest replica first
 - transfer.py: a peer's checkpoint store, its P2P service, verified downloads
+- compression.py: DeMo compression of momentum (chunked DCT, top-k, error feedback, bit packing)
+- serving.py: remote denoising on a peer; remote.py: running the blocks on swarm peers;
+  ar_pipeline.py: the autoregressive pipeline baseline of the serving benchmark
 - peer.py: the life of a peer (join, start from a replica, train, announce, serve, leave)
 - launch.py: a swarm of real processes on this machine (demo, tests, benchmarks)
 - cli.py: swarm-train, swarm-eval, swarm-generate; swarm_cli.py: swarm-fetch, swarm-status;

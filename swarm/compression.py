@@ -1,0 +1,138 @@
+"""DeMo compression of a momentum tensor: chunked DCT, top-k per chunk, error feedback, packing.
+
+The first, network-free piece of replica sync (DESIGN.md, "Replica sync"). Each parameter is
+cut into chunks: 2-D tiles (each dimension split by its largest divisor up to 64) for
+matrices, runs for vectors. Each chunk goes through an orthonormal DCT-II, so that what is
+sent is exactly what error feedback removes and no coefficient is favoured by scale. The k
+largest coefficients of each chunk are kept (k scaled with the chunk's size against a
+64 x 64 tile, at least 1), their indices packed at ceil(log2(chunk size)) bits and their
+values sent as bfloat16 (float16 underflows at these magnitudes) or as 1-bit signs.
+
+Not yet here: the exchange between replicas over P2P, the dense baseline and the benchmark.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+MAX_CHUNK = 64
+REFERENCE_TILE = MAX_CHUNK * MAX_CHUNK
+
+
+def chunk_size(n: int) -> int:
+    """The largest divisor of n that is at most 64."""
+    return max(d for d in range(1, min(n, MAX_CHUNK) + 1) if n % d == 0)
+
+
+@lru_cache(maxsize=None)
+def dct_matrix(n: int) -> torch.Tensor:
+    """Orthonormal DCT-II matrix (n x n): its transpose is its inverse."""
+    k = torch.arange(n, dtype=torch.float64)[:, None]
+    i = torch.arange(n, dtype=torch.float64)[None, :]
+    matrix = torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * math.sqrt(2 / n)
+    matrix[0] /= math.sqrt(2)
+    return matrix.float()
+
+
+def to_chunks(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    """(n_chunks, rows, cols) tiles of a tensor (a vector gives rows = 1) and the tile shape."""
+    matrix = tensor.reshape(1, -1) if tensor.dim() == 1 else tensor.reshape(tensor.shape[0], -1)
+    rows, cols = chunk_size(matrix.shape[0]), chunk_size(matrix.shape[1])
+    r, c = matrix.shape[0] // rows, matrix.shape[1] // cols
+    return matrix.reshape(r, rows, c, cols).permute(0, 2, 1, 3).reshape(r * c, rows, cols), (rows, cols)
+
+
+def from_chunks(chunks: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The inverse of `to_chunks` for a tensor of `shape`."""
+    matrix_shape = (1, math.prod(shape)) if len(shape) == 1 else (shape[0], math.prod(shape[1:]))
+    _, rows, cols = chunks.shape
+    r, c = matrix_shape[0] // rows, matrix_shape[1] // cols
+    return chunks.reshape(r, c, rows, cols).permute(0, 2, 1, 3).reshape(shape)
+
+
+def dct(chunks: torch.Tensor) -> torch.Tensor:
+    """2-D DCT-II of every tile (a 1-row tile gets the 1-D transform)."""
+    _, rows, cols = chunks.shape
+    return dct_matrix(rows) @ chunks @ dct_matrix(cols).T
+
+
+def idct(coefficients: torch.Tensor) -> torch.Tensor:
+    _, rows, cols = coefficients.shape
+    return dct_matrix(rows).T @ coefficients @ dct_matrix(cols)
+
+
+def keep_per_chunk(top_k: int, chunk_elements: int) -> int:
+    """Top-k scaled with the chunk's size against a 64 x 64 tile, at least 1, at most the chunk."""
+    return min(chunk_elements, max(1, round(top_k * chunk_elements / REFERENCE_TILE)))
+
+
+@dataclass
+class Compressed:
+    """The top-k DCT coefficients of one tensor: what a replica sends for it."""
+
+    shape: torch.Size
+    tile: tuple[int, int]
+    indices: torch.Tensor  # (n_chunks, k) int64, positions inside each flattened tile
+    values: torch.Tensor  # (n_chunks, k): bfloat16 (16 bits), float32 (32 bits), or +-1 signs (1 bit)
+
+    def payload_bytes(self, value_bits: int) -> int:
+        """Bytes on the wire: indices at ceil(log2(tile size)) bits, values at value_bits."""
+        index_bits = max(1, math.ceil(math.log2(self.tile[0] * self.tile[1])))
+        return math.ceil(self.indices.numel() * (index_bits + value_bits) / 8)
+
+
+def compress(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compressed:
+    """Top-k of each chunk's DCT, as sent: bfloat16 at 16 bits, signs at 1 bit, float32 at 32 (exact)."""
+    if value_bits not in (1, 16, 32):
+        raise ValueError(f"value_bits must be 1, 16 or 32, not {value_bits}")
+    chunks, tile = to_chunks(momentum.detach().float())
+    coefficients = dct(chunks).flatten(1)
+    k = keep_per_chunk(top_k, coefficients.shape[1])
+    indices = coefficients.abs().topk(k, dim=1).indices.sort(dim=1).values
+    kept = coefficients.gather(1, indices)
+    values = {1: kept.sign(), 16: kept.to(torch.bfloat16), 32: kept}[value_bits]
+    return Compressed(momentum.shape, tile, indices, values)
+
+
+def decompress(compressed: Compressed) -> torch.Tensor:
+    """The tensor whose chunk DCTs hold exactly the sent coefficients (zeros elsewhere)."""
+    rows, cols = compressed.tile
+    coefficients = torch.zeros(compressed.indices.shape[0], rows * cols)
+    coefficients.scatter_(1, compressed.indices, compressed.values.float())
+    return from_chunks(idct(coefficients.view(-1, rows, cols)), compressed.shape)
+
+
+def extract(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compressed:
+    """Compress the momentum and subtract what is sent from it, in place (error feedback).
+
+    For 1-bit values the sent signs carry no scale, so what is removed is each kept
+    coefficient's own value: the momentum forgets exactly the components it shared.
+    """
+    compressed = compress(momentum, top_k, value_bits)
+    sent = compressed if value_bits != 1 else _with_true_values(momentum, compressed)
+    momentum.sub_(decompress(sent))
+    return compressed
+
+
+def _with_true_values(momentum: torch.Tensor, compressed: Compressed) -> Compressed:
+    chunks, _ = to_chunks(momentum.detach().float())
+    kept = dct(chunks).flatten(1).gather(1, compressed.indices)
+    return Compressed(compressed.shape, compressed.tile, compressed.indices, kept)
+
+
+def pack_bits(values: torch.Tensor, bits: int) -> bytes:
+    """Non-negative integers below 2**bits, packed at `bits` bits each."""
+    array = values.flatten().numpy().astype(np.uint64)
+    assert (array < (1 << bits)).all(), "value does not fit in the given bits"
+    bit_matrix = ((array[:, None] >> np.arange(bits, dtype=np.uint64)) & 1).astype(np.uint8)
+    return np.packbits(bit_matrix.flatten()).tobytes()
+
+
+def unpack_bits(data: bytes, bits: int, count: int) -> torch.Tensor:
+    bit_matrix = np.unpackbits(np.frombuffer(data, dtype=np.uint8))[: count * bits].reshape(count, bits)
+    return torch.from_numpy((bit_matrix.astype(np.int64) << np.arange(bits, dtype=np.int64)).sum(axis=1))

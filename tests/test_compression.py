@@ -1,0 +1,74 @@
+"""DeMo compression: the DCT, chunking, top-k, error feedback and bit packing."""
+
+import pytest
+import torch
+
+from swarm.compression import (
+    chunk_size,
+    compress,
+    dct,
+    decompress,
+    extract,
+    from_chunks,
+    idct,
+    keep_per_chunk,
+    pack_bits,
+    to_chunks,
+    unpack_bits,
+)
+
+
+@pytest.mark.parametrize("shape", [(5, 64, 64), (3, 1, 48), (2, 12, 7)])
+def test_dct_then_inverse_is_the_identity(shape):
+    tiles = torch.randn(shape)
+    assert torch.allclose(idct(dct(tiles)), tiles, atol=1e-5)
+    assert torch.allclose(dct(tiles).norm(), tiles.norm(), rtol=1e-5)  # orthonormal: energy kept
+
+
+@pytest.mark.parametrize("shape", [(256,), (768, 256), (96, 256), (4, 6, 10)])
+def test_chunks_round_trip_and_respect_the_largest_divisor(shape):
+    tensor = torch.randn(shape)
+    chunks, tile = to_chunks(tensor)
+    assert torch.equal(from_chunks(chunks, tensor.shape), tensor)
+    assert all(t <= 64 for t in tile)
+    assert chunk_size(768) == 64 and chunk_size(96) == 48 and chunk_size(97) == 1
+
+
+def test_keep_scales_with_chunk_size():
+    assert keep_per_chunk(8, 64 * 64) == 8
+    assert keep_per_chunk(8, 64) == 1  # a 1-D run of 64 keeps one value, not 8
+    assert keep_per_chunk(10_000, 64) == 64
+
+
+def test_full_k_reproduces_the_momentum_and_its_sign_step():
+    momentum = torch.randn(128, 64) * 1e-5
+    restored = decompress(compress(momentum, top_k=64 * 64, value_bits=32))
+    assert torch.allclose(restored, momentum, atol=1e-9)
+    assert torch.equal(restored.sign(), momentum.sign())
+
+
+def test_error_feedback_keeps_exactly_what_was_not_sent():
+    original = torch.randn(64, 128)
+    momentum = original.clone()
+    sent = extract(momentum, top_k=8, value_bits=32)
+    assert torch.allclose(momentum + decompress(sent), original, atol=1e-5)
+    remaining, _ = to_chunks(momentum)
+    assert torch.allclose(dct(remaining).flatten(1).gather(1, sent.indices), torch.zeros(()), atol=1e-5)
+    assert sent.indices.shape == (2, 8)
+
+
+def test_one_bit_error_feedback_removes_the_kept_components():
+    original = torch.randn(256)
+    momentum = original.clone()
+    sent = extract(momentum, top_k=64 * 64, value_bits=1)  # scaled to 64 per run: everything
+    assert set(sent.values.unique().tolist()) <= {-1.0, 1.0}
+    assert torch.allclose(momentum, torch.zeros(256), atol=1e-5)
+
+
+def test_bit_packing_round_trips_and_counts_bytes():
+    values = torch.randint(0, 4096, (1000,))
+    data = pack_bits(values, 12)
+    assert len(data) == 1500
+    assert torch.equal(unpack_bits(data, 12, 1000), values)
+    compressed = compress(torch.randn(64, 64), top_k=8)
+    assert compressed.payload_bytes(16) == 8 * (12 + 16) // 8
