@@ -78,12 +78,14 @@ class Compressed:
     shape: torch.Size
     tile: tuple[int, int]
     indices: torch.Tensor  # (n_chunks, k) int64, positions inside each flattened tile
-    values: torch.Tensor  # (n_chunks, k): bfloat16 (16 bits), float32 (32 bits), or +-1 signs (1 bit)
+    values: torch.Tensor  # (n_chunks, k): bfloat16 (16 bits), float32 (32 bits), or +-1 signs (1 bit; 0 for an empty chunk)
 
     def payload_bytes(self, value_bits: int) -> int:
-        """Bytes on the wire: indices at ceil(log2(tile size)) bits, values at value_bits."""
+        """Bytes on the wire: indices at ceil(log2(tile size)) bits, values at value_bits (1-bit
+        values add one flag bit per chunk)."""
         index_bits = max(1, math.ceil(math.log2(self.tile[0] * self.tile[1])))
-        return math.ceil(self.indices.numel() * (index_bits + value_bits) / 8)
+        flags = self.indices.shape[0] if value_bits == 1 else 0
+        return math.ceil((self.indices.numel() * (index_bits + value_bits) + flags) / 8)
 
 
 def compress(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compressed:
@@ -95,8 +97,15 @@ def compress(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compre
     k = keep_per_chunk(top_k, coefficients.shape[1])
     indices = coefficients.abs().topk(k, dim=1).indices.sort(dim=1).values
     kept = coefficients.gather(1, indices)
-    values = {1: kept.sign(), 16: kept.to(torch.bfloat16), 32: kept}[value_bits]
+    values = _signs(kept) if value_bits == 1 else kept.to(torch.bfloat16) if value_bits == 16 else kept
     return Compressed(momentum.shape, tile, indices, values)
+
+
+def _signs(kept: torch.Tensor) -> torch.Tensor:
+    """+-1 per kept coefficient (0 counts as +); a chunk whose kept values are all 0 sends zeros,
+    so a parameter with no gradient is not pushed around. On the wire: one flag bit per chunk."""
+    signs = torch.where(kept >= 0, 1.0, -1.0)
+    return torch.where((kept == 0).all(dim=1, keepdim=True), 0.0, signs)
 
 
 def decompress(compressed: Compressed) -> torch.Tensor:

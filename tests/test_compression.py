@@ -72,3 +72,11 @@ def test_bit_packing_round_trips_and_counts_bytes():
     assert torch.equal(unpack_bits(data, 12, 1000), values)
     compressed = compress(torch.randn(64, 64), top_k=8)
     assert compressed.payload_bytes(16) == 8 * (12 + 16) // 8
+
+
+def test_one_bit_sends_nothing_for_a_chunk_without_gradient():
+    momentum = torch.zeros(64, 128)
+    momentum[:, 64:] = torch.randn(64, 64)
+    sent = compress(momentum, top_k=8, value_bits=1)
+    assert (sent.values[0] == 0).all() and (sent.values[1].abs() == 1).all()
+    assert (decompress(sent)[:, :64] == 0).all()

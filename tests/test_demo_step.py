@@ -1,0 +1,84 @@
+"""DeMo replicas in one process: the wire format, replicas that stay identical, refused payloads."""
+
+import msgpack
+import pytest
+import torch
+
+from swarm.demo_step import DemoConfig, DemoReplica, PayloadError, decode_payload, encode_payload
+from swarm.model import ModelConfig, build_block
+from swarm.train import diffusion_loss_fn
+
+
+def replicas(config, n: int, demo: DemoConfig):
+    torch.manual_seed(0)
+    first = build_block(config, 0)
+    blocks = [first] + [build_block(config, 0) for _ in range(n - 1)]
+    for block in blocks[1:]:
+        block.load_state_dict(first.state_dict())
+    return blocks, [DemoReplica(b, demo) for b in blocks]
+
+
+def backward(block, windows, seed: int) -> float:
+    generator = torch.Generator().manual_seed(seed)
+    block.zero_grad(set_to_none=True)
+    loss = diffusion_loss_fn(block, 0)(windows.sample(8, generator), generator)
+    loss.backward()
+    return loss.item()
+
+
+@pytest.mark.parametrize("value_bits", [16, 1])
+def test_payload_survives_the_wire(tiny_config, tiny_windows, value_bits):
+    blocks, (replica,) = replicas(tiny_config, 1, DemoConfig(value_bits=value_bits))
+    backward(blocks[0], tiny_windows, 0)
+    payload = replica.make_payload(lr=2e-3)
+    decoded = decode_payload(encode_payload(payload, value_bits), replica)
+    for name, sent in payload.items():
+        assert torch.equal(decoded[name].indices, sent.indices)
+        assert torch.equal(decoded[name].values.float(), sent.values.float())
+
+
+@pytest.mark.parametrize("value_bits", [16, 1])
+def test_replicas_that_gather_every_payload_stay_identical_and_learn(tiny_config, tiny_windows, value_bits):
+    demo = DemoConfig(value_bits=value_bits, sign_lr=2e-3)
+    blocks, reps = replicas(tiny_config, 2, demo)
+    losses = []
+    for step in range(40):
+        wires = []
+        for index, (block, replica) in enumerate(zip(blocks, reps)):  # different data on each replica
+            losses.append(backward(block, tiny_windows, seed=1000 * index + step))
+            wires.append(encode_payload(replica.make_payload(lr=2e-3), value_bits))
+        for replica in reps:
+            replica.apply([decode_payload(w, replica) for w in wires])
+    for a, b in zip(blocks[0].parameters(), blocks[1].parameters()):
+        assert torch.equal(a, b)
+    assert sum(losses[-10:]) / 10 < 0.9 * sum(losses[:10]) / 10
+
+
+def test_bad_payloads_are_refused(tiny_config, tiny_windows):
+    blocks, (replica,) = replicas(tiny_config, 1, DemoConfig())
+    backward(blocks[0], tiny_windows, 0)
+    good = msgpack.unpackb(encode_payload(replica.make_payload(lr=2e-3), 16))
+    name = next(iter(good["params"]))
+
+    def variant(**changes):
+        entry = {**good["params"][name], **changes}
+        return msgpack.packb({**good, "params": {**good["params"], name: entry}})
+
+    nan = torch.full((good["params"][name]["count"],), float("nan"), dtype=torch.bfloat16).view(torch.int16)
+    huge = torch.full((good["params"][name]["count"],), 1e6, dtype=torch.bfloat16).view(torch.int16)
+    bad = {
+        "NaN values": variant(values=nan.numpy().tobytes()),
+        "huge norm": variant(values=huge.numpy().tobytes()),
+        "wrong shape": variant(tile=[3, 5]),
+        "index out of range": variant(indices=b"\xff" * len(good["params"][name]["indices"])),
+        "unknown parameter": msgpack.packb({**good, "params": {"not.a.param": good["params"][name]}}),
+        "garbage": b"\x00\x01garbage",
+    }
+    for what, data in bad.items():
+        with pytest.raises(PayloadError):
+            decode_payload(data, replica)
+            pytest.fail(f"accepted a payload with {what}")
+    other = ModelConfig(**{**tiny_config.to_dict(), "d_model": 64, "n_heads": 2})
+    _, (other_replica,) = replicas(other, 1, DemoConfig())
+    with pytest.raises(PayloadError):
+        decode_payload(encode_payload(replica.make_payload(lr=2e-3), 16), other_replica)
