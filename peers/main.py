@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from swarm.console import run_command
+from swarm.demo_step import DemoConfig
 from swarm.options import network_options, swarm_options
 from swarm.peer import Peer, PeerConfig
 
@@ -22,10 +23,23 @@ from swarm.peer import Peer, PeerConfig
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True)
 @click.option("--serve-ar-stage", is_flag=True, hidden=True, help="Also serve an autoregressive stage (benchmarks).")
-def peer_command(**kwargs):
+@click.option("--sync", type=click.Choice(["demo", "none"]), default="demo", show_default=True,
+              help="demo: DeMo exchange with the block's other replicas; none: AdamW alone.")
+@click.option("--sync-deadline", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds a step waits for the other replicas' payloads.")
+@click.option("--wait-for-replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Start training once this many replicas of the block (itself included) are up.")
+@click.option("--top-k", type=click.IntRange(min=1), default=8, show_default=True, help="DeMo: kept per 64x64 tile.")
+@click.option("--value-bits", type=click.Choice(["16", "1"]), default="16", show_default=True,
+              help="DeMo: bfloat16 values or 1-bit signs.")
+@click.option("--momentum-decay", type=click.FloatRange(0, 1, max_open=True), default=0.999, show_default=True)
+@click.option("--sign-lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True,
+              help="DeMo: the sign step's learning rate.")
+def peer_command(top_k, value_bits, momentum_decay, sign_lr, **kwargs):
     """Join a swarm and train one block of its model."""
     network = network_options(kwargs)
-    Peer(PeerConfig(network=network, **kwargs)).run()
+    demo = DemoConfig(top_k=top_k, value_bits=int(value_bits), momentum_decay=momentum_decay, sign_lr=sign_lr)
+    Peer(PeerConfig(network=network, demo=demo, **kwargs)).run()
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ Where things are:
 - directory.py: one swarm's records as typed objects; block choice, freshest replica first
 - transfer.py: a peer's checkpoint store, its P2P service, verified downloads
 - compression.py: DeMo compression of momentum (chunked DCT, top-k, error feedback, bit packing)
+- demo_step.py: one replica's DeMo update and the payload wire format; sync.py: the exchange over P2P
 - serving.py: remote denoising on a peer; remote.py: running the blocks on swarm peers;
   ar_pipeline.py: the autoregressive pipeline baseline of the serving benchmark
 - peer.py: the life of a peer (join, start from a replica, train, announce, serve, leave)

@@ -8,7 +8,7 @@ largest coefficients of each chunk are kept (k scaled with the chunk's size agai
 64 x 64 tile, at least 1), their indices packed at ceil(log2(chunk size)) bits and their
 values sent as bfloat16 (float16 underflows at these magnitudes) or as 1-bit signs.
 
-Not yet here: the exchange between replicas over P2P, the dense baseline and the benchmark.
+The update that uses it is in demo_step.py, the exchange between replicas in sync.py.
 """
 
 from __future__ import annotations

@@ -70,7 +70,8 @@ def demo_command(workdir, steps, config_path, data, prompt, timeout):
             directory = SwarmDirectory(dht, SWARM)
             config = directory.wait_for_model(30)
             for block in range(config.n_blocks):
-                extra = ["--max-steps", str(steps), "--save-every", str(max(1, steps // 4)), "--announce-period", "3"]
+                extra = ["--max-steps", str(steps), "--save-every", str(max(1, steps // 4)), "--announce-period", "3",
+                         "--sync", "none"]  # one peer per block: no replica to sync with
                 local.start_peer(f"peer{block}", str(block), extra)
             wait_until_trained(local, directory, config.n_blocks, steps, timeout)
         finally:

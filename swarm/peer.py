@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -27,12 +28,14 @@ from swarm.ar_pipeline import StageServicer
 from swarm.autoregressive import ByteTransformer
 from swarm.checkpoint import decode_block
 from swarm.data import load_corpus
+from swarm.demo_step import DemoConfig, DemoReplica
 from swarm.directory import SwarmDirectory, freshest_first, least_hosted_block
 from swarm.errors import SwarmError
 from swarm.model import ModelConfig
 from swarm.network import EventLoopThread, NetworkOptions, start_dht
 from swarm.records import BlockAnnouncement, CheckpointInfo, PeerState, check_swarm_name
 from swarm.serving import DenoiseServicer
+from swarm.sync import PayloadServicer, ReplicaSync
 from swarm.train import TrainConfig, Trainer, block_trainer
 from swarm.transfer import BlockServicer, CheckpointStore, fetch_verified
 
@@ -59,6 +62,10 @@ class PeerConfig:
     lr: float = 2e-3
     join_timeout: float = 30.0
     serve_ar_stage: bool = False  # also serve a stage of the autoregressive pipeline (serving benchmark)
+    sync: str = "demo"  # "demo": DeMo exchange with the block's other replicas; "none": AdamW alone
+    sync_deadline: float = 5.0  # seconds a step waits for the other replicas' payloads
+    wait_for_replicas: int = 1  # start training once this many replicas (itself included) are seen
+    demo: DemoConfig = field(default_factory=DemoConfig)
     network: NetworkOptions = field(default_factory=NetworkOptions)
 
     def checked(self) -> "PeerConfig":
@@ -67,6 +74,8 @@ class PeerConfig:
             raise SwarmError(f"--block must be 'auto' or a block index, not {self.block!r}")
         if self.announce_period <= 0 or self.save_every <= 0:
             raise SwarmError("--announce-period and --save-every must be positive")
+        if self.sync not in ("demo", "none"):
+            raise SwarmError(f"--sync must be 'demo' or 'none', not {self.sync!r} (dense is not built yet)")
         return self
 
 
@@ -82,6 +91,8 @@ class Peer:
         self.checkpoint: CheckpointInfo | None = None
         self.checkpoint_time: float | None = None
         self.state: PeerState = "joining"
+        self._replica_ids: list[str] = []
+        self._replicas_read_at = -math.inf
 
     def stop(self, *_signal_args) -> None:
         self.stopping.set()
@@ -111,11 +122,13 @@ class Peer:
             steps=self.config.max_steps or 100_000, batch_size=self.config.batch_size, lr=self.config.lr
         )
         self.trainer = block_trainer(self.model_config, self.block, windows, train_config, self.config.device)
+        self.trainer.generator.manual_seed(int(self.peer_id.encode().hex(), 16) % 2**63)  # own batches per replica
         self._load_start_state()
         for servicer in self._servicers():
             self.loop.run(servicer.add_p2p_handlers(self.p2p), P2P_CALL_TIMEOUT_S)
         self.state = "training"
         self._announce(wait=True)
+        self._wait_for_replicas()
 
     def _servicers(self) -> list:
         """Checkpoints and info, remote denoising, and (for benchmarks) an autoregressive stage."""
@@ -124,11 +137,35 @@ class Peer:
             BlockServicer(self.block, self.store, self.info),
             DenoiseServicer(self.model_config, self.block, module, lock),
         ]
+        if self.config.sync == "demo":
+            payloads = PayloadServicer(self.block, self.config.sync_deadline)
+            replica = DemoReplica(module, self.config.demo)
+            self.trainer.update = ReplicaSync(replica, payloads, self.p2p, self.loop, self.peer_id, self.replica_ids)
+            servicers.append(payloads)
         if self.config.serve_ar_stage:
             torch.manual_seed(0)  # every peer holds a stage of the same (untrained) model
             ar_model = ByteTransformer(self.model_config)
             servicers.append(StageServicer(ar_model, self.block, self.model_config.n_blocks))
         return servicers
+
+    def replica_ids(self) -> list[str]:
+        """The other peers training this block (read from the DHT at most once per announce period)."""
+        now = time.monotonic()
+        if now - self._replicas_read_at >= self.config.announce_period:
+            hosts = self.directory.hosts(self.block)
+            self._replica_ids = sorted(
+                h.peer_id for h in hosts if h.peer_id != self.peer_id and h.announcement.state in ("joining", "training")
+            )
+            self._replicas_read_at = now
+        return self._replica_ids
+
+    def _wait_for_replicas(self) -> None:
+        """Hold the first step until `wait_for_replicas` replicas are up, so they start in step."""
+        deadline = time.monotonic() + self.config.join_timeout
+        while len(self.replica_ids()) + 1 < self.config.wait_for_replicas and time.monotonic() < deadline:
+            self._replicas_read_at = -math.inf
+            if self.stopping.wait(0.5):
+                return
 
     def _choose_block(self, config: ModelConfig) -> int:
         if self.config.block == "auto":

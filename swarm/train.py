@@ -62,6 +62,8 @@ class Trainer:
     step_count: int = 0
     losses: list[float] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
+    # replaces the AdamW step (replica sync); it must take `weights_lock` while it writes weights
+    update: Callable[["Trainer"], None] | None = None
 
     def __post_init__(self) -> None:
         self.optimizer = torch.optim.AdamW(
@@ -81,8 +83,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(self.module.parameters(), self.config.grad_clip)
-        with self.weights_lock:
-            self.optimizer.step()
+        if self.update is not None:
+            self.update(self)
+        else:
+            with self.weights_lock:
+                self.optimizer.step()
         self.step_count += 1
         self.losses.append(loss.item())
         self.step_seconds.append(time.perf_counter() - started)

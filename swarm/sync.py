@@ -1,0 +1,147 @@
+"""Replica sync over P2P: the replicas of one block swap DeMo payloads every step.
+
+Each replica publishes its payload for step t and serves it (`rpc_payload`, a long poll that
+waits for that step's payload up to the deadline); it gathers the other replicas' payloads
+for step t concurrently until `deadline` seconds have passed. A replica whose payload has
+not come by then is left out of the step: nobody waits longer for a slow or dead peer.
+Payloads that fail the checks of `decode_payload` are logged and not applied. Every replica
+decodes the gathered set in peer-id order, so replicas that gather the same set stay identical.
+
+A replica that asks for a step the others no longer keep learns their step from the reply
+and jumps its step counter there, so a late joiner enters the exchange at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
+from hivemind.proto import runtime_pb2
+from hivemind.utils import MSGPackSerializer
+
+from swarm.demo_step import DemoReplica, PayloadError, decode_payload, encode_payload
+from swarm.network import EventLoopThread
+from swarm.train import Trainer
+
+logger = logging.getLogger(__name__)
+
+KEEP_STEPS = 8  # payloads kept for late askers
+RETRY_S = 0.2  # pause before asking a peer again that could not answer yet
+
+
+class PayloadServicer(ServicerBase):
+    """`rpc_payload`: this replica's payload of a step, once it exists (waits up to the deadline)."""
+
+    def __init__(self, block: int, deadline: float):
+        self.block, self.deadline = block, deadline
+        self.payloads: dict[int, bytes] = {}
+        self.bytes_sent = 0
+        self._published: dict[int, asyncio.Event] = {}
+
+    def _event(self, step: int) -> asyncio.Event:
+        return self._published.setdefault(step, asyncio.Event())
+
+    def publish(self, step: int, data: bytes) -> None:
+        """Called on the event loop: make step's payload available and drop old ones."""
+        self.payloads[step] = data
+        self._event(step).set()
+        for old in [s for s in self.payloads if s <= step - KEEP_STEPS]:
+            self.payloads.pop(old, None)
+            self._published.pop(old, None)
+
+    async def rpc_payload(self, request: runtime_pb2.ExpertUID, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        block, _, step_text = request.uid.partition(":")
+        if block != str(self.block) or not step_text.isdigit():
+            return _reply({"error": f"this replica syncs block {self.block}"})
+        step, newest = int(step_text), max(self.payloads, default=-1)
+        if step < newest - KEEP_STEPS + 1:
+            return _reply({"error": "gone", "step": newest})
+        try:
+            await asyncio.wait_for(self._event(step).wait(), self.deadline)
+        except TimeoutError:
+            return _reply({"error": "not yet", "step": max(self.payloads, default=-1)})
+        data = self.payloads.get(step)
+        if data is None:
+            return _reply({"error": "gone", "step": max(self.payloads, default=-1)})
+        self.bytes_sent += len(data)
+        return _reply({"payload": data})
+
+
+def _reply(content: dict) -> runtime_pb2.ExpertResponse:
+    """{"payload": bytes}, or {"error": "gone" | "not yet" | ..., "step": the replier's newest step}."""
+    return runtime_pb2.ExpertResponse(metadata=MSGPackSerializer.dumps(content))
+
+
+@dataclass
+class Gathered:
+    """What one step's gathering brought: payloads by peer, and the newest step others reported."""
+
+    payloads: dict[str, bytes] = field(default_factory=dict)
+    newest_step: int = -1
+
+
+async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline: float) -> Gathered:
+    """Ask every peer for its step payload at once; keep what arrives before the deadline."""
+    result = Gathered()
+    stop_at = time.monotonic() + deadline
+
+    async def ask(peer_id: str) -> None:
+        stub = PayloadServicer.get_stub(p2p, PeerID.from_base58(peer_id))
+        while (left := stop_at - time.monotonic()) > 0:
+            try:
+                reply = await stub.rpc_payload(runtime_pb2.ExpertUID(uid=f"{block}:{step}"), timeout=left)
+            except Exception:  # not up yet, gone, or too slow: ask again while time is left
+                await asyncio.sleep(min(RETRY_S, max(0.0, stop_at - time.monotonic())))
+                continue
+            status = MSGPackSerializer.loads(reply.metadata)
+            if isinstance(status, dict) and isinstance(status.get("payload"), bytes):
+                result.payloads[peer_id] = status["payload"]
+                return
+            status = status if isinstance(status, dict) else {}
+            result.newest_step = max(result.newest_step, int(status.get("step", -1)))
+            if status.get("error") == "gone":
+                return
+            await asyncio.sleep(RETRY_S)
+
+    await asyncio.gather(*(ask(peer_id) for peer_id in peer_ids))
+    return result
+
+
+@dataclass
+class ReplicaSync:
+    """The update a peer's trainer runs each step in place of AdamW, when the block has replicas."""
+
+    replica: DemoReplica
+    servicer: PayloadServicer
+    p2p: P2P
+    loop: EventLoopThread
+    own_id: str
+    replica_ids: Callable[[], list[str]]  # peer ids of the other replicas of the block, now
+    bytes_received: int = 0
+    refused: int = 0
+
+    def __call__(self, trainer: Trainer) -> None:
+        step = trainer.step_count
+        own = encode_payload(self.replica.make_payload(trainer.config.lr_at(step)), self.replica.config.value_bits)
+        self.loop.loop.call_soon_threadsafe(self.servicer.publish, step, own)  # runs before the gather below
+        others = self.replica_ids()
+        deadline = self.servicer.deadline
+        gathered = self.loop.run(gather(self.p2p, self.servicer.block, step, others, deadline), deadline + 5)
+        self.bytes_received += sum(len(d) for d in gathered.payloads.values())
+        payloads = []
+        for peer_id, data in sorted({**gathered.payloads, self.own_id: own}.items()):
+            try:
+                payloads.append(decode_payload(data, self.replica))
+            except PayloadError as error:
+                self.refused += 1
+                logger.warning("refused the step %d payload of %s: %s", step, peer_id, error)
+        with trainer.weights_lock:
+            self.replica.apply(payloads)
+        if gathered.newest_step > step + 1:
+            logger.info("replicas are at step %d: jumping from %d", gathered.newest_step, step)
+            trainer.step_count = gathered.newest_step - 1  # the trainer adds one after this update
+
