@@ -88,17 +88,25 @@ class Compressed:
         return math.ceil((self.indices.numel() * (index_bits + value_bits) + flags) / 8)
 
 
-def compress(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compressed:
-    """Top-k of each chunk's DCT, as sent: bfloat16 at 16 bits, signs at 1 bit, float32 at 32 (exact)."""
-    if value_bits not in (1, 16, 32):
-        raise ValueError(f"value_bits must be 1, 16 or 32, not {value_bits}")
+def _top_k(momentum: torch.Tensor, top_k: int) -> tuple[tuple[int, int], torch.Tensor, torch.Tensor]:
+    """(tile, indices, values) of the k largest DCT coefficients of each chunk, in full precision."""
     chunks, tile = to_chunks(momentum.detach().float())
     coefficients = dct(chunks).flatten(1)
     k = keep_per_chunk(top_k, coefficients.shape[1])
     indices = coefficients.abs().topk(k, dim=1).indices.sort(dim=1).values
-    kept = coefficients.gather(1, indices)
-    values = _signs(kept) if value_bits == 1 else kept.to(torch.bfloat16) if value_bits == 16 else kept
-    return Compressed(momentum.shape, tile, indices, values)
+    return tile, indices, coefficients.gather(1, indices)
+
+
+def _as_sent(kept: torch.Tensor, value_bits: int) -> torch.Tensor:
+    if value_bits not in (1, 16, 32):
+        raise ValueError(f"value_bits must be 1, 16 or 32, not {value_bits}")
+    return _signs(kept) if value_bits == 1 else kept.to(torch.bfloat16) if value_bits == 16 else kept
+
+
+def compress(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compressed:
+    """Top-k of each chunk's DCT, as sent: bfloat16 at 16 bits, signs at 1 bit, float32 at 32 (exact)."""
+    tile, indices, kept = _top_k(momentum, top_k)
+    return Compressed(momentum.shape, tile, indices, _as_sent(kept, value_bits))
 
 
 def _signs(kept: torch.Tensor) -> torch.Tensor:
@@ -122,16 +130,11 @@ def extract(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compres
     For 1-bit values the sent signs carry no scale, so what is removed is each kept
     coefficient's own value: the momentum forgets exactly the components it shared.
     """
-    compressed = compress(momentum, top_k, value_bits)
-    sent = compressed if value_bits != 1 else _with_true_values(momentum, compressed)
-    momentum.sub_(decompress(sent))
-    return compressed
-
-
-def _with_true_values(momentum: torch.Tensor, compressed: Compressed) -> Compressed:
-    chunks, _ = to_chunks(momentum.detach().float())
-    kept = dct(chunks).flatten(1).gather(1, compressed.indices)
-    return Compressed(compressed.shape, compressed.tile, compressed.indices, kept)
+    tile, indices, kept = _top_k(momentum, top_k)
+    sent = Compressed(momentum.shape, tile, indices, _as_sent(kept, value_bits))
+    removed = sent if value_bits != 1 else Compressed(momentum.shape, tile, indices, kept)
+    momentum.sub_(decompress(removed))
+    return sent
 
 
 def pack_bits(values: torch.Tensor, bits: int) -> bytes:

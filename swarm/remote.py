@@ -67,8 +67,8 @@ class RemoteBlocks:
         candidates = [h for h in self.directory.hosts(block) if not self._banned(h.peer_id)]
         if not candidates:
             raise SwarmError(f"no live peer serves block {block}")
-        freshest = max((h.announcement.checkpoint.step if h.announcement.checkpoint else -1) for h in candidates)
-        fresh = [h for h in candidates if (h.announcement.checkpoint.step if h.announcement.checkpoint else -1) == freshest]
+        freshest = max(_checkpoint_step(h) for h in candidates)
+        fresh = [h for h in candidates if _checkpoint_step(h) == freshest]
         self._chosen[block] = min(fresh, key=lambda h: self.round_trip(h))
         return self._chosen[block]
 
@@ -108,3 +108,7 @@ class RemoteBlocks:
         if len(outputs) != 1 + want_logits or outputs[0].shape != z.shape or not torch.isfinite(outputs[0]).all():
             raise SwarmError("malformed reply")
         return outputs[0], (outputs[1] if want_logits else None)
+
+
+def _checkpoint_step(host: Host) -> int:
+    return host.announcement.checkpoint.step if host.announcement.checkpoint else -1

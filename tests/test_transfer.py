@@ -15,14 +15,23 @@ from swarm.records import BlockAnnouncement, CheckpointInfo, block_key
 from swarm.transfer import BlockServicer, CheckpointStore, fetch_verified
 
 
+class Loop(EventLoopThread):
+    """An event loop thread that shuts down, when closed, the P2P handles made through it."""
+
+    def __init__(self):
+        super().__init__()
+        self.handles = []
+
+    def p2p(self, dht):
+        self.handles.append(self.run(dht.replicate_p2p(), 30))
+        return self.handles[-1]
+
+
 @pytest.fixture
 def loop():
-    """An event loop thread; P2P handles made through `loop.p2p(dht)` are shut down with it."""
-    loop = EventLoopThread()
-    handles = []
-    loop.p2p = lambda dht: handles.append(loop.run(dht.replicate_p2p(), 30)) or handles[-1]
+    loop = Loop()
     yield loop
-    loop.close(*handles)
+    loop.close(*loop.handles)
 
 
 def serve(loop, tmp_path, name, config, step):
