@@ -79,6 +79,7 @@ class Compressed:
     tile: tuple[int, int]
     indices: torch.Tensor  # (n_chunks, k) int64, positions inside each flattened tile
     values: torch.Tensor  # (n_chunks, k): bfloat16 (16 bits), float32 (32 bits), or +-1 signs (1 bit; 0 for an empty chunk)
+    position: int = -1  # the parameter's position in its module, when it travels in a payload
 
     def payload_bytes(self, value_bits: int) -> int:
         """Bytes on the wire: indices at ceil(log2(tile size)) bits, values at value_bits (1-bit
@@ -137,14 +138,26 @@ def extract(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compres
     return sent
 
 
-def pack_bits(values: torch.Tensor, bits: int) -> bytes:
-    """Non-negative integers below 2**bits, packed at `bits` bits each."""
+def to_bits(values: torch.Tensor, bits: int) -> np.ndarray:
+    """Non-negative integers below 2**bits as a flat array of their bits (least significant first)."""
     array = values.flatten().numpy().astype(np.uint64)
     assert (array < (1 << bits)).all(), "value does not fit in the given bits"
-    bit_matrix = ((array[:, None] >> np.arange(bits, dtype=np.uint64)) & 1).astype(np.uint8)
-    return np.packbits(bit_matrix.flatten()).tobytes()
+    return ((array[:, None] >> np.arange(bits, dtype=np.uint64)) & 1).astype(np.uint8).flatten()
+
+
+def from_bits(bit_array: np.ndarray, offset: int, bits: int, count: int) -> tuple[torch.Tensor, int]:
+    """`count` integers of `bits` bits read at `offset` of a bit array, and the offset after them."""
+    end = offset + count * bits
+    if end > len(bit_array):
+        raise ValueError("bit stream is too short")
+    chunk = bit_array[offset:end].reshape(count, bits).astype(np.int64)
+    return torch.from_numpy((chunk << np.arange(bits, dtype=np.int64)).sum(axis=1)), end
+
+
+def pack_bits(values: torch.Tensor, bits: int) -> bytes:
+    """Non-negative integers below 2**bits, packed at `bits` bits each."""
+    return np.packbits(to_bits(values, bits)).tobytes()
 
 
 def unpack_bits(data: bytes, bits: int, count: int) -> torch.Tensor:
-    bit_matrix = np.unpackbits(np.frombuffer(data, dtype=np.uint8))[: count * bits].reshape(count, bits)
-    return torch.from_numpy((bit_matrix.astype(np.int64) << np.arange(bits, dtype=np.int64)).sum(axis=1))
+    return from_bits(np.unpackbits(np.frombuffer(data, dtype=np.uint8)), 0, bits, count)[0]

@@ -12,6 +12,7 @@ norm, is refused with PayloadError and not applied.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from swarm.compression import Compressed, decompress, extract, keep_per_chunk, pack_bits, to_chunks, unpack_bits
+from swarm.compression import Compressed, decompress, extract, from_bits, keep_per_chunk, to_bits, to_chunks
 
 Payload = dict[str, Compressed]
 MAX_VALUE = 1.0  # coefficients of lr * momentum are ~1e-7..1e-5; anything near 1 is hostile
@@ -47,6 +48,7 @@ class DemoReplica:
     def __init__(self, module: nn.Module, config: DemoConfig):
         self.config = config
         self.params = dict(module.named_parameters())
+        self.names = list(self.params)  # a parameter's position is its name on the wire
         self.momentum = {name: torch.zeros_like(p) for name, p in self.params.items()}
 
     def make_payload(self, lr: float) -> Payload:
@@ -56,7 +58,8 @@ class DemoReplica:
             if param.grad is None:
                 continue
             self.momentum[name].mul_(self.config.momentum_decay).add_(param.grad, alpha=lr)
-            payload[name] = extract(self.momentum[name], self.config.top_k, self.config.value_bits)
+            sent = extract(self.momentum[name], self.config.top_k, self.config.value_bits)
+            payload[name] = dataclasses.replace(sent, position=self.names.index(name))
         return payload
 
     @torch.no_grad()
@@ -72,64 +75,69 @@ class DemoReplica:
 
 
 def encode_payload(payload: Payload, value_bits: int) -> bytes:
-    """The wire form of a payload: per parameter, indices packed at ceil(log2(tile)) bits and values."""
-    entries = {}
-    for name, c in payload.items():
-        entries[name] = {
-            "tile": list(c.tile),
-            "count": c.indices.numel(),
-            "indices": pack_bits(c.indices, _index_bits(c.tile)),
-            "values": _encode_values(c.values, value_bits),
-        }
-    return msgpack.packb({"value_bits": value_bits, "params": entries})
+    """The wire form: which parameters (by position) are present, then one bit stream holding,
+    parameter after parameter, the indices at ceil(log2(tile)) bits and the values (bfloat16
+    words, or sign bits followed by one empty-chunk flag per chunk). Both sides know the shapes."""
+    present, streams = [], []
+    for c in payload.values():
+        present.append(c.position)
+        streams += [to_bits(c.indices, _index_bits(c.tile)), _value_bits_of(c.values, value_bits)]
+    packed = np.packbits(np.concatenate(streams)).tobytes() if streams else b""
+    return msgpack.packb({"v": value_bits, "p": present, "b": packed})
 
 
 def decode_payload(data: bytes, replica: DemoReplica) -> Payload:
     """A payload from another replica, checked against this replica's parameters; PayloadError if bad."""
     try:
         message = msgpack.unpackb(data)
-        value_bits, entries = message["value_bits"], message["params"]
-        return {name: _decode_entry(name, entry, value_bits, replica) for name, entry in entries.items()}
-    except PayloadError:
-        raise
+        value_bits, present = message["v"], message["p"]
+        bit_array = np.unpackbits(np.frombuffer(message["b"], dtype=np.uint8))
     except Exception as error:  # truncated, garbage, wrong types
         raise PayloadError(f"malformed payload: {type(error).__name__}") from None
+    if value_bits != replica.config.value_bits or len(set(present)) != len(present):
+        raise PayloadError(f"payload has value bits {value_bits} or repeats a parameter")
+    payload, offset = {}, 0
+    for position in present:
+        if not isinstance(position, int) or not 0 <= position < len(replica.names):
+            raise PayloadError(f"payload names parameter #{position}, which this block does not have")
+        name = replica.names[position]
+        payload[name], offset = _decode_entry(name, bit_array, offset, replica)
+    if len(bit_array) - offset >= 8:
+        raise PayloadError("payload has trailing data")
+    return payload
 
 
-def _decode_entry(name: str, entry: dict, value_bits: int, replica: DemoReplica) -> Compressed:
-    if name not in replica.params or value_bits != replica.config.value_bits:
-        raise PayloadError(f"unexpected parameter {name!r} or value bits {value_bits}")
+def _decode_entry(name: str, bit_array: np.ndarray, offset: int, replica: DemoReplica):
     param = replica.params[name]
     chunks, tile = to_chunks(param.detach())
     k = keep_per_chunk(replica.config.top_k, tile[0] * tile[1])
-    if tuple(entry["tile"]) != tile or entry["count"] != chunks.shape[0] * k:
-        raise PayloadError(f"{name}: shape does not match this block")
-    indices = unpack_bits(entry["indices"], _index_bits(tile), entry["count"]).view(-1, k)
+    try:
+        indices, offset = from_bits(bit_array, offset, _index_bits(tile), chunks.shape[0] * k)
+        values, offset = _read_values(bit_array, offset, replica.config.value_bits, (chunks.shape[0], k))
+    except ValueError:
+        raise PayloadError(f"{name}: payload is too short for this block") from None
     if indices.max() >= tile[0] * tile[1]:
         raise PayloadError(f"{name}: index out of range")
-    values = _decode_values(entry["values"], value_bits, indices.shape)
     if not torch.isfinite(values.float()).all() or values.float().abs().max() > MAX_VALUE:
         raise PayloadError(f"{name}: values are not finite or absurdly large")
-    return Compressed(param.shape, tile, indices, values)
+    return Compressed(param.shape, tile, indices.view(-1, k), values, replica.names.index(name)), offset
 
 
-def _encode_values(values: torch.Tensor, value_bits: int) -> bytes:
-    """bfloat16 as raw 16-bit words; 1-bit: sign bits, then one 'empty chunk' bit per chunk."""
+def _value_bits_of(values: torch.Tensor, value_bits: int) -> np.ndarray:
     if value_bits != 1:
-        return values.view(torch.int16).numpy().tobytes()
-    bits = np.concatenate([(values > 0).flatten().numpy(), (values == 0).all(dim=1).numpy()])
-    return np.packbits(bits).tobytes()
+        return to_bits(values.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF, 16)
+    return np.concatenate([(values > 0).flatten().numpy(), (values == 0).all(dim=1).numpy()]).astype(np.uint8)
 
 
-def _decode_values(data: bytes, value_bits: int, shape: torch.Size) -> torch.Tensor:
-    if value_bits != 1:
-        return torch.from_numpy(np.frombuffer(data, dtype=np.int16).copy()).view(torch.bfloat16).view(shape)
-    bits = torch.from_numpy(np.unpackbits(np.frombuffer(data, dtype=np.uint8)).astype(np.float32))
+def _read_values(bit_array: np.ndarray, offset: int, value_bits: int, shape: tuple[int, int]):
     count = shape[0] * shape[1]
-    signs, empty = bits[:count].view(shape) * 2 - 1, bits[count : count + shape[0]].bool()
-    if len(empty) != shape[0]:
-        raise PayloadError("1-bit values are truncated")
-    return torch.where(empty[:, None], 0.0, signs)
+    if value_bits != 1:
+        words, offset = from_bits(bit_array, offset, 16, count)
+        return words.to(torch.int16).view(torch.bfloat16).view(shape), offset
+    signs, offset = from_bits(bit_array, offset, 1, count)
+    empty, offset = from_bits(bit_array, offset, 1, shape[0])
+    values = torch.where(empty.bool()[:, None], 0.0, signs.float().view(shape) * 2 - 1)
+    return values, offset
 
 
 def _index_bits(tile: tuple[int, int]) -> int:

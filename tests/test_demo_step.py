@@ -1,5 +1,8 @@
 """DeMo replicas in one process: the wire format, replicas that stay identical, refused payloads."""
 
+import dataclasses
+import math
+
 import msgpack
 import pytest
 import torch
@@ -57,23 +60,27 @@ def test_replicas_that_gather_every_payload_stay_identical_and_learn(tiny_config
 def test_bad_payloads_are_refused(tiny_config, tiny_windows):
     blocks, (replica,) = replicas(tiny_config, 1, DemoConfig())
     backward(blocks[0], tiny_windows, 0)
-    good = msgpack.unpackb(encode_payload(replica.make_payload(lr=2e-3), 16))
-    name = next(iter(good["params"]))
+    payload = replica.make_payload(lr=2e-3)
+    good = msgpack.unpackb(encode_payload(payload, 16))
 
-    def variant(**changes):
-        entry = {**good["params"][name], **changes}
-        return msgpack.packb({**good, "params": {**good["params"], name: entry}})
+    def with_entry(name, **changes):
+        return encode_payload({**payload, name: dataclasses.replace(payload[name], **changes)}, 16)
 
-    nan = torch.full((good["params"][name]["count"],), float("nan"), dtype=torch.bfloat16).view(torch.int16)
-    huge = torch.full((good["params"][name]["count"],), 1e6, dtype=torch.bfloat16).view(torch.int16)
+    first = next(iter(payload))
+    odd_tile = next(n for n, c in payload.items() if (c.tile[0] * c.tile[1]) & (c.tile[0] * c.tile[1] - 1))
+    largest_code = 2 ** math.ceil(math.log2(payload[odd_tile].tile[0] * payload[odd_tile].tile[1])) - 1  # > tile size
     bad = {
-        "NaN values": variant(values=nan.numpy().tobytes()),
-        "huge norm": variant(values=huge.numpy().tobytes()),
-        "wrong shape": variant(tile=[3, 5]),
-        "index out of range": variant(indices=b"\xff" * len(good["params"][name]["indices"])),
-        "unknown parameter": msgpack.packb({**good, "params": {"not.a.param": good["params"][name]}}),
+        "NaN values": with_entry(first, values=torch.full_like(payload[first].values, float("nan"))),
+        "huge values": with_entry(first, values=torch.full_like(payload[first].values, 1e6)),
+        "index out of range": with_entry(odd_tile, indices=torch.full_like(payload[odd_tile].indices, largest_code)),
+        "unknown parameter": msgpack.packb({**good, "p": [999]}),
+        "repeated parameter": msgpack.packb({**good, "p": good["p"][:1] * 2}),
+        "truncated": msgpack.packb({**good, "b": good["b"][:-20]}),
+        "trailing data": msgpack.packb({**good, "b": good["b"] + bytes(40)}),
+        "other value bits": msgpack.packb({**good, "v": 1}),
         "garbage": b"\x00\x01garbage",
     }
+    assert decode_payload(encode_payload(payload, 16), replica).keys() == payload.keys()
     for what, data in bad.items():
         with pytest.raises(PayloadError):
             decode_payload(data, replica)
@@ -81,4 +88,4 @@ def test_bad_payloads_are_refused(tiny_config, tiny_windows):
     other = ModelConfig(**{**tiny_config.to_dict(), "d_model": 64, "n_heads": 2})
     _, (other_replica,) = replicas(other, 1, DemoConfig())
     with pytest.raises(PayloadError):
-        decode_payload(encode_payload(replica.make_payload(lr=2e-3), 16), other_replica)
+        decode_payload(encode_payload(payload, 16), other_replica)
