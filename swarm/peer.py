@@ -238,6 +238,7 @@ class Peer:
     def _announcement(self) -> BlockAnnouncement:
         recent = self.trainer.losses[-LOSS_WINDOW:] if self.trainer else []
         seconds = self.trainer.step_seconds[-LOSS_WINDOW:] if self.trainer else []
+        sync = self.trainer.update if self.trainer and isinstance(self.trainer.update, ReplicaSync) else None
         return BlockAnnouncement(
             peer_id=self.peer_id,
             state=self.state,
@@ -248,6 +249,9 @@ class Peer:
             version=__version__,
             public_name=self.config.public_name,
             checkpoint_time=self.checkpoint_time,
+            sync_steps=sync.steps if sync else 0,
+            sync_bytes_sent=sync.servicer.bytes_sent if sync else 0,
+            sync_bytes_received=sync.bytes_received if sync else 0,
         )
 
     def _announce(self, wait: bool = False) -> None:

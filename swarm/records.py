@@ -71,6 +71,9 @@ class BlockAnnouncement(_Record):
     version: str = Field(default="", max_length=32)
     public_name: str = Field(default="", max_length=64)
     checkpoint_time: float | None = None  # unix time the checkpoint was saved
+    sync_steps: int = Field(default=0, ge=0)  # steps exchanged with other replicas (DeMo)
+    sync_bytes_sent: int = Field(default=0, ge=0)  # payload bytes served to other replicas, in all
+    sync_bytes_received: int = Field(default=0, ge=0)  # payload bytes gathered from them, in all
 
 
 class ModelRecord(_Record):

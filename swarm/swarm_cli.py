@@ -109,6 +109,8 @@ def status_rows(hosts_by_block: dict[int, list[Host]]) -> list[dict]:
                 "step": a.step, "loss": a.loss,
                 "checkpoint_step": a.checkpoint.step if a.checkpoint else None,
                 "checkpoint_age_s": now - a.checkpoint_time if a.checkpoint_time else None,
+                "sync_steps": a.sync_steps, "sync_bytes_sent": a.sync_bytes_sent,
+                "sync_bytes_received": a.sync_bytes_received,
             })
     return rows
 

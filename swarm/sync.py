@@ -123,6 +123,7 @@ class ReplicaSync:
     replica_ids: Callable[[], list[str]]  # peer ids of the other replicas of the block, now
     bytes_received: int = 0
     refused: int = 0
+    steps: int = 0
 
     def __call__(self, trainer: Trainer) -> None:
         step = trainer.step_count
@@ -141,6 +142,7 @@ class ReplicaSync:
                 logger.warning("refused the step %d payload of %s: %s", step, peer_id, error)
         with trainer.weights_lock:
             self.replica.apply(payloads)
+        self.steps += 1
         if gathered.newest_step > step + 1:
             logger.info("replicas are at step %d: jumping from %d", gathered.newest_step, step)
             trainer.step_count = gathered.newest_step - 1  # the trainer adds one after this update

@@ -20,7 +20,14 @@ def test_two_replicas_that_get_every_payload_stay_identical(tmp_path):
         extra = [*SYNC, "--max-steps", "12", "--sync-deadline", "20"]
         local.start_peer("r1", "0", extra)
         local.start_peer("r2", "0", extra)
-        wait_for(lambda: len([h for h in directory.hosts(0) if h.announcement.state == "serving"]) == 2, 120, "r1, r2")
+        def finished():
+            found = [h.announcement for h in directory.hosts(0) if h.announcement.state == "serving"]
+            return found if len(found) == 2 else []
+
+        r1, r2 = sorted(wait_for(finished, 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
+        assert r1.sync_steps == r2.sync_steps == 12
+        assert r1.sync_bytes_received == r2.sync_bytes_sent > 0  # counted on both ends of the wire
+        assert r2.sync_bytes_received == r1.sync_bytes_sent > 0
         first, second = final_checkpoint(local, "r1", 12), final_checkpoint(local, "r2", 12)
         assert first.keys() == second.keys()
         differing = [k for k in first if not (first[k] == second[k]).all()]
