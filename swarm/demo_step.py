@@ -54,12 +54,12 @@ class DemoReplica:
     def make_payload(self, lr: float) -> Payload:
         """Fold this step's gradients into the momentum and take out what is shared."""
         payload = {}
-        for name, param in self.params.items():
+        for position, (name, param) in enumerate(self.params.items()):
             if param.grad is None:
                 continue
             self.momentum[name].mul_(self.config.momentum_decay).add_(param.grad, alpha=lr)
             sent = extract(self.momentum[name], self.config.top_k, self.config.value_bits)
-            payload[name] = dataclasses.replace(sent, position=self.names.index(name))
+            payload[name] = dataclasses.replace(sent, position=position)
         return payload
 
     @torch.no_grad()
@@ -101,13 +101,14 @@ def decode_payload(data: bytes, replica: DemoReplica) -> Payload:
         if not isinstance(position, int) or not 0 <= position < len(replica.names):
             raise PayloadError(f"payload names parameter #{position}, which this block does not have")
         name = replica.names[position]
-        payload[name], offset = _decode_entry(name, bit_array, offset, replica)
+        payload[name], offset = _decode_entry(position, bit_array, offset, replica)
     if len(bit_array) - offset >= 8:
         raise PayloadError("payload has trailing data")
     return payload
 
 
-def _decode_entry(name: str, bit_array: np.ndarray, offset: int, replica: DemoReplica):
+def _decode_entry(position: int, bit_array: np.ndarray, offset: int, replica: DemoReplica):
+    name = replica.names[position]
     param = replica.params[name]
     chunks, tile = to_chunks(param.detach())
     k = keep_per_chunk(replica.config.top_k, tile[0] * tile[1])
@@ -120,7 +121,7 @@ def _decode_entry(name: str, bit_array: np.ndarray, offset: int, replica: DemoRe
         raise PayloadError(f"{name}: index out of range")
     if not torch.isfinite(values.float()).all() or values.float().abs().max() > MAX_VALUE:
         raise PayloadError(f"{name}: values are not finite or absurdly large")
-    return Compressed(param.shape, tile, indices.view(-1, k), values, replica.names.index(name)), offset
+    return Compressed(param.shape, tile, indices.view(-1, k), values, position), offset
 
 
 def _value_bits_of(values: torch.Tensor, value_bits: int) -> np.ndarray:

@@ -86,7 +86,8 @@ class Peer:
         self.config = config.checked()
         self.stopping = threading.Event()
         self.private_key = RSAPrivateKey()
-        self.dht = self.loop = None
+        self.dht = self.loop = self.p2p = None
+        self.block: int | None = None
         self.trainer: Trainer | None = None
         self.checkpoint: CheckpointInfo | None = None
         self.checkpoint_time: float | None = None
@@ -262,19 +263,19 @@ class Peer:
 
     def info(self) -> dict:
         """What this peer hosts: answered to `rpc_info` (status, ping)."""
-        return {"block": getattr(self, "block", None), **self._announcement().model_dump()}
+        return {"block": self.block, **self._announcement().model_dump()}
 
     def _leave(self) -> None:
         if self.dht is None:
             return
         try:
-            if self.trainer is not None and getattr(self, "block", None) is not None:
+            if self.trainer is not None:  # built after the block was chosen
                 self._save()
                 self.state = "leaving"
                 self._announce(wait=True)
         except Exception as error:  # leaving must not hang or fail: the record expires anyway
             logger.warning("could not announce leaving: %s", error)
         if self.loop is not None:
-            self.loop.close(getattr(self, "p2p", None))
+            self.loop.close(self.p2p)
         self.dht.shutdown()
         logger.info("peer stopped")
