@@ -23,12 +23,16 @@ from swarm.peer import Peer, PeerConfig
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True)
 @click.option("--serve-ar-stage", is_flag=True, hidden=True, help="Also serve an autoregressive stage (benchmarks).")
-@click.option("--sync", type=click.Choice(["demo", "none"]), default="demo", show_default=True,
-              help="demo: DeMo exchange with the block's other replicas; none: AdamW alone.")
+@click.option("--sync", type=click.Choice(["demo", "dense", "none"]), default="demo", show_default=True,
+              help="demo: DeMo exchange with the block's other replicas; dense: all-reduce of full fp32 "
+              "gradients (the baseline); none: AdamW alone.")
 @click.option("--sync-deadline", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              help="Seconds a step waits for the other replicas' payloads.")
+              help="Seconds a step waits for the other replicas.")
 @click.option("--wait-for-replicas", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Start training once this many replicas of the block (itself included) are up.")
+              help="Start training once this many replicas of the block (itself included) are up; "
+              "averaging groups hold up to this many.")
+@click.option("--average-every", type=click.IntRange(min=0), default=100, show_default=True,
+              help="Average parameters with the other replicas every this many steps, to bound drift (0: never).")
 @click.option("--top-k", type=click.IntRange(min=1), default=8, show_default=True, help="DeMo: kept per 64x64 tile.")
 @click.option("--value-bits", type=click.Choice(["16", "1"]), default="16", show_default=True,
               help="DeMo: bfloat16 values or 1-bit signs.")

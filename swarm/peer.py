@@ -26,6 +26,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from swarm import __version__
 from swarm.ar_pipeline import StageServicer
 from swarm.autoregressive import ByteTransformer
+from swarm.averaging import DenseSync, ParameterAveraging, block_averager
 from swarm.checkpoint import decode_block
 from swarm.data import load_corpus
 from swarm.demo_step import DemoConfig, DemoReplica
@@ -62,9 +63,10 @@ class PeerConfig:
     lr: float = 2e-3
     join_timeout: float = 30.0
     serve_ar_stage: bool = False  # also serve a stage of the autoregressive pipeline (serving benchmark)
-    sync: str = "demo"  # "demo": DeMo exchange with the block's other replicas; "none": AdamW alone
-    sync_deadline: float = 5.0  # seconds a step waits for the other replicas' payloads
-    wait_for_replicas: int = 1  # start training once this many replicas (itself included) are seen
+    sync: str = "demo"  # "demo": DeMo exchange; "dense": all-reduce of full gradients; "none": alone
+    sync_deadline: float = 5.0  # seconds a step waits for the other replicas
+    wait_for_replicas: int = 1  # start once this many replicas (itself included) are seen; also the group size
+    average_every: int = 100  # average parameters with the other replicas every this many steps (0: never)
     demo: DemoConfig = field(default_factory=DemoConfig)
     network: NetworkOptions = field(default_factory=NetworkOptions)
 
@@ -74,8 +76,10 @@ class PeerConfig:
             raise SwarmError(f"--block must be 'auto' or a block index, not {self.block!r}")
         if self.announce_period <= 0 or self.save_every <= 0:
             raise SwarmError("--announce-period and --save-every must be positive")
-        if self.sync not in ("demo", "none"):
-            raise SwarmError(f"--sync must be 'demo' or 'none', not {self.sync!r} (dense is not built yet)")
+        if self.sync not in ("demo", "dense", "none"):
+            raise SwarmError(f"--sync must be 'demo', 'dense' or 'none', not {self.sync!r}")
+        if self.average_every < 0:
+            raise SwarmError("--average-every must be 0 (never) or a number of steps")
         return self
 
 
@@ -94,6 +98,8 @@ class Peer:
         self.state: PeerState = "joining"
         self._replica_ids: list[str] = []
         self._replicas_read_at = -math.inf
+        self.averagers: list = []  # hivemind averagers (child processes) to shut down on leaving
+        self.parameter_averaging: ParameterAveraging | None = None
 
     def stop(self, *_signal_args) -> None:
         self.stopping.set()
@@ -143,11 +149,26 @@ class Peer:
             replica = DemoReplica(module, self.config.demo)
             self.trainer.update = ReplicaSync(replica, payloads, self.p2p, self.loop, self.peer_id, self.replica_ids)
             servicers.append(payloads)
+        elif self.config.sync == "dense":
+            grads = [p for p in module.parameters() if p.requires_grad]
+            self.trainer.update = DenseSync(self.trainer, self._averager("grads", grads), 2 * self.config.sync_deadline)
+        if self.config.average_every:
+            averager = self._averager("params", list(module.parameters()))
+            every, timeout = self.config.average_every, 2 * self.config.sync_deadline
+            self.parameter_averaging = ParameterAveraging(self.trainer, averager, every, timeout)
         if self.config.serve_ar_stage:
             torch.manual_seed(0)  # every peer holds a stage of the same (untrained) model
             ar_model = ByteTransformer(self.model_config)
             servicers.append(StageServicer(ar_model, self.block, self.model_config.n_blocks))
         return servicers
+
+    def _averager(self, what: str, tensors: list[torch.Tensor]):
+        """A hivemind averager among this block's replicas (its prefix may not contain dots)."""
+        prefix = f"{self.config.swarm}_block{self.block}_{what}"
+        group = max(2, self.config.wait_for_replicas)
+        averager = block_averager(self.dht, prefix, tensors, group, self.config.sync_deadline)
+        self.averagers.append(averager)
+        return averager
 
     def replica_ids(self) -> list[str]:
         """The other peers training this block (read from the DHT at most once per announce period)."""
@@ -215,6 +236,8 @@ class Peer:
             if self.config.max_steps is not None and self.trainer.step_count >= self.config.max_steps:
                 break
             self.trainer.step()
+            if self.parameter_averaging is not None and self.replica_ids():
+                self.parameter_averaging.after_step()
             if self.trainer.step_count % self.config.save_every == 0:
                 self._save()
             if time.monotonic() - last_announce >= self.config.announce_period:
@@ -239,7 +262,8 @@ class Peer:
     def _announcement(self) -> BlockAnnouncement:
         recent = self.trainer.losses[-LOSS_WINDOW:] if self.trainer else []
         seconds = self.trainer.step_seconds[-LOSS_WINDOW:] if self.trainer else []
-        sync = self.trainer.update if self.trainer and isinstance(self.trainer.update, ReplicaSync) else None
+        sync = self.trainer.update if self.trainer else None
+        averaging = self.parameter_averaging
         return BlockAnnouncement(
             peer_id=self.peer_id,
             state=self.state,
@@ -251,8 +275,9 @@ class Peer:
             public_name=self.config.public_name,
             checkpoint_time=self.checkpoint_time,
             sync_steps=sync.steps if sync else 0,
-            sync_bytes_sent=sync.servicer.bytes_sent if sync else 0,
-            sync_bytes_received=sync.bytes_received if sync else 0,
+            sync_bytes_sent=sync.bytes_sent if sync else 0,
+            sync_bytes_received=getattr(sync, "bytes_received", 0),
+            drift=averaging.drift if averaging else None,
         )
 
     def _announce(self, wait: bool = False) -> None:
@@ -275,6 +300,8 @@ class Peer:
                 self._announce(wait=True)
         except Exception as error:  # leaving must not hang or fail: the record expires anyway
             logger.warning("could not announce leaving: %s", error)
+        for averager in self.averagers:
+            averager.shutdown()
         if self.loop is not None:
             self.loop.close(self.p2p)
         self.dht.shutdown()

@@ -125,6 +125,10 @@ class ReplicaSync:
     refused: int = 0
     steps: int = 0
 
+    @property
+    def bytes_sent(self) -> int:
+        return self.servicer.bytes_sent
+
     def __call__(self, trainer: Trainer) -> None:
         step = trainer.step_count
         own = encode_payload(self.replica.make_payload(trainer.config.lr_at(step)), self.replica.config.value_bits)

@@ -15,16 +15,18 @@ def final_checkpoint(local, name: str, step: int):
     return load_file(local.workdir / name / f"block_0_step_{step}.safetensors")
 
 
+def finished(directory, replicas: int) -> list:
+    """The announcements of block 0's replicas once `replicas` of them are done training."""
+    found = [h.announcement for h in directory.hosts(0) if h.announcement.state == "serving"]
+    return found if len(found) == replicas else []
+
+
 def test_two_replicas_that_get_every_payload_stay_identical(tmp_path):
     with tiny_swarm(tmp_path, "synctest", {"b": "1"}) as (local, _, directory):
         extra = [*SYNC, "--max-steps", "12", "--sync-deadline", "20"]
         local.start_peer("r1", "0", extra)
         local.start_peer("r2", "0", extra)
-        def finished():
-            found = [h.announcement for h in directory.hosts(0) if h.announcement.state == "serving"]
-            return found if len(found) == 2 else []
-
-        r1, r2 = sorted(wait_for(finished, 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
+        r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
         assert r1.sync_steps == r2.sync_steps == 12
         assert r1.sync_bytes_received == r2.sync_bytes_sent > 0  # counted on both ends of the wire
         assert r2.sync_bytes_received == r1.sync_bytes_sent > 0
@@ -46,3 +48,32 @@ def test_a_killed_replica_does_not_stop_the_others(tmp_path):
         wait_for(lambda: any(h.announcement.state == "serving" and h.announcement.public_name == "r1"
                              for h in directory.hosts(0)), 90, "the survivor to finish its steps")
         assert survivor.process.poll() is None  # still up, serving
+
+
+def test_dense_replicas_average_gradients_and_count_the_all_reduce(tmp_path):
+    with tiny_swarm(tmp_path, "syncdense", {"b": "1"}) as (local, _, directory):
+        extra = [*SYNC, "--sync", "dense", "--max-steps", "8", "--sync-deadline", "10", "--average-every", "0"]
+        local.start_peer("r1", "0", extra)
+        local.start_peer("r2", "0", extra)
+        r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 150, "dense replicas to finish"),
+                        key=lambda a: a.public_name)
+        assert r1.sync_steps == r2.sync_steps == 8
+        first, second = final_checkpoint(local, "r1", 8), final_checkpoint(local, "r2", 8)
+        params = sum(t.numel() for t in first.values())
+        # a ring or butterfly all-reduce of fp32 sends at least 2 (n-1)/n * 4 bytes per parameter per step
+        assert r1.sync_bytes_sent >= 8 * 4 * params and r2.sync_bytes_sent >= 8 * 4 * params
+        # the same averaged gradient from the same start: equal up to float rounding of the average
+        assert max((first[k] - second[k]).abs().max().item() for k in first) < 1e-4
+
+
+def test_parameter_averaging_pulls_independent_replicas_together(tmp_path):
+    with tiny_swarm(tmp_path, "syncdrift", {"b": "1"}) as (local, _, directory):
+        extra = [*SYNC, "--sync", "none", "--max-steps", "10", "--sync-deadline", "10", "--average-every", "5"]
+        local.start_peer("r1", "0", extra)
+        local.start_peer("r2", "0", extra)
+        r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 150, "replicas to finish"),
+                        key=lambda a: a.public_name)
+        # each replica trained alone on its own batches, so they had drifted apart before each round
+        assert r1.drift is not None and r1.drift > 1e-4 and r2.drift > 1e-4
+        first, second = final_checkpoint(local, "r1", 10), final_checkpoint(local, "r2", 10)
+        assert max((first[k] - second[k]).abs().max().item() for k in first) < 1e-5

@@ -1,0 +1,150 @@
+"""Dense averaging with hivemind's DecentralizedAverager: the baseline exchange and the drift bound.
+
+Two uses, one mechanism (an all-reduce among the replicas of a block that find each other
+on the DHT under a prefix without dots):
+- `DenseSync` (`swarm-peer --sync dense`): every step, the replicas average their full fp32
+  gradients, then each takes its own AdamW step. This is the baseline DeMo is measured
+  against; its bytes are counted from the protobuf messages hivemind's all-reduce sends.
+- `ParameterAveraging`: every `every` steps the replicas average their parameters, which
+  pulls back replicas that drifted apart by missing steps; the largest change this makes to
+  a parameter (the replica's distance from the group's mean) is reported as its drift.
+
+A replica that cannot find its group within the timeout keeps its own values for that step:
+nobody waits longer than the timeout for a slow or dead replica.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+from typing import AsyncIterator, Sequence
+
+import torch
+from hivemind import DHT
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.allreduce import AllReduceRunner
+from hivemind.proto import averaging_pb2
+from hivemind.utils.asyncio import as_aiter, azip
+
+from swarm.train import Trainer
+
+logger = logging.getLogger(__name__)
+
+
+class _CountingRunner(AllReduceRunner):
+    """hivemind's all-reduce, counting the bytes of every tensor message this replica sends."""
+
+    def __init__(self, bytes_sent: mp.Value, **kwargs):
+        super().__init__(**kwargs)
+        self._bytes_sent = bytes_sent
+
+    def _count(self, message: averaging_pb2.AveragingData) -> averaging_pb2.AveragingData:
+        with self._bytes_sent.get_lock():
+            self._bytes_sent.value += message.ByteSize()
+        return message
+
+    async def _generate_input_for_peer(self, peer_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
+        async for message in super()._generate_input_for_peer(peer_index):  # our parts, to their reducers
+            yield self._count(message)
+
+    async def _accumulate_parts_streaming(self, stream, sender_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
+        async for message in super()._accumulate_parts_streaming(stream, sender_index):  # averages, sent back
+            yield self._count(message)
+
+
+class CountingAverager(DecentralizedAverager):
+    """A DecentralizedAverager whose all-reduce counts the bytes it sends (`bytes_sent`, shared
+    with the process that owns it: the averager itself runs in a child process)."""
+
+    def __init__(self, averaged_tensors: Sequence[torch.Tensor], dht: DHT, **kwargs):
+        self.shared_bytes_sent = mp.Value("Q", 0)  # set before the child process starts
+        super().__init__(averaged_tensors, dht, start=True, **kwargs)
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.shared_bytes_sent.value
+
+    async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):
+        """hivemind's own method, with the counting runner (every replica here is a full peer)."""
+        group_id = group_info.group_id if group_id is None else group_id
+        runner = _CountingRunner(
+            self.shared_bytes_sent, p2p=self._p2p, servicer_type=type(self), prefix=self.prefix,
+            tensors=tensors, group_id=group_id, ordered_peer_ids=group_info.peer_ids, **kwargs,
+        )  # fmt: skip
+        self._running_groups[group_id].set_result(runner)
+        async for tensor, update in azip(as_aiter(*tensors), runner):
+            tensor.add_(update, alpha=self._averaging_alpha)
+
+
+def block_averager(
+    dht: DHT, prefix: str, tensors: Sequence[torch.Tensor], group_size: int, matchmaking_time: float
+) -> CountingAverager:
+    """An averager for one block's replicas, grouping up to `group_size` of them."""
+    return CountingAverager(
+        [t.detach().cpu().clone() for t in tensors], dht, prefix=prefix, target_group_size=group_size,
+        min_group_size=2, min_matchmaking_time=matchmaking_time, request_timeout=matchmaking_time / 2,
+        allreduce_timeout=10 * matchmaking_time + 30, next_chunk_timeout=matchmaking_time + 10,
+    )  # fmt: skip
+
+
+def average(averager: CountingAverager, tensors: Sequence[torch.Tensor], timeout: float) -> list[torch.Tensor] | None:
+    """The group's average of `tensors`, or None when no group formed within `timeout`."""
+    with torch.no_grad(), averager.get_tensors() as shared:
+        for target, source in zip(shared, tensors):
+            target.copy_(source.detach())
+    try:
+        group = averager.step(timeout=timeout, allow_retries=False)
+    except Exception as error:  # a groupmate vanished mid all-reduce
+        logger.info("averaging failed: %s", error)
+        group = None
+    if not group:
+        return None
+    with averager.get_tensors() as shared:
+        return [t.clone() for t in shared]
+
+
+class DenseSync:
+    """The trainer update for `--sync dense`: average the full gradients, then step AdamW."""
+
+    def __init__(self, trainer: Trainer, averager: CountingAverager, timeout: float):
+        self.averager, self.timeout = averager, timeout
+        self.params = [p for p in trainer.module.parameters() if p.requires_grad]
+        self.steps = 0  # steps averaged with at least one other replica
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.averager.bytes_sent
+
+    def __call__(self, trainer: Trainer) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        averaged = average(self.averager, grads, self.timeout)
+        if averaged is not None:
+            self.steps += 1
+            for param, grad in zip(self.params, averaged):
+                param.grad = grad
+        with trainer.weights_lock:
+            trainer.optimizer.step()
+
+
+class ParameterAveraging:
+    """Every `every` steps, average the block's parameters with the other replicas; `drift` is
+    the largest distance of this replica's parameters from the group's mean, last time."""
+
+    def __init__(self, trainer: Trainer, averager: CountingAverager, every: int, timeout: float):
+        self.trainer, self.averager, self.every, self.timeout = trainer, averager, every, timeout
+        self.drift: float | None = None
+        self.rounds = 0
+
+    def after_step(self) -> None:
+        if self.trainer.step_count % self.every != 0:
+            return
+        params = list(self.trainer.module.parameters())
+        averaged = average(self.averager, params, self.timeout)  # only this thread writes params
+        if averaged is None:
+            return
+        with torch.no_grad(), self.trainer.weights_lock:
+            drift = max((mean - param).abs().max().item() for param, mean in zip(params, averaged))
+            for param, mean in zip(params, averaged):
+                param.copy_(mean)
+        self.drift, self.rounds = drift, self.rounds + 1
+        logger.info("step %d: averaged parameters with the other replicas; drift was %.3g", self.trainer.step_count, drift)
