@@ -8,6 +8,7 @@ on the DHT under a prefix without dots):
 - `ParameterAveraging`: every `every` steps the replicas average their parameters, which
   pulls back replicas that drifted apart by missing steps; the largest change this makes to
   a parameter (the replica's distance from the group's mean) is reported as its drift.
+  DeMo replicas skip the round (and its dense cost) while they all applied the same payloads.
 
 A replica that cannot find its group within the timeout keeps its own values for that step:
 nobody waits longer than the timeout for a slow or dead replica.
@@ -128,23 +129,28 @@ class DenseSync:
 
 class ParameterAveraging:
     """Every `every` steps, average the block's parameters with the other replicas; `drift` is
-    the largest distance of this replica's parameters from the group's mean, last time."""
+    the largest distance of this replica's parameters from the group's mean that the last
+    round found (None until a round was needed)."""
 
     def __init__(self, trainer: Trainer, averager: CountingAverager, every: int, timeout: float):
         self.trainer, self.averager, self.every, self.timeout = trainer, averager, every, timeout
         self.drift: float | None = None
         self.rounds = 0
 
-    def after_step(self) -> None:
+    def after_step(self, drifted: bool = True) -> bool:
+        """At a round's step, average if the replicas may have drifted; True if a round ran."""
         if self.trainer.step_count % self.every != 0:
-            return
+            return False
+        if not drifted:  # DeMo replicas that applied the same payloads hold the same parameters
+            return False
         params = list(self.trainer.module.parameters())
         averaged = average(self.averager, params, self.timeout)  # only this thread writes params
         if averaged is None:
-            return
+            return False
         with torch.no_grad(), self.trainer.weights_lock:
             drift = max((mean - param).abs().max().item() for param, mean in zip(params, averaged))
             for param, mean in zip(params, averaged):
                 param.copy_(mean)
         self.drift, self.rounds = drift, self.rounds + 1
         logger.info("step %d: averaged parameters with the other replicas; drift was %.3g", self.trainer.step_count, drift)
+        return True

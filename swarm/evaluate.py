@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from swarm.autoregressive import ByteTransformer, continuation_nll
 from swarm.diffusion import DenoiserForBlock, NoisePartition, generate_span, local_runner, make_codebook, noisy_target
@@ -32,23 +33,27 @@ def _batches(windows: torch.Tensor):
 @torch.no_grad()
 def denoise_ce(denoiser_for_block: DenoiserForBlock, config: ModelConfig, windows: torch.Tensor) -> dict:
     """{'overall': mean over all grid sigmas, 'per_block': [mean over each block's grid]}."""
+    per_block = [block_denoise_ce(denoiser_for_block(b), config, b, windows) for b in range(config.n_blocks)]
+    return {"overall": sum(per_block) / len(per_block), "per_block": per_block}
+
+
+@torch.no_grad()
+def block_denoise_ce(denoiser: nn.Module, config: ModelConfig, block: int, windows: torch.Tensor) -> float:
+    """One block's cross-entropy, averaged over its grid of sigmas (fixed noise draws)."""
     codebook, partition = make_codebook(config), NoisePartition(config)
     generator = torch.Generator().manual_seed(NOISE_SEED)
     noise = torch.randn(len(windows), config.gen_len, config.d_model, generator=generator)
-    per_block = []
-    for block in range(config.n_blocks):
-        denoiser = denoiser_for_block(block).eval()
-        losses = []
-        for sigma in partition.grid(block, GRID_POINTS_PER_BLOCK):
-            total = 0.0
-            for window, eps in zip(_batches(windows), _batches(noise)):
-                sigmas = sigma.expand(len(window))
-                prefix, target = window[:, : config.prefix_len], window[:, config.prefix_len :]
-                logits = denoiser(prefix, noisy_target(codebook, target, sigmas, eps), sigmas)
-                total += F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), target.reshape(-1), reduction="sum").item()
-            losses.append(total / (len(windows) * config.gen_len))
-        per_block.append(sum(losses) / len(losses))
-    return {"overall": sum(per_block) / len(per_block), "per_block": per_block}
+    denoiser = denoiser.eval()
+    losses = []
+    for sigma in partition.grid(block, GRID_POINTS_PER_BLOCK):
+        total = 0.0
+        for window, eps in zip(_batches(windows), _batches(noise)):
+            sigmas = sigma.expand(len(window))
+            prefix, target = window[:, : config.prefix_len], window[:, config.prefix_len :]
+            logits = denoiser(prefix, noisy_target(codebook, target, sigmas, eps), sigmas)
+            total += F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), target.reshape(-1), reduction="sum").item()
+        losses.append(total / (len(windows) * config.gen_len))
+    return sum(losses) / len(losses)
 
 
 @torch.no_grad()

@@ -2,7 +2,8 @@
 
 `LocalSwarm` runs the installed programs (swarm-bootstrap, swarm-peer, ...) as separate
 processes on 127.0.0.1, keeps each one's log in its work folder, and stops every process
-it started when it is closed, also after a failure.
+it started when it is closed, also after a failure. Given a `NetLab`, it runs each process
+on its own emulated host instead (a network namespace named after the process).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swarm.errors import SwarmError
+from swarm.netlab import NetLab
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ class LocalSwarm:
     threads_per_process: int = 1
     initial_peers: list[str] = field(default_factory=list)
     started: list[Started] = field(default_factory=list)
+    lab: NetLab | None = None  # if set, each process runs on the lab's host of its name
 
     def __enter__(self) -> "LocalSwarm":
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -68,12 +71,20 @@ class LocalSwarm:
         threads = str(self.threads_per_process)
         return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
 
+    def _placed(self, name: str, args: list[str]) -> list[str]:
+        """The command line that runs `args` on this process's host: 127.0.0.1, or its lab namespace."""
+        if self.lab is None:
+            return args
+        host = self.lab.hosts.get(name) or self.lab.add_host(name)
+        return [*host.exec_prefix(), *args, "--host-maddrs", f"/ip4/{host.address}/tcp/0"]
+
     def _spawn(self, name: str, args: list[str], stdout=None) -> Started:
         log_path = self.workdir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
-                args, stdout=stdout or log, stderr=log, cwd=self.workdir, env=self._env(), start_new_session=True
+                self._placed(name, args), stdout=stdout or log, stderr=log, cwd=self.workdir, env=self._env(),
+                start_new_session=True,
             )
         handle = Started(name, process, log_path)
         self.started.append(handle)
@@ -104,7 +115,7 @@ class LocalSwarm:
 
     def run(self, name: str, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
         """Run a client command (swarm-fetch, swarm-status, ...) against this swarm and wait for it."""
-        argv = [command_path(name), "--swarm", self.swarm, "--initial-peers", *self.initial_peers, *args]
+        argv = self._placed("client", [command_path(name), "--swarm", self.swarm, "--initial-peers", *self.initial_peers, *args])
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.workdir, env=self._env())
 
     def stop(self, handle: Started, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int | None:

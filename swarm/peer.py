@@ -236,8 +236,7 @@ class Peer:
             if self.config.max_steps is not None and self.trainer.step_count >= self.config.max_steps:
                 break
             self.trainer.step()
-            if self.parameter_averaging is not None and self.replica_ids():
-                self.parameter_averaging.after_step()
+            self._keep_replicas_together()
             if self.trainer.step_count % self.config.save_every == 0:
                 self._save()
             if time.monotonic() - last_announce >= self.config.announce_period:
@@ -251,6 +250,16 @@ class Peer:
         logger.info("block %d: reached %d steps; serving until stopped", self.block, self.trainer.step_count)
         while not self.stopping.wait(self.config.announce_period):
             self._announce()
+
+    def _keep_replicas_together(self) -> None:
+        """Average parameters with the other replicas at the round's step: always for dense and
+        none; for DeMo only when a replica applied other payloads than the rest."""
+        if self.parameter_averaging is None or not self.replica_ids():
+            return
+        sync = self.trainer.update
+        drifted = sync.drifted if isinstance(sync, ReplicaSync) else True
+        if self.parameter_averaging.after_step(drifted) and isinstance(sync, ReplicaSync):
+            sync.averaged(self.trainer.step_count)
 
     def _save(self) -> None:
         if self.checkpoint is not None and self.checkpoint.step == self.trainer.step_count:

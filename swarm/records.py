@@ -74,7 +74,7 @@ class BlockAnnouncement(_Record):
     sync_steps: int = Field(default=0, ge=0)  # steps exchanged with other replicas (DeMo)
     sync_bytes_sent: int = Field(default=0, ge=0)  # payload bytes served to other replicas, in all
     sync_bytes_received: int = Field(default=0, ge=0)  # payload bytes gathered from them, in all (DeMo)
-    drift: float | None = Field(default=None, ge=0)  # max |param - replicas' mean| at the last averaging
+    drift: float | None = Field(default=None, ge=0)  # max |param - replicas' mean| the last averaging round found
 
 
 class ModelRecord(_Record):

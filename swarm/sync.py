@@ -7,6 +7,13 @@ not come by then is left out of the step: nobody waits longer for a slow or dead
 Payloads that fail the checks of `decode_payload` are logged and not applied. Every replica
 decodes the gathered set in peer-id order, so replicas that gather the same set stay identical.
 
+With its payload each replica sends a fingerprint (8 bytes) of what it applied the step
+before: the step and the peers whose payloads it used. Replicas that applied the same sets
+since they last agreed hold the same parameters; when a fingerprint differs from its own, a
+replica knows the replicas have drifted apart (`drifted`), and the peer pulls them back
+together by averaging parameters (see `swarm.averaging`) at the next round. A replica that
+starts from a checkpoint has no previous step in common with the others, so it differs.
+
 A replica that asks for a step the others no longer keep learns their step from the reply
 and jumps its step counter there, so a late joiner enters the exchange at the next step.
 """
@@ -14,6 +21,7 @@ and jumps its step counter there, so a late joiner enters the exchange at the ne
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -38,16 +46,16 @@ class PayloadServicer(ServicerBase):
 
     def __init__(self, block: int, deadline: float):
         self.block, self.deadline = block, deadline
-        self.payloads: dict[int, bytes] = {}
+        self.payloads: dict[int, tuple[bytes, bytes]] = {}  # step: (payload, parameter fingerprint)
         self.bytes_sent = 0
         self._published: dict[int, asyncio.Event] = {}
 
     def _event(self, step: int) -> asyncio.Event:
         return self._published.setdefault(step, asyncio.Event())
 
-    def publish(self, step: int, data: bytes) -> None:
+    def publish(self, step: int, data: bytes, fingerprint: bytes) -> None:
         """Called on the event loop: make step's payload available and drop old ones."""
-        self.payloads[step] = data
+        self.payloads[step] = data, fingerprint
         self._event(step).set()
         for old in [s for s in self.payloads if s <= step - KEEP_STEPS]:
             self.payloads.pop(old, None)
@@ -64,15 +72,16 @@ class PayloadServicer(ServicerBase):
             await asyncio.wait_for(self._event(step).wait(), self.deadline)
         except TimeoutError:
             return _reply({"error": "not yet", "step": max(self.payloads, default=-1)})
-        data = self.payloads.get(step)
-        if data is None:
+        if step not in self.payloads:
             return _reply({"error": "gone", "step": max(self.payloads, default=-1)})
-        self.bytes_sent += len(data)
-        return _reply({"payload": data})
+        data, fingerprint = self.payloads[step]
+        self.bytes_sent += len(data) + len(fingerprint)
+        return _reply({"payload": data, "fingerprint": fingerprint})
 
 
 def _reply(content: dict) -> runtime_pb2.ExpertResponse:
-    """{"payload": bytes}, or {"error": "gone" | "not yet" | ..., "step": the replier's newest step}."""
+    """{"payload": bytes, "fingerprint": bytes}, or {"error": "gone" | "not yet" | ..., "step": the
+    replier's newest step}."""
     return runtime_pb2.ExpertResponse(metadata=MSGPackSerializer.dumps(content))
 
 
@@ -81,6 +90,7 @@ class Gathered:
     """What one step's gathering brought: payloads by peer, and the newest step others reported."""
 
     payloads: dict[str, bytes] = field(default_factory=dict)
+    fingerprints: dict[str, bytes] = field(default_factory=dict)
     newest_step: int = -1
 
 
@@ -100,6 +110,7 @@ async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline:
             status = MSGPackSerializer.loads(reply.metadata)
             if isinstance(status, dict) and isinstance(status.get("payload"), bytes):
                 result.payloads[peer_id] = status["payload"]
+                result.fingerprints[peer_id] = status.get("fingerprint", b"")
                 return
             status = status if isinstance(status, dict) else {}
             result.newest_step = max(result.newest_step, int(status.get("step", -1)))
@@ -124,30 +135,47 @@ class ReplicaSync:
     bytes_received: int = 0
     refused: int = 0
     steps: int = 0
+    drifted: bool = False  # some replica applied other payloads than we did since the last averaging
+    applied: bytes = b"started"  # fingerprint of the payloads applied at the previous step
 
     @property
     def bytes_sent(self) -> int:
         return self.servicer.bytes_sent
 
+    def averaged(self, step: int) -> None:
+        """The replicas averaged their parameters at `step`: from here they hold the same again."""
+        self.drifted, self.applied = False, applied_fingerprint(step, ["averaged"])
+
     def __call__(self, trainer: Trainer) -> None:
         step = trainer.step_count
         own = encode_payload(self.replica.make_payload(trainer.config.lr_at(step)), self.replica.config.value_bits)
-        self.loop.loop.call_soon_threadsafe(self.servicer.publish, step, own)  # runs before the gather below
+        fingerprint = self.applied
+        self.loop.loop.call_soon_threadsafe(self.servicer.publish, step, own, fingerprint)  # before the gather
         others = self.replica_ids()
         deadline = self.servicer.deadline
         gathered = self.loop.run(gather(self.p2p, self.servicer.block, step, others, deadline), deadline + 5)
-        self.bytes_received += sum(len(d) for d in gathered.payloads.values())
-        payloads = []
+        self.bytes_received += sum(len(d) + len(gathered.fingerprints[p]) for p, d in gathered.payloads.items())
+        if any(f != fingerprint for f in gathered.fingerprints.values()) and not self.drifted:
+            logger.info("step %d: another replica applied other payloads than we did: parameters will be averaged", step)
+            self.drifted = True
+        payloads, used = [], []
         for peer_id, data in sorted({**gathered.payloads, self.own_id: own}.items()):
             try:
                 payloads.append(decode_payload(data, self.replica))
+                used.append(peer_id)
             except PayloadError as error:
                 self.refused += 1
                 logger.warning("refused the step %d payload of %s: %s", step, peer_id, error)
         with trainer.weights_lock:
             self.replica.apply(payloads)
+        self.applied = applied_fingerprint(step, used)
         self.steps += 1
         if gathered.newest_step > step + 1:
             logger.info("replicas are at step %d: jumping from %d", gathered.newest_step, step)
             trainer.step_count = gathered.newest_step - 1  # the trainer adds one after this update
 
+
+
+def applied_fingerprint(step: int, peer_ids: list[str]) -> bytes:
+    """8 bytes naming one step's update: equal for replicas that applied the same payloads."""
+    return hashlib.blake2b(f"{step}:{','.join(sorted(peer_ids))}".encode(), digest_size=8).digest()

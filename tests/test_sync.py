@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 from safetensors.torch import load_file
 
@@ -23,11 +24,12 @@ def finished(directory, replicas: int) -> list:
 
 def test_two_replicas_that_get_every_payload_stay_identical(tmp_path):
     with tiny_swarm(tmp_path, "synctest", {"b": "1"}) as (local, _, directory):
-        extra = [*SYNC, "--max-steps", "12", "--sync-deadline", "20"]
+        extra = [*SYNC, "--max-steps", "12", "--sync-deadline", "20", "--average-every", "4"]
         local.start_peer("r1", "0", extra)
         local.start_peer("r2", "0", extra)
         r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
         assert r1.sync_steps == r2.sync_steps == 12
+        assert r1.drift is None and r2.drift is None  # they applied the same payloads: no round was needed
         assert r1.sync_bytes_received == r2.sync_bytes_sent > 0  # counted on both ends of the wire
         assert r2.sync_bytes_received == r1.sync_bytes_sent > 0
         first, second = final_checkpoint(local, "r1", 12), final_checkpoint(local, "r2", 12)
@@ -77,3 +79,19 @@ def test_parameter_averaging_pulls_independent_replicas_together(tmp_path):
         assert r1.drift is not None and r1.drift > 1e-4 and r2.drift > 1e-4
         first, second = final_checkpoint(local, "r1", 10), final_checkpoint(local, "r2", 10)
         assert max((first[k] - second[k]).abs().max().item() for k in first) < 1e-5
+
+
+def test_a_demo_replica_that_misses_steps_is_averaged_back_in(tmp_path):
+    with tiny_swarm(tmp_path, "syncpause", {"b": "1"}) as (local, _, directory):
+        extra = [*SYNC, "--sync-deadline", "1", "--max-steps", "100", "--average-every", "25"]
+        local.start_peer("r1", "0", extra)
+        sleeper = local.start_peer("r2", "0", extra)
+        wait_for(lambda: any(h.announcement.step >= 3 for h in directory.hosts(0)), 120, "replicas stepping")
+        sleeper.process.send_signal(signal.SIGSTOP)  # a laptop that sleeps: r1 steps on without it
+        time.sleep(4)
+        sleeper.process.send_signal(signal.SIGCONT)
+        r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 150, "replicas to finish"), key=lambda a: a.public_name)
+        drift = max(r1.drift or 0.0, r2.drift or 0.0)
+        assert drift > 1e-4  # measured at the round that pulled them back together
+        first, second = final_checkpoint(local, "r1", 100), final_checkpoint(local, "r2", 100)
+        assert max((first[k] - second[k]).abs().max().item() for k in first) < drift / 10

@@ -1,0 +1,116 @@
+"""Linux network namespaces for benchmarks and tests: each process on its own host, one router.
+
+`NetLab` builds a star: a router namespace and, per host, a namespace joined to the router
+by a veth pair on its own /24 (host .2, router .1). Everything the lab makes is named with
+its prefix, so teardown removes exactly that (and a lab left behind by a killed run is
+removed when the next one with the same prefix starts). Traffic never leaves the lab's
+namespaces: the root namespace gets no address or route into them.
+
+Each host's `eth0` counters are the operating system's count of what that host sent and
+received, which the sync benchmark checks its own byte counts against.
+
+Needs root and `ip` (iproute2); `available()` says why not where that is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+from swarm.errors import SwarmError
+
+logger = logging.getLogger(__name__)
+
+SUBNET = "10.231"  # hosts get 10.231.<i>.2, the router 10.231.<i>.1
+
+
+def available() -> str | None:
+    """None if namespaces can be made here, else the reason in one line."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if not shutil.which("ip"):
+        return "network namespaces need the 'ip' command (iproute2)"
+    return None
+
+
+def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    if check and result.returncode != 0:
+        raise SwarmError(f"{' '.join(args)}: {result.stderr.strip()}")
+    return result
+
+
+@dataclass
+class Host:
+    """One namespace: its name, its address, and the router's side of its link."""
+
+    namespace: str
+    address: str
+    router_link: str  # the veth end inside the router namespace
+
+    def exec_prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.namespace]
+
+    def counter(self, name: str) -> int:
+        """An `eth0` statistic of this host (tx_bytes, rx_bytes, ...), read inside its namespace."""
+        path = f"/sys/class/net/eth0/statistics/{name}"
+        return int(sh(*self.exec_prefix(), "cat", path).stdout)
+
+
+@dataclass
+class NetLab:
+    """Namespaces named `<prefix>-...`; use as a context manager so teardown always runs."""
+
+    prefix: str = "bsw"
+    hosts: dict[str, Host] = field(default_factory=dict)
+
+    @property
+    def router(self) -> str:
+        return f"{self.prefix}-router"
+
+    def __enter__(self) -> "NetLab":
+        if reason := available():
+            raise SwarmError(reason)
+        self.teardown()  # whatever a killed run with this prefix left
+        sh("ip", "netns", "add", self.router)
+        self.router_exec("ip", "link", "set", "lo", "up")
+        self.router_exec("sysctl", "-qw", "net.ipv4.ip_forward=1")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    def router_exec(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return sh("ip", "netns", "exec", self.router, *args, check=check)
+
+    def add_host(self, name: str) -> Host:
+        index = len(self.hosts) + 1
+        namespace, router_link = f"{self.prefix}-{name}", f"{self.prefix}{index}"
+        sh("ip", "netns", "add", namespace)
+        sh("ip", "link", "add", router_link, "netns", self.router, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+        host = Host(namespace, f"{SUBNET}.{index}.2", router_link)
+        self.router_exec("ip", "addr", "add", f"{SUBNET}.{index}.1/24", "dev", router_link)
+        self.router_exec("ip", "link", "set", router_link, "up")
+        for args in (["link", "set", "lo", "up"], ["addr", "add", f"{host.address}/24", "dev", "eth0"],
+                     ["link", "set", "eth0", "up"], ["route", "add", "default", "via", f"{SUBNET}.{index}.1"]):
+            sh(*host.exec_prefix(), "ip", *args)
+        self.hosts[name] = host
+        return host
+
+    def namespaces(self) -> list[str]:
+        listed = sh("ip", "netns", "list", check=False).stdout.split("\n")
+        return [line.split()[0] for line in listed if line.startswith(f"{self.prefix}-")]
+
+    def teardown(self) -> None:
+        """Kill every process in the lab's namespaces, then delete them (their links go with them)."""
+        for namespace in self.namespaces():
+            for pid in sh("ip", "netns", "pids", namespace, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), 9)
+                except ProcessLookupError:
+                    pass
+            sh("ip", "netns", "delete", namespace, check=False)
+        self.hosts.clear()
