@@ -26,7 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 
 from swarm import netlab
 from swarm.checkpoint import load_block

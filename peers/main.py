@@ -39,6 +39,8 @@ from swarm.peer import Peer, PeerConfig
 @click.option("--momentum-decay", type=click.FloatRange(0, 1, max_open=True), default=0.999, show_default=True)
 @click.option("--sign-lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True,
               help="DeMo: the sign step's learning rate.")
+@click.option("--expect-config-hash", default=None,
+              help="Refuse to join unless the swarm's model config hash starts with this (see swarm-status).")
 def peer_command(top_k, value_bits, momentum_decay, sign_lr, **kwargs):
     """Join a swarm and train one block of its model."""
     network = network_options(kwargs)

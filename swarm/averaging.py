@@ -1,7 +1,9 @@
 """Dense averaging with hivemind's DecentralizedAverager: the baseline exchange and the drift bound.
 
-Two uses, one mechanism (an all-reduce among the replicas of a block that find each other
-on the DHT under a prefix without dots):
+Two uses of one averager per peer (an all-reduce among the replicas of a block that find
+each other on the DHT under a prefix without dots; a second averager in the same peer was
+seen to stop hivemind's matchmaking from forming groups, so there is one, and each round
+says what it averages: replicas whose rounds disagree drop the result):
 - `DenseSync` (`swarm-peer --sync dense`): every step, the replicas average their full fp32
   gradients, then each takes its own AdamW step. This is the baseline DeMo is measured
   against; its bytes are counted from the protobuf messages hivemind's all-reduce sends.
@@ -77,6 +79,11 @@ class CountingAverager(DecentralizedAverager):
             tensor.add_(update, alpha=self._averaging_alpha)
 
 
+def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The tensors an averager of this block holds: its trainable parameters (or their gradients)."""
+    return [p for p in module.parameters() if p.requires_grad]
+
+
 def block_averager(
     dht: DHT, prefix: str, tensors: Sequence[torch.Tensor], group_size: int, matchmaking_time: float
 ) -> CountingAverager:
@@ -88,17 +95,23 @@ def block_averager(
     )  # fmt: skip
 
 
-def average(averager: CountingAverager, tensors: Sequence[torch.Tensor], timeout: float) -> list[torch.Tensor] | None:
-    """The group's average of `tensors`, or None when no group formed within `timeout`."""
+def average(
+    averager: CountingAverager, tensors: Sequence[torch.Tensor], what: str, timeout: float
+) -> list[torch.Tensor] | None:
+    """The group's average of `tensors` ("grads" or "params"), or None when no group formed
+    within `timeout` or a groupmate averaged something else in the same round."""
     with torch.no_grad(), averager.get_tensors() as shared:
         for target, source in zip(shared, tensors):
             target.copy_(source.detach())
     try:
-        group = averager.step(timeout=timeout, allow_retries=False)
+        group = averager.step(gather=what, timeout=timeout, allow_retries=False)
     except Exception as error:  # a groupmate vanished mid all-reduce
-        logger.info("averaging failed: %s", error)
-        group = None
+        logger.info("averaging %s failed: %s", what, error)
+        return None
     if not group:
+        return None
+    if any(theirs != what for theirs in group.values()):
+        logger.info("averaging %s: a groupmate averaged something else in this round; result dropped", what)
         return None
     with averager.get_tensors() as shared:
         return [t.clone() for t in shared]
@@ -109,7 +122,7 @@ class DenseSync:
 
     def __init__(self, trainer: Trainer, averager: CountingAverager, timeout: float):
         self.averager, self.timeout = averager, timeout
-        self.params = [p for p in trainer.module.parameters() if p.requires_grad]
+        self.params = trainable(trainer.module)
         self.steps = 0  # steps averaged with at least one other replica
 
     @property
@@ -118,7 +131,7 @@ class DenseSync:
 
     def __call__(self, trainer: Trainer) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        averaged = average(self.averager, grads, self.timeout)
+        averaged = average(self.averager, grads, "grads", self.timeout)
         if averaged is not None:
             self.steps += 1
             for param, grad in zip(self.params, averaged):
@@ -143,8 +156,8 @@ class ParameterAveraging:
             return False
         if not drifted:  # DeMo replicas that applied the same payloads hold the same parameters
             return False
-        params = list(self.trainer.module.parameters())
-        averaged = average(self.averager, params, self.timeout)  # only this thread writes params
+        params = trainable(self.trainer.module)
+        averaged = average(self.averager, params, "params", self.timeout)  # only this thread writes params
         if averaged is None:
             return False
         with torch.no_grad(), self.trainer.weights_lock:

@@ -28,6 +28,7 @@ class Host:
     block: int
     announcement: BlockAnnouncement
     expires_at: float
+    owner: bytes = b""  # the public key of the subkey it was written under; the peer must hold it
 
     @property
     def peer_id(self) -> str:
@@ -87,10 +88,10 @@ class SwarmDirectory:
         if found is None or not isinstance(found.value, dict):
             return []
         hosts = []
-        for entry in found.value.values():
+        for subkey, entry in found.value.items():
             announcement = parse_record(BlockAnnouncement, getattr(entry, "value", None))
-            if announcement is not None and announcement.state != "leaving":
-                hosts.append(Host(block, announcement, entry.expiration_time))
+            if announcement is not None and announcement.state != "leaving" and isinstance(subkey, bytes):
+                hosts.append(Host(block, announcement, entry.expiration_time, subkey))
         return hosts
 
     def all_hosts(self, n_blocks: int) -> dict[int, list[Host]]:

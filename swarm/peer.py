@@ -5,8 +5,8 @@
 2. pick a block (`auto`: the one with the fewest live hosts);
 3. start from its own newest checkpoint, else the freshest verified replica's, else fresh;
 4. serve its checkpoints over P2P and announce itself under `S.block.<b>`;
-5. train with the core's block trainer, saving every `save_every` steps and announcing
-   every `announce_period` seconds, until `max_steps` or a stop signal;
+5. train with the core's block trainer, saving every `save_every` steps, until `max_steps`
+   or a stop signal, while a thread announces it every `announce_period` seconds;
 6. on stop: save, announce that it is leaving, shut down.
 """
 
@@ -26,7 +26,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from swarm import __version__
 from swarm.ar_pipeline import StageServicer
 from swarm.autoregressive import ByteTransformer
-from swarm.averaging import DenseSync, ParameterAveraging, block_averager
+from swarm.averaging import DenseSync, ParameterAveraging, block_averager, trainable
 from swarm.checkpoint import decode_block
 from swarm.data import load_corpus
 from swarm.demo_step import DemoConfig, DemoReplica
@@ -43,6 +43,7 @@ from swarm.transfer import BlockServicer, CheckpointStore, fetch_verified
 logger = logging.getLogger(__name__)
 
 P2P_CALL_TIMEOUT_S = 30.0
+DHT_STORE_TIMEOUT_S = 20.0
 LOSS_WINDOW = 20  # steps averaged into the announced loss
 
 
@@ -67,6 +68,7 @@ class PeerConfig:
     sync_deadline: float = 5.0  # seconds a step waits for the other replicas
     wait_for_replicas: int = 1  # start once this many replicas (itself included) are seen; also the group size
     average_every: int = 100  # average parameters with the other replicas every this many steps (0: never)
+    expect_config_hash: str | None = None  # refuse a swarm whose model config hash differs (a prefix will do)
     demo: DemoConfig = field(default_factory=DemoConfig)
     network: NetworkOptions = field(default_factory=NetworkOptions)
 
@@ -98,7 +100,8 @@ class Peer:
         self.state: PeerState = "joining"
         self._replica_ids: list[str] = []
         self._replicas_read_at = -math.inf
-        self.averagers: list = []  # hivemind averagers (child processes) to shut down on leaving
+        self.announcer: threading.Thread | None = None
+        self.averager = None  # hivemind's averager (a child process), for --sync dense and parameter rounds
         self.parameter_averaging: ParameterAveraging | None = None
 
     def stop(self, *_signal_args) -> None:
@@ -118,10 +121,15 @@ class Peer:
         self.peer_id = self.dht.peer_id.to_base58()
         self.directory = SwarmDirectory(self.dht, self.config.swarm, self.private_key)
         self.model_config = self.directory.wait_for_model(self.config.join_timeout)
+        expected, found = self.config.expect_config_hash, self.model_config.hash()
+        if expected and not found.startswith(expected.lower()):
+            raise SwarmError(f"swarm {self.config.swarm!r} trains model config {found[:16]}, not the expected {expected[:16]}")
         self.block = self._choose_block(self.model_config)
         logger.info("peer %s hosts block %d of swarm %r", self.peer_id, self.block, self.config.swarm)
         self._announce(wait=True)  # as "joining": peers choosing a block now see this one taken
-        self.store = CheckpointStore(Path(self.config.checkpoint_dir), self.model_config, self.block, self.config.swarm)
+        # a checkpoint stays at least as long as a record that names it may live (and then some)
+        self.store = CheckpointStore(Path(self.config.checkpoint_dir), self.model_config, self.block, self.config.swarm,
+                                     min_age_s=4 * self.config.announce_period + P2P_CALL_TIMEOUT_S)
         self.loop = EventLoopThread()
         self.p2p = self.loop.run(self.dht.replicate_p2p(), P2P_CALL_TIMEOUT_S)
         windows = load_corpus(self.config.data).windows("train", self.model_config.seq_len)
@@ -144,31 +152,31 @@ class Peer:
             BlockServicer(self.block, self.store, self.info),
             DenoiseServicer(self.model_config, self.block, module, lock),
         ]
-        if self.config.sync == "demo":
-            payloads = PayloadServicer(self.block, self.config.sync_deadline)
-            replica = DemoReplica(module, self.config.demo)
-            self.trainer.update = ReplicaSync(replica, payloads, self.p2p, self.loop, self.peer_id, self.replica_ids)
-            servicers.append(payloads)
-        elif self.config.sync == "dense":
-            grads = [p for p in module.parameters() if p.requires_grad]
-            self.trainer.update = DenseSync(self.trainer, self._averager("grads", grads), 2 * self.config.sync_deadline)
-        if self.config.average_every:
-            averager = self._averager("params", list(module.parameters()))
-            every, timeout = self.config.average_every, 2 * self.config.sync_deadline
-            self.parameter_averaging = ParameterAveraging(self.trainer, averager, every, timeout)
+        servicers += self._set_up_sync(module)
         if self.config.serve_ar_stage:
             torch.manual_seed(0)  # every peer holds a stage of the same (untrained) model
             ar_model = ByteTransformer(self.model_config)
             servicers.append(StageServicer(ar_model, self.block, self.model_config.n_blocks))
         return servicers
 
-    def _averager(self, what: str, tensors: list[torch.Tensor]):
-        """A hivemind averager among this block's replicas (its prefix may not contain dots)."""
-        prefix = f"{self.config.swarm}_block{self.block}_{what}"
-        group = max(2, self.config.wait_for_replicas)
-        averager = block_averager(self.dht, prefix, tensors, group, self.config.sync_deadline)
-        self.averagers.append(averager)
-        return averager
+    def _set_up_sync(self, module: torch.nn.Module) -> list:
+        """The trainer's update for --sync, the averager for dense steps and parameter rounds,
+        and the payload service (DeMo); returns the services to add."""
+        timeout = 2 * self.config.sync_deadline
+        if self.config.sync == "dense" or self.config.average_every:
+            prefix = f"{self.config.swarm}_block{self.block}"  # hivemind: no dots in a prefix
+            group = max(2, self.config.wait_for_replicas)
+            self.averager = block_averager(self.dht, prefix, trainable(module), group, self.config.sync_deadline)
+        if self.config.average_every:
+            self.parameter_averaging = ParameterAveraging(self.trainer, self.averager, self.config.average_every, timeout)
+        if self.config.sync == "dense":
+            self.trainer.update = DenseSync(self.trainer, self.averager, timeout)
+        if self.config.sync != "demo":
+            return []
+        payloads = PayloadServicer(self.block, self.config.sync_deadline)
+        replica = DemoReplica(module, self.config.demo)
+        self.trainer.update = ReplicaSync(replica, payloads, self.p2p, self.loop, self.peer_id, self.replica_ids)
+        return [payloads]
 
     def replica_ids(self) -> list[str]:
         """The other peers training this block (read from the DHT at most once per announce period)."""
@@ -231,7 +239,8 @@ class Peer:
         return data, f"replica {host.peer_id} ({host.announcement.public_name or 'unnamed'})"
 
     def _train_until_stopped(self) -> None:
-        last_announce = time.monotonic()
+        self.announcer = threading.Thread(target=self._announce_periodically, name="announcer", daemon=True)
+        self.announcer.start()  # its own thread: a step that waits on other replicas must not let the record lapse
         while not self.stopping.is_set():
             if self.config.max_steps is not None and self.trainer.step_count >= self.config.max_steps:
                 break
@@ -239,17 +248,20 @@ class Peer:
             self._keep_replicas_together()
             if self.trainer.step_count % self.config.save_every == 0:
                 self._save()
-            if time.monotonic() - last_announce >= self.config.announce_period:
-                self._announce()
-                last_announce = time.monotonic()
         self._save()
         if self.stopping.is_set():
             return
         self.state = "serving"  # done training (max steps): still serves its block until stopped
         self._announce(wait=True)
         logger.info("block %d: reached %d steps; serving until stopped", self.block, self.trainer.step_count)
+        self.stopping.wait()
+
+    def _announce_periodically(self) -> None:
         while not self.stopping.wait(self.config.announce_period):
-            self._announce()
+            try:
+                self._announce()
+            except Exception as error:  # a DHT hiccup: the next period tries again
+                logger.warning("block %d: announcing failed: %s", self.block, error)
 
     def _keep_replicas_together(self) -> None:
         """Average parameters with the other replicas at the round's step: always for dense and
@@ -262,9 +274,17 @@ class Peer:
             sync.averaged(self.trainer.step_count)
 
     def _save(self) -> None:
+        """Save and serve a new checkpoint; if the disk refuses (full, read-only), keep serving
+        the last good one and go on training: the next save tries again."""
         if self.checkpoint is not None and self.checkpoint.step == self.trainer.step_count:
             return
-        self.checkpoint = self.store.save(self.trainer.module, self.trainer.step_count)
+        try:
+            self.checkpoint = self.store.save(self.trainer.module, self.trainer.step_count)
+        except OSError as error:
+            kept = f"step {self.checkpoint.step}" if self.checkpoint else "none"
+            logger.error("block %d: could not save step %d (%s); last good checkpoint kept: %s",
+                         self.block, self.trainer.step_count, error.strerror or error, kept)
+            return
         self.checkpoint_time = time.time()
         logger.info("block %d: saved step %d (%s)", self.block, self.checkpoint.step, self.checkpoint.sha256[:12])
 
@@ -296,21 +316,25 @@ class Peer:
             logger.warning("block %d: announcement was not stored by any DHT node", self.block)
 
     def info(self) -> dict:
-        """What this peer hosts: answered to `rpc_info` (status, ping)."""
-        return {"block": self.block, **self._announcement().model_dump()}
+        """What this peer hosts: answered to `rpc_info` (status, ping). `owner` is the key its
+        records are signed with: a record naming this peer under another key is an impostor's."""
+        return {"block": self.block, "owner": self.directory.owner_subkey, **self._announcement().model_dump()}
 
     def _leave(self) -> None:
+        self.stopping.set()  # also ends the announcer when training stopped on an error
         if self.dht is None:
             return
         try:
+            if self.announcer is not None:
+                self.announcer.join(DHT_STORE_TIMEOUT_S)  # its last record must not land after "leaving"
             if self.trainer is not None:  # built after the block was chosen
                 self._save()
                 self.state = "leaving"
                 self._announce(wait=True)
         except Exception as error:  # leaving must not hang or fail: the record expires anyway
             logger.warning("could not announce leaving: %s", error)
-        for averager in self.averagers:
-            averager.shutdown()
+        if self.averager is not None:
+            self.averager.shutdown()
         if self.loop is not None:
             self.loop.close(self.p2p)
         self.dht.shutdown()

@@ -8,7 +8,6 @@ that peer for a while and retries the block on another replica.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from swarm.errors import SwarmError
 from swarm.model import ModelConfig
 from swarm.network import EventLoopThread
 from swarm.serving import DenoiseServicer
-from swarm.transfer import BlockServicer
+from swarm.transfer import BlockServicer, owns_record
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ class RemoteBlocks:
     ban_seconds: float = 60.0
     round_trips: int = 0
     _banned_until: dict[str, float] = field(default_factory=dict)
-    _rtt: dict[str, float] = field(default_factory=dict)
+    _rtt: dict[tuple[str, bytes], float] = field(default_factory=dict)
     _chosen: dict[int, Host] = field(default_factory=dict)
 
     def __call__(self, block: int, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor):
@@ -64,7 +63,8 @@ class RemoteBlocks:
         chosen = self._chosen.get(block)
         if chosen is not None and not self._banned(chosen.peer_id):
             return chosen
-        candidates = [h for h in self.directory.hosts(block) if not self._banned(h.peer_id)]
+        listed = [h for h in self.directory.hosts(block) if not self._banned(h.peer_id)]
+        candidates = [h for h in listed if self.round_trip(h) < float("inf")]  # reachable, and own their record
         if not candidates:
             raise SwarmError(f"no live peer serves block {block}")
         freshest = max(_checkpoint_step(h) for h in candidates)
@@ -76,23 +76,34 @@ class RemoteBlocks:
         return self._banned_until.get(peer_id, 0.0) > time.monotonic()
 
     def round_trip(self, host: Host) -> float:
-        """Seconds of one P2P ping (rpc_info) to a host, measured once and cached; inf if it fails."""
-        if host.peer_id not in self._rtt:
-            self._rtt[host.peer_id] = self.ping(host.peer_id)
-        return self._rtt[host.peer_id]
+        """Seconds of one P2P ping (rpc_info) to a host, measured once and cached; inf if it fails
+        (the peer is then banned for a while) or if the peer does not own the host's record."""
+        key = host.peer_id, host.owner  # an impostor's record names the same peer under another key
+        if key not in self._rtt:
+            rtt, info = self.loop.run(self._ask_info(host.peer_id), self.ping_timeout + 1)
+            if info is None:
+                self._banned_until[host.peer_id] = time.monotonic() + self.ban_seconds
+                return rtt
+            if not owns_record(info, host):
+                logger.warning("peer %s does not own a record that names it for block %d: ignored", host.peer_id, host.block)
+                rtt = float("inf")
+            self._rtt[key] = rtt
+        return self._rtt[key]
 
     def ping(self, peer_id: str) -> float:
         """Seconds of one P2P round trip (rpc_info) to a peer; inf if it does not answer in time."""
-        return self.loop.run(self._ping(peer_id), self.ping_timeout + 1)
+        return self.loop.run(self._ask_info(peer_id), self.ping_timeout + 1)[0]
 
-    async def _ping(self, peer_id: str) -> float:
+    async def _ask_info(self, peer_id: str) -> tuple[float, dict | None]:
+        """(seconds, the peer's info), or (inf, None) if it does not answer in time."""
         stub = BlockServicer.get_stub(self.p2p, PeerID.from_base58(peer_id))
         started = time.perf_counter()
         try:
-            await stub.rpc_info(runtime_pb2.ExpertUID(uid="ping"), timeout=self.ping_timeout)
+            reply = await stub.rpc_info(runtime_pb2.ExpertUID(uid="ping"), timeout=self.ping_timeout)
+            info = MSGPackSerializer.loads(reply.serialized_info)
         except Exception:
-            return float("inf")
-        return time.perf_counter() - started
+            return float("inf"), None
+        return time.perf_counter() - started, info if isinstance(info, dict) else {}
 
     async def _denoise(self, host: Host, prefix, z, sigmas, want_logits: bool):
         stub = DenoiseServicer.get_stub(self.p2p, PeerID.from_base58(host.peer_id))

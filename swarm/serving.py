@@ -21,6 +21,7 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils import MSGPackSerializer
 
 from swarm.diffusion import denoise_steps, make_codebook
+from swarm.limits import MAX_REQUEST_BYTES, Busy, PerPeerLimit
 from swarm.model import VOCAB_SIZE, Denoiser, ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ MAX_BATCH = 64  # windows per request
 MAX_STEPS = 64  # Euler steps per request
 MAX_ABS_Z = 1e4
 MAX_CONCURRENT = 4  # requests computed at once; more wait their turn
+MAX_PER_PEER = 2  # requests one caller may have in flight (a client sends one at a time)
 
 
 class RequestError(ValueError):
@@ -63,9 +65,19 @@ class DenoiseServicer(ServicerBase):
         self.config, self.block, self.denoiser, self.weights_lock = config, block, denoiser, weights_lock
         self.codebook = make_codebook(config)
         self._slots = asyncio.Semaphore(MAX_CONCURRENT)
+        self.limit = PerPeerLimit(MAX_PER_PEER)
 
     async def rpc_denoise(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         try:
+            with self.limit.admit(context):
+                return await self._denoise(request, context)
+        except Busy as error:
+            return _error_reply(error)
+
+    async def _denoise(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        try:
+            if request.ByteSize() > MAX_REQUEST_BYTES:
+                raise RequestError(f"request of {request.ByteSize()} bytes is over the limit of {MAX_REQUEST_BYTES}")
             if request.uid != str(self.block):
                 raise RequestError(f"this peer hosts block {self.block}, not {request.uid!r}")
             options = MSGPackSerializer.loads(request.metadata) if request.metadata else {}
@@ -73,7 +85,7 @@ class DenoiseServicer(ServicerBase):
             prefix, z, sigmas = check_request(self.config, tensors)
         except Exception as error:  # anything malformed, whatever the library raised
             logger.info("refused a denoise request from %s: %s", context.remote_id, error)
-            return runtime_pb2.ExpertResponse(metadata=MSGPackSerializer.dumps({"error": str(error)[:300]}))
+            return _error_reply(error)
         async with self._slots:
             z, logits = await asyncio.get_running_loop().run_in_executor(None, self._run, prefix, z, sigmas)
         outputs = [z] + ([logits] if isinstance(options, dict) and options.get("logits") else [])
@@ -82,3 +94,7 @@ class DenoiseServicer(ServicerBase):
     def _run(self, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor):
         with torch.no_grad(), self.weights_lock:  # the trainer updates weights only under this lock
             return denoise_steps(self.denoiser, self.codebook, prefix, z, sigmas)
+
+
+def _error_reply(error: Exception) -> runtime_pb2.ExpertResponse:
+    return runtime_pb2.ExpertResponse(metadata=MSGPackSerializer.dumps({"error": str(error)[:300]}))

@@ -32,6 +32,7 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils import MSGPackSerializer
 
 from swarm.demo_step import DemoReplica, PayloadError, decode_payload, encode_payload
+from swarm.limits import Busy, PerPeerLimit
 from swarm.network import EventLoopThread
 from swarm.train import Trainer
 
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 KEEP_STEPS = 8  # payloads kept for late askers
 RETRY_S = 0.2  # pause before asking a peer again that could not answer yet
+POLLS_PER_PEER = 2  # long polls one replica may have waiting here at once (it asks one step at a time)
 
 
 class PayloadServicer(ServicerBase):
@@ -49,6 +51,7 @@ class PayloadServicer(ServicerBase):
         self.payloads: dict[int, tuple[bytes, bytes]] = {}  # step: (payload, parameter fingerprint)
         self.bytes_sent = 0
         self._published: dict[int, asyncio.Event] = {}
+        self.limit = PerPeerLimit(POLLS_PER_PEER)
 
     def _event(self, step: int) -> asyncio.Event:
         return self._published.setdefault(step, asyncio.Event())
@@ -62,6 +65,13 @@ class PayloadServicer(ServicerBase):
             self._published.pop(old, None)
 
     async def rpc_payload(self, request: runtime_pb2.ExpertUID, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        try:
+            with self.limit.admit(context):
+                return await self._payload(request)
+        except Busy as error:
+            return _reply({"error": str(error), "step": max(self.payloads, default=-1)})
+
+    async def _payload(self, request: runtime_pb2.ExpertUID) -> runtime_pb2.ExpertResponse:
         block, _, step_text = request.uid.partition(":")
         if block != str(self.block) or not step_text.isdigit():
             return _reply({"error": f"this replica syncs block {self.block}"})

@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 import logging
 import re
+import time
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -28,12 +29,14 @@ from tqdm import tqdm
 from swarm.checkpoint import decode_block, save_block, write_atomic
 from swarm.directory import Host
 from swarm.errors import SwarmError
+from swarm.limits import Busy, PerPeerLimit
 from swarm.model import Denoiser, ModelConfig
 from swarm.records import CheckpointInfo
 
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20
+DOWNLOADS_PER_PEER = 2  # checkpoint streams one peer may have open here at once
 FIRST_BYTE_TIMEOUT_S = 15.0
 SLOWEST_RATE_BYTES_S = 128 * 1024  # a download slower than this (1 Mbit/s) is given up
 
@@ -43,16 +46,22 @@ class TransferError(Exception):
 
 
 class CheckpointStore:
-    """A peer's checkpoints of its block: `block_<b>_step_<n>.safetensors`, the newest `keep` kept.
+    """A peer's checkpoints of its block: `block_<b>_step_<n>.safetensors`, the newest `keep` kept,
+    and older ones too while they are younger than `min_age_s`.
 
-    Keeping the previous file lets a peer still serve a checkpoint it announced a moment
-    before it saved the next one.
+    Keeping older files lets a peer still serve a checkpoint its record named a moment before
+    it saved the next ones (a fast peer may save several within one announce period).
     """
 
-    def __init__(self, folder: Path, config: ModelConfig, block: int, swarm: str, keep: int = 2):
+    def __init__(
+        self, folder: Path, config: ModelConfig, block: int, swarm: str, keep: int = 2, min_age_s: float = 0.0
+    ):
         self.folder, self.config, self.block, self.swarm, self.keep = Path(folder), config, block, swarm, keep
+        self.min_age_s = min_age_s
         self.folder.mkdir(parents=True, exist_ok=True)
         self._infos: dict[Path, CheckpointInfo] = {}
+        for stale in self.folder.glob(f".block_{block}_step_*.tmp"):  # a save that a crash cut short
+            stale.unlink(missing_ok=True)
 
     def _pattern(self) -> re.Pattern:
         return re.compile(rf"^block_{self.block}_step_(\d+)\.safetensors$")
@@ -81,9 +90,11 @@ class CheckpointStore:
         return path
 
     def _prune(self) -> None:
+        now = time.time()
         for _, old in self._files()[: -self.keep]:
-            old.unlink(missing_ok=True)
-            self._infos.pop(old, None)
+            if now - old.stat().st_mtime >= self.min_age_s:  # announced a moment ago? others may be fetching it
+                old.unlink(missing_ok=True)
+                self._infos.pop(old, None)
 
     def info(self, path: Path) -> CheckpointInfo:
         if path not in self._infos:
@@ -108,6 +119,7 @@ class BlockServicer(ServicerBase):
 
     def __init__(self, block: int, store: CheckpointStore, info: Callable[[], dict]):
         self.block, self.store, self._info = block, store, info
+        self.limit = PerPeerLimit(DOWNLOADS_PER_PEER)
 
     async def rpc_info(self, request: runtime_pb2.ExpertUID, context: P2PContext) -> runtime_pb2.ExpertInfo:
         return runtime_pb2.ExpertInfo(serialized_info=MSGPackSerializer.dumps(self._info()))
@@ -120,12 +132,22 @@ class BlockServicer(ServicerBase):
         if path is None:
             yield _header({"ok": False, "error": f"no checkpoint of block {block} with sha256 {sha256[:12]}"})
             return
-        with open(path, "rb") as f:  # an open file survives a later atomic replace
-            size = f.seek(0, 2)
-            f.seek(0)
-            yield _header({"ok": True, "size": size})
-            while chunk := f.read(CHUNK_BYTES):
-                yield runtime_pb2.ExpertResponse(metadata=chunk)
+        try:
+            with self.limit.admit(context):
+                async for message in _stream_file(path):
+                    yield message
+        except Busy as error:
+            yield _header({"ok": False, "error": str(error)})
+
+
+async def _stream_file(path: Path) -> AsyncIterator[runtime_pb2.ExpertResponse]:
+    """A header with the size, then the file in chunks."""
+    with open(path, "rb") as f:  # an open file survives a later atomic replace
+        size = f.seek(0, 2)
+        f.seek(0)
+        yield _header({"ok": True, "size": size})
+        while chunk := f.read(CHUNK_BYTES):
+            yield runtime_pb2.ExpertResponse(metadata=chunk)
 
 
 def _header(content: dict) -> runtime_pb2.ExpertResponse:
@@ -140,6 +162,7 @@ async def download(p2p: P2P, host: Host, show_progress: bool = True) -> bytes:
     stub = BlockServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
     try:
         async with asyncio.timeout(FIRST_BYTE_TIMEOUT_S + info.size / SLOWEST_RATE_BYTES_S):
+            await check_owner(p2p, host, FIRST_BYTE_TIMEOUT_S)
             stream = await asyncio.wait_for(
                 stub.rpc_download(runtime_pb2.ExpertUID(uid=f"{host.block}:{info.sha256}")), FIRST_BYTE_TIMEOUT_S
             )
@@ -153,6 +176,21 @@ async def download(p2p: P2P, host: Host, show_progress: bool = True) -> bytes:
     if hashlib.sha256(data).hexdigest() != info.sha256:
         raise TransferError(f"checkpoint from {host.peer_id} does not match its announced sha256")
     return data
+
+
+async def check_owner(p2p: P2P, host: Host, timeout: float) -> None:
+    """TransferError unless the peer named by a record holds the key the record was written
+    under (libp2p authenticates the peer we reach, so a record cannot borrow another's id)."""
+    stub = BlockServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
+    reply = await stub.rpc_info(runtime_pb2.ExpertUID(uid="owner"), timeout=timeout)
+    if not owns_record(MSGPackSerializer.loads(reply.serialized_info), host):
+        raise TransferError(f"peer {host.peer_id} does not own the record that names it: an impostor wrote it")
+
+
+def owns_record(info: object, host: Host) -> bool:
+    """Whether a peer's rpc_info answer shows the key `host`'s record was written under (a Host
+    made locally, without an owner, is taken as is)."""
+    return not host.owner or (isinstance(info, dict) and info.get("owner") == host.owner)
 
 
 async def _receive(stream, info: CheckpointInfo, host: Host, show_progress: bool) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 
 import pytest
@@ -16,6 +17,7 @@ from swarm.diffusion import NoisePartition, generate_span, local_runner
 from swarm.generate import continue_text, prefix_tensor
 from swarm.network import EventLoopThread
 from swarm.remote import RemoteBlocks
+from swarm.limits import MAX_REQUEST_BYTES
 from swarm.serving import MAX_BATCH, DenoiseServicer
 from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 
@@ -96,9 +98,32 @@ def test_malformed_requests_are_refused_and_the_peer_keeps_serving(served):
         "rising sigmas": ("0", [good[0], good[1], good[2].flip(0)]),
         "not bytes": ("0", [good[0] + 300, good[1], good[2]]),
         "missing tensor": ("0", good[:2]),
+        "oversized": ("0", [good[0], torch.randn(n, g, d), good[2], torch.zeros(MAX_REQUEST_BYTES // 4 + 1)]),
     }
     for name, (uid, tensors) in bad_requests.items():
         reply = denoise_call(served, uid, tensors)
         assert isinstance(reply, dict) and "error" in reply, name
+        if name == "oversized":
+            assert "over the limit" in reply["error"]
     reply = denoise_call(served, "0", good)
     assert not isinstance(reply, dict) and len(reply.tensors) == 1
+
+
+def test_a_flood_from_one_peer_is_refused_beyond_its_share(served):
+    config = served[5].config
+    n, p, g, d = MAX_BATCH, config.prefix_len, config.gen_len, config.d_model
+    heavy = [torch.zeros(n, p, dtype=torch.long), torch.randn(n, g, d), NoisePartition(config).schedule(0, 48)]
+    _, _, directory, loop, p2p, _ = served
+    host = next(h for h in directory.hosts(0) if h.announcement.public_name == "a")
+    stub = DenoiseServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
+    request = runtime_pb2.ExpertRequest(uid="0", tensors=[serialize_torch_tensor(t) for t in heavy])
+
+    async def flood(count: int):
+        return await asyncio.gather(*(stub.rpc_denoise(request, timeout=60) for _ in range(count)))
+
+    replies = loop.run(flood(24), 120)
+    busy = [r for r in replies if r.metadata and "busy" in MSGPackSerializer.loads(r.metadata)["error"]]
+    answered = [r for r in replies if not r.metadata]
+    assert busy and answered and len(busy) + len(answered) == len(replies)
+    assert len(answered) <= len(replies) // 2  # most of the flood was turned away, not queued
+    assert not isinstance(denoise_call(served, "0", heavy[:2] + [heavy[2][:3]]), dict)  # and it still serves

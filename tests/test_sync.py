@@ -52,33 +52,32 @@ def test_a_killed_replica_does_not_stop_the_others(tmp_path):
         assert survivor.process.poll() is None  # still up, serving
 
 
-def test_dense_replicas_average_gradients_and_count_the_all_reduce(tmp_path):
-    with tiny_swarm(tmp_path, "syncdense", {"b": "1"}) as (local, _, directory):
-        extra = [*SYNC, "--sync", "dense", "--max-steps", "8", "--sync-deadline", "10", "--average-every", "0"]
+def two_replicas(tmp_path, swarm: str, steps: int, options: list[str]):
+    """Replicas r1 and r2 of block 0 trained `steps` steps: their final records, and how far
+    apart their final checkpoints are (largest absolute difference), and r1's checkpoint."""
+    with tiny_swarm(tmp_path, swarm, {"b": "1"}) as (local, _, directory):
+        extra = [*SYNC, "--max-steps", str(steps), "--sync-deadline", "10", *options]
         local.start_peer("r1", "0", extra)
         local.start_peer("r2", "0", extra)
-        r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 150, "dense replicas to finish"),
-                        key=lambda a: a.public_name)
-        assert r1.sync_steps == r2.sync_steps == 8
-        first, second = final_checkpoint(local, "r1", 8), final_checkpoint(local, "r2", 8)
-        params = sum(t.numel() for t in first.values())
-        # a ring or butterfly all-reduce of fp32 sends at least 2 (n-1)/n * 4 bytes per parameter per step
-        assert r1.sync_bytes_sent >= 8 * 4 * params and r2.sync_bytes_sent >= 8 * 4 * params
-        # the same averaged gradient from the same start: equal up to float rounding of the average
-        assert max((first[k] - second[k]).abs().max().item() for k in first) < 1e-4
+        r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 150, "replicas to finish"), key=lambda a: a.public_name)
+        first, second = final_checkpoint(local, "r1", steps), final_checkpoint(local, "r2", steps)
+    return r1, r2, max((first[k] - second[k]).abs().max().item() for k in first), first
+
+
+def test_dense_replicas_average_gradients_and_count_the_all_reduce(tmp_path):
+    r1, r2, apart, weights = two_replicas(tmp_path, "syncdense", 8, ["--sync", "dense", "--average-every", "0"])
+    assert r1.sync_steps == r2.sync_steps == 8
+    params = sum(t.numel() for t in weights.values())
+    # a ring or butterfly all-reduce of fp32 sends at least 2 (n-1)/n * 4 bytes per parameter per step
+    assert r1.sync_bytes_sent >= 8 * 4 * params and r2.sync_bytes_sent >= 8 * 4 * params
+    assert apart < 1e-4  # the same averaged gradient from the same start: equal up to rounding of the average
 
 
 def test_parameter_averaging_pulls_independent_replicas_together(tmp_path):
-    with tiny_swarm(tmp_path, "syncdrift", {"b": "1"}) as (local, _, directory):
-        extra = [*SYNC, "--sync", "none", "--max-steps", "10", "--sync-deadline", "10", "--average-every", "5"]
-        local.start_peer("r1", "0", extra)
-        local.start_peer("r2", "0", extra)
-        r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 150, "replicas to finish"),
-                        key=lambda a: a.public_name)
-        # each replica trained alone on its own batches, so they had drifted apart before each round
-        assert r1.drift is not None and r1.drift > 1e-4 and r2.drift > 1e-4
-        first, second = final_checkpoint(local, "r1", 10), final_checkpoint(local, "r2", 10)
-        assert max((first[k] - second[k]).abs().max().item() for k in first) < 1e-5
+    r1, r2, apart, _ = two_replicas(tmp_path, "syncdrift", 10, ["--sync", "none", "--average-every", "5"])
+    # each replica trained alone on its own batches, so they had drifted apart before each round
+    assert r1.drift is not None and r1.drift > 1e-4 and r2.drift > 1e-4
+    assert apart < 1e-5
 
 
 def test_a_demo_replica_that_misses_steps_is_averaged_back_in(tmp_path):

@@ -58,7 +58,11 @@ def test_fetch_moves_past_lying_and_vanished_replicas_to_one_that_verifies(tmp_p
     short_dht, _, short_info = serve(loop, tmp_path, "short", tiny_config, 8)
     gone_dht, _, gone_info = serve(loop, tmp_path, "gone", tiny_config, 7)
     good_dht, good_store, good_info = serve(loop, tmp_path, "good", tiny_config, 5)
+    unservable = good_info.model_copy(update={"sha256": "0" * 64, "step": 10})  # a hash it cannot serve
+    impostor = Host(0, host(good_dht, good_info).announcement, get_dht_time() + 60, owner=b"someone else's key")
     hosts = [
+        host(good_dht, unservable),
+        impostor,  # a record naming the good peer, written under another key
         host(tampered_dht, tampered_info),
         host(short_dht, short_info.model_copy(update={"size": short_info.size - 100})),  # sends more than announced
         host(gone_dht, gone_info),
@@ -75,9 +79,11 @@ def test_fetch_moves_past_lying_and_vanished_replicas_to_one_that_verifies(tmp_p
         messages = " ".join(r.getMessage() for r in caplog.records)
         assert "does not match its announced sha256" in messages
         assert "more than the announced" in messages
+        assert "no checkpoint of block 0 with sha256 000000000000" in messages
+        assert "does not own the record that names it" in messages
 
         with pytest.raises(SwarmError, match="no replica"):
-            loop.run(fetch_verified(p2p, hosts[:3], tiny_config, 0, show_progress=False), 120)
+            loop.run(fetch_verified(p2p, hosts[:-1], tiny_config, 0, show_progress=False), 120)
     finally:
         for dht in (client, tampered_dht, short_dht, good_dht):
             dht.shutdown()

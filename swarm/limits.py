@@ -1,0 +1,44 @@
+"""Limits every P2P service applies to each caller, so one peer cannot take a service from the rest.
+
+A service admits at most `per_peer` requests from one peer at a time; more are refused at
+once with a short "busy" error instead of queueing (a flood costs the flooder, not the
+honest callers behind it). Requests larger than a service's byte limit are refused before
+they are deserialized.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from typing import Iterator
+
+from hivemind.p2p import P2PContext
+
+MAX_REQUEST_BYTES = 8 * 1024**2  # the largest legitimate request (64 windows of a 1024-wide model) is ~8x smaller
+
+
+class Busy(Exception):
+    """The caller already has as many requests in flight here as it may."""
+
+
+class PerPeerLimit:
+    """Counts the requests each caller has in flight at one service."""
+
+    def __init__(self, per_peer: int):
+        self.per_peer = per_peer
+        self.in_flight: Counter = Counter()
+        self.refused = 0
+
+    @contextlib.contextmanager
+    def admit(self, context: P2PContext) -> Iterator[None]:
+        caller = context.remote_id
+        if self.in_flight[caller] >= self.per_peer:
+            self.refused += 1
+            raise Busy(f"busy: at most {self.per_peer} requests at once per peer")
+        self.in_flight[caller] += 1
+        try:
+            yield
+        finally:
+            self.in_flight[caller] -= 1
+            if not self.in_flight[caller]:
+                del self.in_flight[caller]

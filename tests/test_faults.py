@@ -1,0 +1,103 @@
+"""Crashes and full disks: no torn checkpoint, the last good one kept, restarts resume from it."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from swarm.checkpoint import decode_block
+from swarm.model import ModelConfig
+from swarm.transfer import CheckpointStore
+from swarm_helpers import tiny_swarm, wait_for
+from helpers import assert_one_line_error
+
+import conftest
+
+# a saver that resumes from its newest checkpoint and saves the next steps as fast as it can
+SAVER = """
+import sys
+from swarm.model import ModelConfig, build_block
+from swarm.transfer import CheckpointStore
+config = ModelConfig(d_model=256, n_heads=4, n_layers=8, n_blocks=4, prefix_len=64, gen_len=32)
+store = CheckpointStore(sys.argv[1], config, block=0, swarm="crash")
+latest = store.latest()
+step = latest[1].step if latest else 0
+block = build_block(config, 0)
+print(step, flush=True)
+while True:
+    step += 1
+    store.save(block, step)
+"""
+
+
+def test_a_peer_killed_while_saving_leaves_a_whole_checkpoint_and_resumes_from_it(tmp_path):
+    config = ModelConfig(d_model=256, n_heads=4, n_layers=8, n_blocks=4, prefix_len=64, gen_len=32)
+    rng, resumed_at = random.Random(0), []
+    for _ in range(12):
+        saver = subprocess.Popen([sys.executable, "-c", SAVER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        resumed_at.append(int(saver.stdout.readline()))
+        time.sleep(rng.uniform(0.05, 0.6))  # a save takes ~30 ms: kills land mid-write as often as not
+        saver.send_signal(signal.SIGKILL)
+        saver.wait()
+        store = CheckpointStore(tmp_path, config, block=0, swarm="crash")  # also clears cut-short temp files
+        files = sorted(p.name for p in tmp_path.iterdir())
+        assert not [f for f in files if f.endswith(".tmp")], files
+        path, info = store.latest()
+        _, step = decode_block(path.read_bytes(), config, 0)  # whole: loads, right block, right step
+        assert step == info.step
+    assert resumed_at == sorted(resumed_at) and resumed_at[-1] > resumed_at[1]  # every restart went on from the last
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_keeps_the_last_good_checkpoint_and_the_peer_running(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    # room for two tiny-model checkpoints and a little: the third save (step 9) runs out of space
+    size = int(2.6 * _tiny_checkpoint_bytes(tmp_path))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=True)
+    try:
+        with tiny_swarm(tmp_path, "fulldisk", {"b": "1"}) as (local, _, directory):
+            extra = ["--max-steps", "9", "--save-every", "3", "--announce-period", "1", "--sync", "none",
+                     "--checkpoint-dir", str(disk / "peer")]
+            peer = local.start_peer("full", "0", extra)
+            wait_for(lambda: "could not save" in peer.log(), 120, "the failed save's log line")
+            record = wait_for(lambda: [h.announcement for h in directory.hosts(0)
+                                       if h.announcement.public_name == "full" and h.announcement.state == "serving"],
+                              120, "the peer to finish its steps")[0]
+            fetched = local.run("swarm-fetch", "--out", "model")  # others can still fetch what it kept
+            assert fetched.returncode == 0, fetched.stderr
+            assert local.stop(peer) == 0
+            kept = [p.name for p in (disk / "peer").iterdir()]
+            assert all(name.startswith("block_0_step_") and name.endswith(".safetensors") for name in kept), kept
+            newest = max(kept, key=lambda name: int(name.split("_")[3].split(".")[0]))  # no temp file left, and
+            assert newest == f"block_0_step_{record.checkpoint.step}.safetensors", kept  # the newest is announced
+            assert record.checkpoint.step < 9  # it announces the last checkpoint it could write
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _tiny_checkpoint_bytes(folder) -> int:
+    from swarm.model import build_block
+
+    config = ModelConfig(**conftest.TINY)
+    store = CheckpointStore(folder / "measure", config, block=0, swarm="fulldisk")
+    return store.save(build_block(config, 0), 1).size
+
+
+def test_a_peer_refuses_a_swarm_that_trains_another_config(tmp_path):
+    with tiny_swarm(tmp_path, "confighash", {"b": "1"}) as (local, _, directory):
+        real = directory.wait_for_model(10).hash()
+        wrong = ("0" if real[0] != "0" else "1") + real[1:16]
+        refused = subprocess.run(local.peer_args("picky", "0", ["--expect-config-hash", wrong]),
+                                 capture_output=True, text=True, timeout=120, cwd=local.workdir)
+        assert_one_line_error(refused, "not the expected")
+        accepted = local.start_peer("agreeing", "0", ["--expect-config-hash", real[:16], "--max-steps", "2",
+                                                      "--announce-period", "1"])
+        wait_for(lambda: any(h.announcement.public_name == "agreeing" for h in directory.hosts(0)), 90, "the peer to join")
+        assert accepted.process.poll() is None
