@@ -22,13 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 
-from swarm.ar_pipeline import call_stage
+from swarm.ar_pipeline import generate_autoregressive
 from swarm.console import setup_logging
-from swarm.diffusion import pick_bytes
 from swarm.directory import SwarmDirectory
-from swarm.generate import continue_text, prefix_tensor
+from swarm.generate import continue_text
 from swarm.launch import LocalSwarm
 from swarm.network import EventLoopThread, NetworkOptions, start_dht
 from swarm.remote import RemoteBlocks
@@ -49,14 +47,8 @@ def single_pass(runner: RemoteBlocks, config, length: int, steps_per_block: int)
 
 
 def autoregressive(loop: EventLoopThread, p2p, stage_peers: list[str], config, length: int) -> dict:
-    context = prefix_tensor(PROMPT, config)
-    hops, started = 0, time.perf_counter()
-    for _ in range(length):
-        x = context[:, -config.seq_len :]
-        for stage, peer_id in enumerate(stage_peers):
-            x = loop.run(call_stage(p2p, peer_id, stage, x, REQUEST_TIMEOUT_S), REQUEST_TIMEOUT_S)
-            hops += 1
-        context = torch.cat([context, pick_bytes(x, 0.0, torch.Generator())[:, None]], dim=1)
+    started = time.perf_counter()
+    _, hops = generate_autoregressive(loop, p2p, stage_peers, config, PROMPT, length, REQUEST_TIMEOUT_S)
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "hops": hops, "trips_through_swarm": hops // len(stage_peers), "bytes": length}
 

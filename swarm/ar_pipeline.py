@@ -24,7 +24,10 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils import MSGPackSerializer
 
 from swarm.autoregressive import ByteTransformer
+from swarm.diffusion import pick_bytes
+from swarm.generate import prefix_tensor
 from swarm.model import VOCAB_SIZE, ModelConfig
+from swarm.network import EventLoopThread
 from swarm.serving import MAX_BATCH, RequestError
 
 logger = logging.getLogger(__name__)
@@ -87,3 +90,18 @@ async def call_stage(p2p: P2P, peer_id: str, stage: int, x: torch.Tensor, timeou
     if response.metadata:
         raise RuntimeError(f"stage {stage} refused: {MSGPackSerializer.loads(response.metadata).get('error')}")
     return deserialize_torch_tensor(response.tensors[0])
+
+
+def generate_autoregressive(
+    loop: EventLoopThread, p2p: P2P, stage_peers: list[str], config: ModelConfig, prompt: bytes, length: int,
+    timeout: float,
+) -> tuple[bytes, int]:
+    """Greedy bytes after `prompt`, one trip through every stage peer per byte: (bytes, hops)."""
+    context, hops = prefix_tensor(prompt, config), 0
+    for _ in range(length):
+        x = context[:, -config.seq_len :]
+        for stage, peer_id in enumerate(stage_peers):
+            x = loop.run(call_stage(p2p, peer_id, stage, x, timeout), timeout)
+            hops += 1
+        context = torch.cat([context, pick_bytes(x, 0.0, torch.Generator())[:, None]], dim=1)
+    return bytes(context[0, -length:].tolist()), hops

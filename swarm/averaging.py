@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import time
 from typing import AsyncIterator, Sequence
 
 import torch
@@ -123,7 +124,8 @@ class DenseSync:
     def __init__(self, trainer: Trainer, averager: CountingAverager, timeout: float):
         self.averager, self.timeout = averager, timeout
         self.params = trainable(trainer.module)
-        self.steps = 0  # steps averaged with at least one other replica
+        self.steps = 0
+        self.round_seconds: float | None = None  # how long the last averaging round took  # steps averaged with at least one other replica
 
     @property
     def bytes_sent(self) -> int:
@@ -131,7 +133,9 @@ class DenseSync:
 
     def __call__(self, trainer: Trainer) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        started = time.monotonic()
         averaged = average(self.averager, grads, "grads", self.timeout)
+        self.round_seconds = time.monotonic() - started
         if averaged is not None:
             self.steps += 1
             for param, grad in zip(self.params, averaged):

@@ -113,9 +113,13 @@ class LocalSwarm:
     def start_peer(self, name: str, block: str = "auto", extra: list[str] = ()) -> Started:
         return self._spawn(name, self.peer_args(name, block, extra))
 
-    def run(self, name: str, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
-        """Run a client command (swarm-fetch, swarm-status, ...) against this swarm and wait for it."""
-        argv = self._placed("client", [command_path(name), "--swarm", self.swarm, "--initial-peers", *self.initial_peers, *args])
+    def run(
+        self, name: str, *args: str, timeout: float = 300.0, subcommand: str | None = None, host: str = "client"
+    ) -> subprocess.CompletedProcess:
+        """Run a client command (swarm-fetch, swarm-status, swarm-bench latency, ...) against this
+        swarm and wait for it; in a lab, on the host named `host`."""
+        command = [command_path(name), *([subcommand] if subcommand else [])]
+        argv = self._placed(host, [*command, "--swarm", self.swarm, "--initial-peers", *self.initial_peers, *args])
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.workdir, env=self._env())
 
     def stop(self, handle: Started, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int | None:

@@ -9,15 +9,25 @@ namespaces: the root namespace gets no address or route into them.
 Each host's `eth0` counters are the operating system's count of what that host sent and
 received, which the sync benchmark checks its own byte counts against.
 
-Needs root and `ip` (iproute2); `available()` says why not where that is missing.
+Emulated regions: every host belongs to a region; `cap()` limits a host's upload and
+download with `tbf` qdiscs, and `start_delays()` delays every packet the router forwards by
+the one-way delay between the two hosts' regions, with an NFQUEUE rule and the
+`swarm.delayd` daemon (`tc netem` is missing on some kernels; where present it would do).
+
+Needs root and `ip` (iproute2); delays also need `iptables` and the NetfilterQueue package.
+`available()` says why not where something is missing.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import os
 import shutil
 import subprocess
+import sys
+from typing import Callable
 from dataclasses import dataclass, field
 
 from swarm.errors import SwarmError
@@ -27,12 +37,15 @@ logger = logging.getLogger(__name__)
 SUBNET = "10.231"  # hosts get 10.231.<i>.2, the router 10.231.<i>.1
 
 
-def available() -> str | None:
-    """None if namespaces can be made here, else the reason in one line."""
+def available(delays: bool = False) -> str | None:
+    """None if namespaces (and, with `delays`, emulated delays) can be made here, else why not."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    if not shutil.which("ip"):
-        return "network namespaces need the 'ip' command (iproute2)"
+    for command in ("ip", "tc") + (("iptables",) if delays else ()):
+        if not shutil.which(command):
+            return f"emulated networks need the '{command}' command"
+    if delays and importlib.util.find_spec("netfilterqueue") is None:
+        return "emulated delays need the NetfilterQueue package (pip install NetfilterQueue; needs libnetfilter-queue-dev)"
     return None
 
 
@@ -50,6 +63,7 @@ class Host:
     namespace: str
     address: str
     router_link: str  # the veth end inside the router namespace
+    region: str = "local"
 
     def exec_prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.namespace]
@@ -86,12 +100,12 @@ class NetLab:
     def router_exec(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return sh("ip", "netns", "exec", self.router, *args, check=check)
 
-    def add_host(self, name: str) -> Host:
+    def add_host(self, name: str, region: str = "local") -> Host:
         index = len(self.hosts) + 1
         namespace, router_link = f"{self.prefix}-{name}", f"{self.prefix}{index}"
         sh("ip", "netns", "add", namespace)
         sh("ip", "link", "add", router_link, "netns", self.router, "type", "veth", "peer", "name", "eth0", "netns", namespace)
-        host = Host(namespace, f"{SUBNET}.{index}.2", router_link)
+        host = Host(namespace, f"{SUBNET}.{index}.2", router_link, region)
         self.router_exec("ip", "addr", "add", f"{SUBNET}.{index}.1/24", "dev", router_link)
         self.router_exec("ip", "link", "set", router_link, "up")
         for args in (["link", "set", "lo", "up"], ["addr", "add", f"{host.address}/24", "dev", "eth0"],
@@ -99,6 +113,33 @@ class NetLab:
             sh(*host.exec_prefix(), "ip", *args)
         self.hosts[name] = host
         return host
+
+    def cap(self, host: Host, up_mbit: float | None, down_mbit: float | None) -> None:
+        """Limit what `host` sends (its eth0) and receives (the router's link to it) with tbf."""
+        for rate, where in ((up_mbit, host.exec_prefix()), (down_mbit, ["ip", "netns", "exec", self.router])):
+            if rate:
+                device = "eth0" if where == host.exec_prefix() else host.router_link
+                burst = max(32_000, int(rate * 1e6 / 8 / 250))  # 4 ms of traffic, at least 32 kB
+                sh(*where, "tc", "qdisc", "replace", "dev", device, "root", "tbf",
+                   "rate", f"{rate}mbit", "burst", str(burst), "latency", "400ms")  # fmt: skip
+
+    def start_delays(self, one_way_s: Callable[[str, str], float], queue: int = 0) -> None:
+        """Delay every forwarded packet by `one_way_s(from region, to region)`: the delay daemon
+        first, then the rule that feeds it (with --queue-bypass: no daemon, no delay, no loss)."""
+        if reason := available(delays=True):
+            raise SwarmError(reason)
+        delays = {
+            f"{a.router_link}>{b.router_link}": one_way_s(a.region, b.region)
+            for a in self.hosts.values() for b in self.hosts.values() if a is not b
+        }  # fmt: skip
+        daemon = subprocess.Popen(
+            ["ip", "netns", "exec", self.router, sys.executable, "-m", "swarm.delayd", "--queue", str(queue),
+             "--delays", json.dumps(delays)], stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        if daemon.stdout.readline().strip() != "ready":
+            daemon.kill()
+            raise SwarmError("the delay daemon did not start (see its stderr above)")
+        self.router_exec("iptables", "-A", "FORWARD", "-j", "NFQUEUE", "--queue-num", str(queue), "--queue-bypass")
 
     def namespaces(self) -> list[str]:
         listed = sh("ip", "netns", "list", check=False).stdout.split("\n")

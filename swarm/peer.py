@@ -306,6 +306,7 @@ class Peer:
             sync_steps=sync.steps if sync else 0,
             sync_bytes_sent=sync.bytes_sent if sync else 0,
             sync_bytes_received=getattr(sync, "bytes_received", 0),
+            sync_round_s=getattr(sync, "round_seconds", None),
             drift=averaging.drift if averaging else None,
         )
 

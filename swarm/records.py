@@ -74,6 +74,7 @@ class BlockAnnouncement(_Record):
     sync_steps: int = Field(default=0, ge=0)  # steps exchanged with other replicas (DeMo)
     sync_bytes_sent: int = Field(default=0, ge=0)  # payload bytes served to other replicas, in all
     sync_bytes_received: int = Field(default=0, ge=0)  # payload bytes gathered from them, in all (DeMo)
+    sync_round_s: float | None = Field(default=None, ge=0)  # seconds the last exchange with the replicas took
     drift: float | None = Field(default=None, ge=0)  # max |param - replicas' mean| the last averaging round found
 
 

@@ -41,6 +41,7 @@ class RemoteBlocks:
     ban_seconds: float = 60.0
     round_trips: int = 0
     _banned_until: dict[str, float] = field(default_factory=dict)
+    hop_seconds: dict[int, list[float]] = field(default_factory=dict)  # per block, each answered request
     _rtt: dict[tuple[str, bytes], float] = field(default_factory=dict)
     _chosen: dict[int, Host] = field(default_factory=dict)
 
@@ -50,7 +51,9 @@ class RemoteBlocks:
         while True:
             host = self.choose(block)
             try:
+                started = time.perf_counter()
                 z_out, logits = self.loop.run(self._denoise(host, prefix, z, sigmas, want_logits), self.request_timeout)
+                self.hop_seconds.setdefault(block, []).append(time.perf_counter() - started)
                 self.round_trips += 1
                 return z_out, logits
             except Exception as error:  # timeout, vanished peer, refusal, garbage: try another replica

@@ -146,6 +146,7 @@ class ReplicaSync:
     refused: int = 0
     steps: int = 0
     drifted: bool = False  # some replica applied other payloads than we did since the last averaging
+    round_seconds: float | None = None  # how long the last gather took
     applied: bytes = b"started"  # fingerprint of the payloads applied at the previous step
 
     @property
@@ -163,7 +164,9 @@ class ReplicaSync:
         self.loop.loop.call_soon_threadsafe(self.servicer.publish, step, own, fingerprint)  # before the gather
         others = self.replica_ids()
         deadline = self.servicer.deadline
+        started = time.monotonic()
         gathered = self.loop.run(gather(self.p2p, self.servicer.block, step, others, deadline), deadline + 5)
+        self.round_seconds = time.monotonic() - started
         self.bytes_received += sum(len(d) + len(gathered.fingerprints[p]) for p, d in gathered.payloads.items())
         if any(f != fingerprint for f in gathered.fingerprints.values()) and not self.drifted:
             logger.info("step %d: another replica applied other payloads than we did: parameters will be averaged", step)
