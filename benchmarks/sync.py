@@ -48,8 +48,8 @@ VALIDATION_WINDOWS = 256
 POLL_S = 2.0
 
 
-def peer_extra(args, mode: str, replicas: int, steps: int) -> list[str]:
-    return [*MODES[mode], "--wait-for-replicas", str(replicas), "--max-steps", str(steps),
+def peer_extra(args, sync: list[str], replicas: int, steps: int) -> list[str]:
+    return [*sync, "--wait-for-replicas", str(replicas), "--max-steps", str(steps),
             "--save-every", str(steps), "--batch-size", str(args.batch_size), "--announce-period", "2",
             "--sync-deadline", str(args.deadline), "--average-every", str(args.average_every)]  # fmt: skip
 
@@ -64,7 +64,7 @@ def run_mode(args, mode: str, replicas: int, workdir: Path) -> dict:
             directory = SwarmDirectory(dht, swarm)
             config = directory.wait_for_model(30)
             for r in range(replicas):
-                local.start_peer(f"r{r}", str(args.block), peer_extra(args, mode, replicas, args.steps))
+                local.start_peer(f"r{r}", str(args.block), peer_extra(args, MODES[mode], replicas, args.steps))
             curve, records = follow(directory, args, replicas)
         finally:
             dht.shutdown()
@@ -112,15 +112,16 @@ def summarize(args, config: ModelConfig, mode, replicas, records, curve, checkpo
 
 
 def os_check(args, workdir: Path) -> dict:
-    """Each replica in its own namespace: the bytes we count beside the kernel's tx_bytes."""
+    """Each replica in its own namespace: the bytes we count beside the kernel's tx_bytes. A run
+    with `--sync none` for the same steps gives what the rest (DHT, records, pings) sends."""
     if reason := netlab.available():
         return {"skipped": reason}
     result = {}
-    for mode in ("dense", "demo16"):
-        swarm = f"oscheck{mode}"
-        with netlab.NetLab("bswsync") as lab, LocalSwarm(workdir / mode, swarm=swarm, lab=lab) as local:
+    for mode in ("dense", "demo16", "none"):
+        with netlab.NetLab("bswsync") as lab, LocalSwarm(workdir / mode, swarm=f"oscheck{mode}", lab=lab) as local:
             local.start_bootstrap()
-            extra = peer_extra(args, mode, args.os_replicas, args.os_steps) + ["--announce-period", "1", "--average-every", "0"]
+            sync = MODES.get(mode, ["--sync", "none"])
+            extra = peer_extra(args, sync, args.os_replicas, args.os_steps) + ["--announce-period", "1", "--average-every", "0"]
             peers = [f"r{r}" for r in range(args.os_replicas)]
             for name in peers:
                 local.start_peer(name, str(args.block), extra)
@@ -133,6 +134,13 @@ def os_check(args, workdir: Path) -> dict:
                 "kernel_tx_bytes": kernel,
                 "kernel_over_counted": {n: kernel[n] / max(1, counted[n]) for n in peers},
             }
+    background = statistics.mean(result["none"]["kernel_tx_bytes"].values())
+    for mode in ("dense", "demo16"):
+        kernel = statistics.mean(result[mode]["kernel_tx_bytes"].values())
+        result[mode]["kernel_tx_bytes_beyond_sync_none_per_step"] = (kernel - background) / args.os_steps
+    result["kernel_ratio_dense_over_demo16"] = (
+        result["dense"]["kernel_tx_bytes_beyond_sync_none_per_step"] / result["demo16"]["kernel_tx_bytes_beyond_sync_none_per_step"]
+    )
     return result
 
 
@@ -197,11 +205,20 @@ def main() -> None:
     parser.add_argument("--os-check", action="store_true", help="also compare byte counts with the kernel's")
     parser.add_argument("--os-steps", type=int, default=20)
     parser.add_argument("--os-replicas", type=int, default=4)
+    parser.add_argument("--os-check-only", action="store_true", help="only the kernel cross-check (sync_os_check.json)")
     parser.add_argument("--out", default="benchmarks/results/sync")
     args = parser.parse_args()
     setup_logging()
     if "dense" not in args.modes:
         parser.error("--modes must include dense: it is the baseline of every ratio")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.os_check_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            kernel = os_check(args, Path(tmp))
+        (out / "sync_os_check.json").write_text(json.dumps(kernel, indent=2))
+        print(json.dumps(kernel, indent=2))
+        return
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for replicas in args.replicas:
@@ -209,8 +226,6 @@ def main() -> None:
                 logger.info("%d replicas, %s: %d steps", replicas, mode, args.steps)
                 runs.append(run_mode(args, mode, replicas, Path(tmp) / f"{mode}{replicas}"))
         kernel = os_check(args, Path(tmp) / "oscheck") if args.os_check else None
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     result = {"config": vars(args), "ratios": add_ratios(runs), "runs": runs, "os_check": kernel}
     plot(runs, out / "sync.png")
     (out / "sync.json").write_text(json.dumps(result, indent=2))

@@ -154,7 +154,7 @@ def _header(content: dict) -> runtime_pb2.ExpertResponse:
     return runtime_pb2.ExpertResponse(metadata=MSGPackSerializer.dumps(content))
 
 
-async def download(p2p: P2P, host: Host, show_progress: bool = True) -> bytes:
+async def download(p2p: P2P, host: Host, show_progress: bool = True, timings: dict | None = None) -> bytes:
     """The checkpoint a host announced, verified against its record; TransferError otherwise."""
     info = host.announcement.checkpoint
     if info is None:
@@ -166,7 +166,7 @@ async def download(p2p: P2P, host: Host, show_progress: bool = True) -> bytes:
             stream = await asyncio.wait_for(
                 stub.rpc_download(runtime_pb2.ExpertUID(uid=f"{host.block}:{info.sha256}")), FIRST_BYTE_TIMEOUT_S
             )
-            data = await _receive(stream, info, host, show_progress)
+            data = await _receive(stream, info, host, show_progress, timings if timings is not None else {})
     except TimeoutError:
         raise TransferError(f"download from {host.peer_id} timed out") from None
     except TransferError:
@@ -193,8 +193,10 @@ def owns_record(info: object, host: Host) -> bool:
     return not host.owner or (isinstance(info, dict) and info.get("owner") == host.owner)
 
 
-async def _receive(stream, info: CheckpointInfo, host: Host, show_progress: bool) -> bytes:
+async def _receive(stream, info: CheckpointInfo, host: Host, show_progress: bool, timings: dict) -> bytes:
+    """The announced bytes after the header; `timings` gets the perf_counter of the header."""
     header = MSGPackSerializer.loads((await anext(stream)).metadata)
+    timings["header"] = time.perf_counter()
     if not isinstance(header, dict) or not header.get("ok"):
         raise TransferError(f"peer {host.peer_id} refused: {header.get('error') if isinstance(header, dict) else header}")
     received = bytearray()
