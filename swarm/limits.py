@@ -14,7 +14,9 @@ from typing import Iterator
 
 from hivemind.p2p import P2PContext
 
-MAX_REQUEST_BYTES = 8 * 1024**2  # the largest legitimate request (64 windows of a 1024-wide model) is ~8x smaller
+# the largest legitimate denoise request of the default model (64 windows) is ~2.1 MiB; hivemind's
+# own unary limit is 4 MiB (its daemon refuses more), so this refuses what gets past that
+MAX_REQUEST_BYTES = 3 * 1024**2
 
 
 class Busy(Exception):
