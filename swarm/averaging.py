@@ -124,8 +124,8 @@ class DenseSync:
     def __init__(self, trainer: Trainer, averager: CountingAverager, timeout: float):
         self.averager, self.timeout = averager, timeout
         self.params = trainable(trainer.module)
-        self.steps = 0
-        self.round_seconds: float | None = None  # how long the last averaging round took  # steps averaged with at least one other replica
+        self.steps = 0  # steps averaged with at least one other replica
+        self.round_seconds: float | None = None  # how long the last averaging round took
 
     @property
     def bytes_sent(self) -> int:
@@ -152,7 +152,6 @@ class ParameterAveraging:
     def __init__(self, trainer: Trainer, averager: CountingAverager, every: int, timeout: float):
         self.trainer, self.averager, self.every, self.timeout = trainer, averager, every, timeout
         self.drift: float | None = None
-        self.rounds = 0
 
     def after_step(self, drifted: bool = True) -> bool:
         """At a round's step, average if the replicas may have drifted; True if a round ran."""
@@ -168,6 +167,6 @@ class ParameterAveraging:
             drift = max((mean - param).abs().max().item() for param, mean in zip(params, averaged))
             for param, mean in zip(params, averaged):
                 param.copy_(mean)
-        self.drift, self.rounds = drift, self.rounds + 1
+        self.drift = drift
         logger.info("step %d: averaged parameters with the other replicas; drift was %.3g", self.trainer.step_count, drift)
         return True

@@ -29,13 +29,11 @@ class PerPeerLimit:
     def __init__(self, per_peer: int):
         self.per_peer = per_peer
         self.in_flight: Counter = Counter()
-        self.refused = 0
 
     @contextlib.contextmanager
     def admit(self, context: P2PContext) -> Iterator[None]:
         caller = context.remote_id
         if self.in_flight[caller] >= self.per_peer:
-            self.refused += 1
             raise Busy(f"busy: at most {self.per_peer} requests at once per peer")
         self.in_flight[caller] += 1
         try:
