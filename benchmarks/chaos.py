@@ -3,7 +3,7 @@
 Both runs start a bootstrap node and two peers per block of a small model on 127.0.0.1
 (separate processes), every peer training to the same --max-steps. In the chaos run, for
 --duration seconds a random peer is killed (SIGKILL or SIGTERM) every --kill-every seconds
-and another started in its place (see `swarm.chaos`), while `swarm-fetch` runs now and then.
+and another started in its place (see `swarm.lab.chaos`), while `swarm-fetch` runs now and then.
 Then the swarm finishes its steps, the model is fetched and scored (denoise_ce on validation
 windows), beside the calm run's. Prints JSON: peers killed, restarts, fetches tried and
 succeeded, steps lost, blocks lost, torn checkpoints, hangs, and both qualities.
@@ -20,15 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from swarm.chaos import ChaosConfig, ChaosMonkey
-from swarm.checkpoint import load_model_folder
-from swarm.console import setup_logging
-from swarm.data import load_corpus
-from swarm.directory import SwarmDirectory
-from swarm.evaluate import denoise_ce
-from swarm.launch import LocalSwarm
-from swarm.network import EventLoopThread, NetworkOptions, start_dht
-from swarm.remote import RemoteBlocks
+from swarm.cli.console import setup_logging
+from swarm.lab.chaos import ChaosConfig, ChaosMonkey
+from swarm.lab.launch import LocalSwarm
+from swarm.model.checkpoint import load_model_folder
+from swarm.model.data import load_corpus
+from swarm.model.evaluate import denoise_ce
+from swarm.p2p.directory import SwarmDirectory
+from swarm.serving.remote import RemoteBlocks
+from swarm.waiting import wait_for
 
 logger = logging.getLogger("benchmarks.chaos")
 
@@ -45,25 +45,18 @@ def run(args, workdir: Path, chaos: bool) -> dict:
              "--sync", "demo", "--sync-deadline", "2", "--batch-size", "16"]  # fmt: skip
     with LocalSwarm(workdir, swarm=swarm, config_path=str(config_path)) as local:
         local.start_bootstrap(refresh_period=2)
-        dht = start_dht(swarm, NetworkOptions(initial_peers=local.initial_peers, client_mode=True))
-        loop = EventLoopThread()
-        p2p = loop.run(dht.replicate_p2p(), 30)
-        try:
-            directory = SwarmDirectory(dht, swarm)
-            runner = RemoteBlocks(directory, p2p, loop, directory.wait_for_model(30), ping_timeout=2)
+        with local.client() as client:
+            runner = RemoteBlocks(client.directory, client.p2p, client.loop, client.directory.wait_for_model(30), ping_timeout=2)
             plan = ChaosConfig(args.duration, args.kill_every, args.fetch_every, peer_extra=extra, seed=args.seed)
             monkey = ChaosMonkey(local, runner, plan)
             monkey.start_peers()
             started = time.monotonic()
             if chaos:
                 monkey.run()
-            wait_until_served(directory, SMALL["n_blocks"], args.max_steps, args.timeout)
+            wait_until_served(client.directory, SMALL["n_blocks"], args.max_steps, args.timeout)
             monkey.check_checkpoints()
             report = monkey.report() if chaos else {}
             seconds = time.monotonic() - started
-        finally:
-            loop.close(p2p)
-            dht.shutdown()
         fetched = local.run("swarm-fetch", "--out", "final", timeout=300)
         if fetched.returncode != 0:
             raise RuntimeError(f"final fetch failed: {fetched.stderr}")
@@ -74,13 +67,11 @@ def run(args, workdir: Path, chaos: bool) -> dict:
 
 
 def wait_until_served(directory: SwarmDirectory, n_blocks: int, steps: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def finished() -> bool:
         hosts = directory.all_hosts(n_blocks)
-        if all(any(h.announcement.state == "serving" and h.announcement.step >= steps for h in hs) for hs in hosts.values()):
-            return
-        time.sleep(2)
-    raise RuntimeError(f"the swarm did not finish {steps} steps per block in {timeout:.0f} s")
+        return all(any(h.announcement.state == "serving" and h.announcement.step >= steps for h in hs) for hs in hosts.values())
+
+    wait_for(finished, timeout, f"{steps} steps per block", interval=2.0)
 
 
 def main() -> None:

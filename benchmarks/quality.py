@@ -19,23 +19,23 @@ import json
 import logging
 import multiprocessing as mp
 import statistics
-from concurrent.futures import ProcessPoolExecutor
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable
 
 import psutil
 import torch
 
-from swarm.autoregressive import ByteTransformer, generate_bytes
-from swarm.checkpoint import load_block, load_model_folder, save_block, save_model_folder
-from swarm.console import setup_logging
-from swarm.data import ByteWindows, load_corpus
-from swarm.diffusion import generate_span, local_runner
-from swarm.evaluate import evaluate_autoregressive, evaluate_denoiser
-from swarm.model import ModelConfig, count_parameters
-from swarm.train import TrainConfig, Trainer, autoregressive_trainer, block_trainer, end_to_end_trainer, train
+from swarm.cli.console import setup_logging
+from swarm.model.autoregressive import ByteTransformer, generate_bytes
+from swarm.model.checkpoint import load_block, load_model_folder, save_block, save_model_folder
+from swarm.model.data import ByteWindows, load_corpus
+from swarm.model.denoiser import ModelConfig, count_parameters
+from swarm.model.diffusion import generate_span, local_runner
+from swarm.model.evaluate import evaluate_autoregressive, evaluate_denoiser
+from swarm.model.train import TrainConfig, Trainer, autoregressive_trainer, block_trainer, end_to_end_trainer, train
 
 logger = logging.getLogger("benchmarks.quality")
 
@@ -208,7 +208,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/quality", help="folder for quality.json and quality.png")
     args = parser.parse_args()
     setup_logging()
-    config = ModelConfig.from_dict(json.loads(Path(args.config).read_text())) if args.config else ModelConfig()
+    config = ModelConfig.from_json_file(args.config)
     corpus = load_corpus()
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:

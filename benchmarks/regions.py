@@ -23,15 +23,15 @@ import logging
 import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable
 
 import yaml
 
-from swarm import netlab
-from swarm.console import setup_logging
-from swarm.launch import LocalSwarm
+from swarm.cli.console import setup_logging
+from swarm.lab import netlab
+from swarm.lab.launch import LocalSwarm
+from swarm.waiting import wait_for
 
 logger = logging.getLogger("benchmarks.regions")
 
@@ -47,22 +47,6 @@ def load_regions(path: Path) -> tuple[dict, Callable[[str, str], float]]:
     return regions, lambda a, b: within if a == b else delays[a, b]
 
 
-def wait_served(local: LocalSwarm, names: list[str], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = local.run("swarm-status", "--json", timeout=60, host=names_client(local))
-        if status.returncode == 0:
-            rows = {r["public_name"]: r["state"] for r in json.loads(status.stdout)["hosts"]}
-            if all(rows.get(n) == "serving" for n in names):
-                return
-        time.sleep(3)
-    raise RuntimeError(f"peers {names} were not all serving after {timeout:.0f} s")
-
-
-def names_client(local: LocalSwarm) -> str:
-    return next(name for name in local.lab.hosts if name.startswith("client-"))
-
-
 def run(args, regions: dict, one_way_s, workdir: Path) -> dict:
     names = list(regions)
     home = args.peer_region
@@ -71,14 +55,14 @@ def run(args, regions: dict, one_way_s, workdir: Path) -> dict:
     for block, region in zip((0, 1), others):
         peers[f"p{block}-{region}"] = (block, region)
     with netlab.NetLab("bswregions") as lab:
-        lab.add_host("bootstrap", home)
+        lab.add_node("bootstrap", home)
         for name, (_, region) in peers.items():
-            lab.add_host(name, region)
+            lab.add_node(name, region)
         for region in names:
-            lab.add_host(f"client-{region}", region)
-        for host in lab.hosts.values():
-            caps = regions[host.region]
-            lab.cap(host, caps.get("up_mbit"), caps.get("down_mbit"))
+            lab.add_node(f"client-{region}", region)
+        for node in lab.nodes.values():
+            caps = regions[node.region]
+            lab.cap(node, caps.get("up_mbit"), caps.get("down_mbit"))
         lab.start_delays(one_way_s)
         with LocalSwarm(workdir, swarm="regions", lab=lab) as local:
             local.start_bootstrap(refresh_period=5)
@@ -86,7 +70,8 @@ def run(args, regions: dict, one_way_s, workdir: Path) -> dict:
                      "--serve-ar-stage", "--sync", "demo", "--sync-deadline", "5", "--batch-size", "8"]  # fmt: skip
             for name, (block, _) in peers.items():
                 local.start_peer(name, str(block), extra)
-            wait_served(local, list(peers), args.timeout)
+            client = f"client-{names[0]}"
+            wait_for(lambda: local.serving(list(peers), host=client), args.timeout, "every peer serving", interval=3)
             results = {}
             for region in names:
                 out = workdir / f"latency-{region}"

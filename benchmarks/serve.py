@@ -22,14 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-
-from swarm.ar_pipeline import generate_autoregressive
-from swarm.console import setup_logging
-from swarm.directory import SwarmDirectory
-from swarm.generate import continue_text
-from swarm.launch import LocalSwarm
-from swarm.network import EventLoopThread, NetworkOptions, start_dht
-from swarm.remote import RemoteBlocks
+from swarm.cli.console import setup_logging
+from swarm.lab.launch import LocalSwarm
+from swarm.model.generate import continue_text
+from swarm.p2p.client import SwarmClient
+from swarm.p2p.network import EventLoopThread, NetworkOptions
+from swarm.serving.ar_pipeline import generate_autoregressive
+from swarm.serving.remote import RemoteBlocks
+from swarm.waiting import wait_for
 
 logger = logging.getLogger("benchmarks.serve")
 
@@ -53,9 +53,10 @@ def autoregressive(loop: EventLoopThread, p2p, stage_peers: list[str], config, l
     return {"seconds": seconds, "hops": hops, "trips_through_swarm": hops // len(stage_peers), "bytes": length}
 
 
-def measure(directory: SwarmDirectory, p2p, loop: EventLoopThread, lengths: list[int], repeats: int, steps_per_block: int) -> dict:
-    config = directory.wait_for_model(30)
-    runner = RemoteBlocks(directory, p2p, loop, config, request_timeout=REQUEST_TIMEOUT_S)
+def measure(client: SwarmClient, lengths: list[int], repeats: int, steps_per_block: int) -> dict:
+    config = client.directory.wait_for_model(30)
+    runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=REQUEST_TIMEOUT_S)
+    loop, p2p = client.loop, client.p2p
     stage_peers = [runner.choose(block).peer_id for block in range(config.n_blocks)]
     pings = {peer: statistics.median(runner.ping(peer) for _ in range(5)) for peer in stage_peers}
     result = {
@@ -112,25 +113,14 @@ def main() -> None:
 
 def run_client(args, local: LocalSwarm, initial_peers: list[str], start_peers: bool) -> dict:
     """Join as a client; on a local swarm first start one serving peer per block and wait for them."""
-    dht = start_dht(args.swarm, NetworkOptions(initial_peers=initial_peers, client_mode=True))
-    loop = EventLoopThread()
-    p2p = loop.run(dht.replicate_p2p(), 30)
-    try:
-        directory = SwarmDirectory(dht, args.swarm)
+    with SwarmClient(args.swarm, NetworkOptions(initial_peers=initial_peers)) as client:
         if start_peers:
-            n_blocks = directory.wait_for_model(30).n_blocks
+            n_blocks = client.directory.wait_for_model(30).n_blocks
             for block in range(n_blocks):
                 extra = ["--max-steps", "2", "--save-every", "2", "--announce-period", "2", "--serve-ar-stage"]
                 local.start_peer(f"peer{block}", str(block), extra)
-            deadline = time.monotonic() + 300
-            while not directory.every_block_served(n_blocks):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the peers did not start serving within 300 s")
-                time.sleep(1.0)
-        return measure(directory, p2p, loop, args.lengths, args.repeats, args.steps_per_block)
-    finally:
-        loop.close(p2p)
-        dht.shutdown()
+            wait_for(lambda: client.directory.every_block_served(n_blocks), 300, "every block served")
+        return measure(client, args.lengths, args.repeats, args.steps_per_block)
 
 
 if __name__ == "__main__":

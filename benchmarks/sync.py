@@ -23,19 +23,17 @@ import json
 import logging
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-
-from swarm import netlab
-from swarm.checkpoint import load_block
-from swarm.console import setup_logging
-from swarm.data import load_corpus
-from swarm.directory import SwarmDirectory
-from swarm.evaluate import block_denoise_ce
-from swarm.launch import LocalSwarm
-from swarm.model import ModelConfig
-from swarm.network import NetworkOptions, start_dht
+from swarm.cli.console import setup_logging
+from swarm.lab import netlab
+from swarm.lab.launch import LocalSwarm
+from swarm.model.checkpoint import load_block
+from swarm.model.data import load_corpus
+from swarm.model.denoiser import ModelConfig
+from swarm.model.evaluate import block_denoise_ce
+from swarm.p2p.directory import SwarmDirectory
+from swarm.waiting import wait_for
 
 logger = logging.getLogger("benchmarks.sync")
 
@@ -58,33 +56,30 @@ def run_mode(args, mode: str, replicas: int, workdir: Path) -> dict:
     """One swarm of `replicas` peers of block `args.block` in `mode`; its figures and loss curve."""
     swarm = f"sync{mode}{replicas}"
     with LocalSwarm(workdir, swarm=swarm, threads_per_process=1) as local:
-        initial_peers = local.start_bootstrap()
-        dht = start_dht(swarm, NetworkOptions(initial_peers=initial_peers, client_mode=True))
-        try:
-            directory = SwarmDirectory(dht, swarm)
-            config = directory.wait_for_model(30)
+        local.start_bootstrap()
+        with local.client() as client:
+            config = client.directory.wait_for_model(30)
             for r in range(replicas):
                 local.start_peer(f"r{r}", str(args.block), peer_extra(args, MODES[mode], replicas, args.steps))
-            curve, records = follow(directory, args, replicas)
-        finally:
-            dht.shutdown()
+            curve, records = follow(client.directory, args, replicas)
         checkpoints = [local.workdir / f"r{r}" / f"block_{args.block}_step_{args.steps}.safetensors" for r in range(replicas)]
         return summarize(args, config, mode, replicas, records, curve, checkpoints)
 
 
 def follow(directory: SwarmDirectory, args, replicas: int) -> tuple[list[dict], list]:
     """Poll the replicas' records until all have finished: the loss curve and the final records."""
-    curve, deadline = [], time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
+    curve = []
+
+    def finished() -> list:
         records = [h.announcement for h in directory.hosts(args.block)]
         for a in records:
             if a.loss is not None:
                 curve.append({"replica": a.public_name, "step": a.step, "loss": a.loss, "bytes_sent": a.sync_bytes_sent})
         done = [a for a in records if a.state == "serving"]
-        if len(done) == replicas:
-            return curve, sorted(done, key=lambda a: a.public_name)
-        time.sleep(POLL_S)
-    raise RuntimeError(f"the replicas did not finish {args.steps} steps in {args.timeout:.0f} s")
+        return sorted(done, key=lambda a: a.public_name) if len(done) == replicas else []
+
+    records = wait_for(finished, args.timeout, f"{replicas} replicas to finish {args.steps} steps", interval=POLL_S)
+    return curve, records
 
 
 def summarize(args, config: ModelConfig, mode, replicas, records, curve, checkpoints: list[Path]) -> dict:
@@ -125,8 +120,8 @@ def os_check(args, workdir: Path) -> dict:
             peers = [f"r{r}" for r in range(args.os_replicas)]
             for name in peers:
                 local.start_peer(name, str(args.block), extra)
-            records = wait_for_status(local, args, peers)
-            kernel = {name: lab.hosts[name].counter("tx_bytes") for name in peers}
+            records = wait_for(lambda: local.serving(peers), args.timeout, "the namespaced replicas", interval=POLL_S)
+            kernel = {name: lab.nodes[name].counter("tx_bytes") for name in peers}
             counted = {a["public_name"]: a["sync_bytes_sent"] for a in records}
             result[mode] = {
                 "steps": args.os_steps,
@@ -142,19 +137,6 @@ def os_check(args, workdir: Path) -> dict:
         result["dense"]["kernel_tx_bytes_beyond_sync_none_per_step"] / result["demo16"]["kernel_tx_bytes_beyond_sync_none_per_step"]
     )
     return result
-
-
-def wait_for_status(local: LocalSwarm, args, peers: list[str]) -> list[dict]:
-    """swarm-status --json, run on its own host in the lab, until every replica has finished."""
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        status = local.run("swarm-status", "--json", timeout=60)
-        if status.returncode == 0:
-            rows = [r for r in json.loads(status.stdout)["hosts"] if r["public_name"] in peers]
-            if len(rows) == len(peers) and all(r["state"] == "serving" for r in rows):
-                return rows
-        time.sleep(POLL_S)
-    raise RuntimeError("the namespaced replicas did not finish in time")
 
 
 def add_ratios(runs: list[dict]) -> dict:

@@ -9,11 +9,11 @@ import threading
 
 import click
 
-from swarm.cli import read_model_config
-from swarm.console import run_command
-from swarm.directory import SwarmDirectory
-from swarm.network import start_dht, visible_maddrs
-from swarm.options import network_options, swarm_options
+from swarm.cli.console import run_command
+from swarm.cli.options import network_options, swarm_options
+from swarm.model.denoiser import ModelConfig
+from swarm.p2p.directory import SwarmDirectory
+from swarm.p2p.network import start_dht, visible_maddrs
 
 logger = logging.getLogger("bootstrap")
 
@@ -30,7 +30,7 @@ def bootstrap_command(new_swarm, config_path, refresh_period, **kwargs):
     network = network_options(kwargs)
     if network.identity_path is None:
         network.identity_path = "bootstrap.id"
-    config = read_model_config(config_path) if new_swarm else None
+    config = ModelConfig.from_json_file(config_path) if new_swarm else None
     dht = start_dht(swarm, network)
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from swarm.console import run_command
-from swarm.demo_step import DemoConfig
-from swarm.options import network_options, swarm_options
+from swarm.cli.console import run_command
+from swarm.cli.options import network_options, swarm_options
 from swarm.peer import Peer, PeerConfig
+from swarm.sync.decoupled_momentum import DeMoConfig
 
 
 @click.command("swarm-peer")
@@ -44,8 +44,8 @@ from swarm.peer import Peer, PeerConfig
 def peer_command(top_k, value_bits, momentum_decay, sign_lr, **kwargs):
     """Join a swarm and train one block of its model."""
     network = network_options(kwargs)
-    demo = DemoConfig(top_k=top_k, value_bits=int(value_bits), momentum_decay=momentum_decay, sign_lr=sign_lr)
-    Peer(PeerConfig(network=network, demo=demo, **kwargs)).run()
+    de_mo = DeMoConfig(top_k=top_k, value_bits=int(value_bits), momentum_decay=momentum_decay, sign_lr=sign_lr)
+    Peer(PeerConfig(network=network, de_mo=de_mo, **kwargs)).run()
 
 
 def main() -> None:

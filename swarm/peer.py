@@ -8,6 +8,19 @@
 5. train with the core's block trainer, saving every `save_every` steps, until `max_steps`
    or a stop signal, while a thread announces it every `announce_period` seconds;
 6. on stop: save, announce that it is leaving, shut down.
+
+Threads and processes, and who may write the weights:
+- the main thread joins, then trains: every write to the block's weights happens here (the
+  optimizer or sync step, a parameter-averaging round, the start state loaded before any
+  service is up), always under `trainer.weights_lock`;
+- the "announcer" thread stores the peer's record every announce period; it only reads;
+- the "p2p-loop" thread runs an asyncio loop with the P2P services (info and checkpoint
+  downloads, sync payloads, remote denoising) and the calls the main thread makes to other
+  peers; a denoise request computes in the loop's worker threads, reading the weights under
+  `trainer.weights_lock`, so it never sees half a step;
+- child processes: hivemind's DHT (with its libp2p daemon) and, for dense sync and parameter
+  rounds, hivemind's averager; the main thread hands tensors to the averager and copies
+  its result into the weights itself.
 """
 
 from __future__ import annotations
@@ -24,21 +37,24 @@ import torch
 from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm import __version__
-from swarm.ar_pipeline import StageServicer
-from swarm.autoregressive import ByteTransformer
-from swarm.averaging import DenseSync, ParameterAveraging, block_averager, trainable
-from swarm.checkpoint import decode_block
-from swarm.data import load_corpus
-from swarm.demo_step import DemoConfig, DemoReplica
-from swarm.directory import SwarmDirectory, freshest_first, least_hosted_block
 from swarm.errors import SwarmError
-from swarm.model import ModelConfig
-from swarm.network import EventLoopThread, NetworkOptions, start_dht
-from swarm.records import BlockAnnouncement, CheckpointInfo, PeerState, check_swarm_name
-from swarm.serving import DenoiseServicer
-from swarm.sync import PayloadServicer, ReplicaSync
-from swarm.train import TrainConfig, Trainer, block_trainer
-from swarm.transfer import BlockServicer, CheckpointStore, fetch_verified
+from swarm.model.autoregressive import ByteTransformer
+from swarm.model.checkpoint import decode_block
+from swarm.model.data import load_corpus
+from swarm.model.denoiser import ModelConfig
+from swarm.model.train import TrainConfig, Trainer, block_trainer
+from swarm.p2p.directory import SwarmDirectory, freshest_first, least_hosted_block
+from swarm.p2p.messages import PeerInfo
+from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht
+from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, PeerState, check_swarm_name
+from swarm.p2p.store import CheckpointStore
+from swarm.p2p.transfer import BlockServicer, fetch_verified
+from swarm.serving.ar_pipeline import StageServicer
+from swarm.serving.server import DenoiseServicer
+from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica
+from swarm.sync.dense import DenseSync, ParameterAveraging, block_averager, trainable
+from swarm.sync.exchange import DeMoSync, PayloadServicer
+from swarm.sync.strategy import NoSync, SyncStrategy
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +85,7 @@ class PeerConfig:
     wait_for_replicas: int = 1  # start once this many replicas (itself included) are seen; also the group size
     average_every: int = 100  # average parameters with the other replicas every this many steps (0: never)
     expect_config_hash: str | None = None  # refuse a swarm whose model config hash differs (a prefix will do)
-    demo: DemoConfig = field(default_factory=DemoConfig)
+    de_mo: DeMoConfig = field(default_factory=DeMoConfig)  # the DeMo optimizer's settings (--sync demo)
     network: NetworkOptions = field(default_factory=NetworkOptions)
 
     def checked(self) -> "PeerConfig":
@@ -95,6 +111,7 @@ class Peer:
         self.dht = self.loop = self.p2p = None
         self.block: int | None = None
         self.trainer: Trainer | None = None
+        self.sync: SyncStrategy = NoSync()
         self.checkpoint: CheckpointInfo | None = None
         self.checkpoint_time: float | None = None
         self.state: PeerState = "joining"
@@ -160,8 +177,8 @@ class Peer:
         return servicers
 
     def _set_up_sync(self, module: torch.nn.Module) -> list:
-        """The trainer's update for --sync, the averager for dense steps and parameter rounds,
-        and the payload service (DeMo); returns the services to add."""
+        """The sync strategy for --sync (the trainer's update), the averager for dense steps and
+        parameter rounds, and the payload service (DeMo); returns the services to add."""
         timeout = 2 * self.config.sync_deadline
         if self.config.sync == "dense" or self.config.average_every:
             prefix = f"{self.config.swarm}_block{self.block}"  # hivemind: no dots in a prefix
@@ -169,14 +186,16 @@ class Peer:
             self.averager = block_averager(self.dht, prefix, trainable(module), group, self.config.sync_deadline)
         if self.config.average_every:
             self.parameter_averaging = ParameterAveraging(self.trainer, self.averager, self.config.average_every, timeout)
+        services = []
         if self.config.sync == "dense":
-            self.trainer.update = DenseSync(self.trainer, self.averager, timeout)
-        if self.config.sync != "demo":
-            return []
-        payloads = PayloadServicer(self.block, self.config.sync_deadline)
-        replica = DemoReplica(module, self.config.demo)
-        self.trainer.update = ReplicaSync(replica, payloads, self.p2p, self.loop, self.peer_id, self.replica_ids)
-        return [payloads]
+            self.sync = DenseSync(self.trainer, self.averager, timeout)
+        elif self.config.sync == "demo":
+            payloads = PayloadServicer(self.block, self.config.sync_deadline)
+            replica = DeMoReplica(module, self.config.de_mo)
+            self.sync = DeMoSync(replica, payloads, self.p2p, self.loop, self.peer_id, self.replica_ids)
+            services.append(payloads)
+        self.trainer.update = self.sync.update
+        return services
 
     def replica_ids(self) -> list[str]:
         """The other peers training this block (read from the DHT at most once per announce period)."""
@@ -268,10 +287,8 @@ class Peer:
         none; for DeMo only when a replica applied other payloads than the rest."""
         if self.parameter_averaging is None or not self.replica_ids():
             return
-        sync = self.trainer.update
-        drifted = sync.drifted if isinstance(sync, ReplicaSync) else True
-        if self.parameter_averaging.after_step(drifted) and isinstance(sync, ReplicaSync):
-            sync.averaged(self.trainer.step_count)
+        if self.parameter_averaging.after_step(self.sync.may_have_drifted()):
+            self.sync.averaged(self.trainer.step_count)
 
     def _save(self) -> None:
         """Save and serve a new checkpoint; if the disk refuses (full, read-only), keep serving
@@ -291,8 +308,7 @@ class Peer:
     def _announcement(self) -> BlockAnnouncement:
         recent = self.trainer.losses[-LOSS_WINDOW:] if self.trainer else []
         seconds = self.trainer.step_seconds[-LOSS_WINDOW:] if self.trainer else []
-        sync = self.trainer.update if self.trainer else None
-        averaging = self.parameter_averaging
+        sync, averaging = self.sync, self.parameter_averaging
         return BlockAnnouncement(
             peer_id=self.peer_id,
             state=self.state,
@@ -303,10 +319,10 @@ class Peer:
             version=__version__,
             public_name=self.config.public_name,
             checkpoint_time=self.checkpoint_time,
-            sync_steps=sync.steps if sync else 0,
-            sync_bytes_sent=sync.bytes_sent if sync else 0,
-            sync_bytes_received=getattr(sync, "bytes_received", 0),
-            sync_round_s=getattr(sync, "round_seconds", None),
+            sync_steps=sync.steps,
+            sync_bytes_sent=sync.bytes_sent,
+            sync_bytes_received=sync.bytes_received,
+            sync_round_s=sync.round_seconds,
             drift=averaging.drift if averaging else None,
         )
 
@@ -316,10 +332,10 @@ class Peer:
         if wait and not ok:
             logger.warning("block %d: announcement was not stored by any DHT node", self.block)
 
-    def info(self) -> dict:
+    def info(self) -> PeerInfo:
         """What this peer hosts: answered to `rpc_info` (status, ping). `owner` is the key its
         records are signed with: a record naming this peer under another key is an impostor's."""
-        return {"block": self.block, "owner": self.directory.owner_subkey, **self._announcement().model_dump()}
+        return PeerInfo(block=self.block, owner=self.directory.owner_subkey, announcement=self._announcement())
 
     def _leave(self) -> None:
         self.stopping.set()  # also ends the announcer when training stopped on an error

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarm.data import ByteWindows
-from swarm.model import ModelConfig
+from swarm.model.data import ByteWindows
+from swarm.model.denoiser import ModelConfig
 
 TINY = {"prefix_len": 16, "gen_len": 8, "d_model": 32, "n_heads": 2, "n_layers": 4, "n_blocks": 2}
 

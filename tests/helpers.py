@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from swarm.launch import command_path
+from swarm.lab.launch import command_path
 
 COMMAND_TIMEOUT_S = 240
 

@@ -3,8 +3,8 @@
 import torch
 from torch import nn
 
-from swarm.model import build_block
-from swarm.train import TrainConfig, Trainer, block_trainer, diffusion_loss_fn
+from swarm.model.denoiser import build_block
+from swarm.model.train import TrainConfig, Trainer, block_trainer, diffusion_loss_fn
 
 
 def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from swarm.chaos import ChaosConfig, ChaosMonkey
-from swarm.launch import LocalSwarm
-from swarm.network import EventLoopThread
-from swarm.remote import RemoteBlocks
-from swarm_helpers import directory_client, write_tiny_setup
+from swarm_helpers import write_tiny_setup
+
+from swarm.lab.chaos import ChaosConfig, ChaosMonkey
+from swarm.lab.launch import LocalSwarm
+from swarm.serving.remote import RemoteBlocks
 
 CHAOS_PEER = ["--save-every", "5", "--announce-period", "1", "--sync", "demo", "--sync-deadline", "2"]
 
@@ -15,19 +15,15 @@ def test_churn_loses_no_block_tears_no_checkpoint_and_hangs_nothing(tmp_path):
     config_path, corpus_path = write_tiny_setup(tmp_path)
     with LocalSwarm(tmp_path, swarm="chaostest", config_path=config_path, data=corpus_path) as local:
         local.start_bootstrap(refresh_period=2)
-        with directory_client("chaostest", local.initial_peers) as directory:
-            loop = EventLoopThread()
-            p2p = loop.run(directory.dht.replicate_p2p(), 30)
-            try:
-                runner = RemoteBlocks(directory, p2p, loop, directory.wait_for_model(30), ping_timeout=2)
-                chaos = ChaosConfig(duration_s=60, kill_every_s=5, fetch_every_s=15, peer_extra=CHAOS_PEER, seed=1)
-                monkey = ChaosMonkey(local, runner, chaos)
-                monkey.start_peers()
-                monkey.run()
-                monkey.check_checkpoints()
-                report = monkey.report()
-            finally:
-                loop.close(p2p)
+        with local.client() as client:
+            config = client.directory.wait_for_model(30)
+            runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, ping_timeout=2)
+            chaos = ChaosConfig(duration_s=60, kill_every_s=5, fetch_every_s=15, peer_extra=CHAOS_PEER, seed=1)
+            monkey = ChaosMonkey(local, runner, chaos)
+            monkey.start_peers()
+            monkey.run()
+            monkey.check_checkpoints()
+            report = monkey.report()
     # a replacement takes 10-20 s to start on 2 busy cores, and only a block with two replicas up loses one
     assert report["killed_sigkill"] + report["killed_sigterm"] >= 4, report
     assert report["blocks_lost"] == [] and report["torn_checkpoints"] == 0 and report["hangs"] == 0, report

@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from swarm.checkpoint import (
+from swarm.errors import SwarmError
+from swarm.model.checkpoint import (
     load_block,
     load_model_folder,
     read_block_metadata,
@@ -13,8 +14,7 @@ from swarm.checkpoint import (
     save_model_folder,
     write_atomic,
 )
-from swarm.errors import SwarmError
-from swarm.model import ModelConfig, build_block, build_end_to_end
+from swarm.model.denoiser import ModelConfig, build_block, build_end_to_end
 
 
 def assert_bit_identical(a: torch.nn.Module, b: torch.nn.Module) -> None:

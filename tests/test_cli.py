@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from helpers import assert_one_line_error, run_command
 
 

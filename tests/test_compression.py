@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from swarm.compression import (
+from swarm.sync.compression import (
     chunk_size,
     compress,
     dct,

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from swarm.data import ByteWindows, load_corpus, load_documents, load_text_bytes
 from swarm.errors import SwarmError
+from swarm.model.data import ByteWindows, load_corpus, load_documents, load_text_bytes
 
 
 def test_builtin_corpus_splits_by_article_with_a_fixed_seed():

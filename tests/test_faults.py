@@ -9,21 +9,20 @@ import subprocess
 import sys
 import time
 
-import pytest
-
-from swarm.checkpoint import decode_block
-from swarm.model import ModelConfig
-from swarm.transfer import CheckpointStore
-from swarm_helpers import tiny_swarm, wait_for
-from helpers import assert_one_line_error
-
 import conftest
+import pytest
+from helpers import assert_one_line_error
+from swarm_helpers import tiny_swarm, wait_for
+
+from swarm.model.checkpoint import decode_block
+from swarm.model.denoiser import ModelConfig
+from swarm.p2p.store import CheckpointStore
 
 # a saver that resumes from its newest checkpoint and saves the next steps as fast as it can
 SAVER = """
 import sys
-from swarm.model import ModelConfig, build_block
-from swarm.transfer import CheckpointStore
+from swarm.model.denoiser import ModelConfig, build_block
+from swarm.p2p.store import CheckpointStore
 config = ModelConfig(d_model=256, n_heads=4, n_layers=8, n_blocks=4, prefix_len=64, gen_len=32)
 store = CheckpointStore(sys.argv[1], config, block=0, swarm="crash")
 latest = store.latest()
@@ -62,7 +61,8 @@ def test_a_full_disk_keeps_the_last_good_checkpoint_and_the_peer_running(tmp_pat
     size = int(2.6 * _tiny_checkpoint_bytes(tmp_path))
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=True)
     try:
-        with tiny_swarm(tmp_path, "fulldisk", {"b": "1"}) as (local, _, directory):
+        with tiny_swarm(tmp_path, "fulldisk", {"b": "1"}) as (local, _, client):
+            directory = client.directory
             extra = ["--max-steps", "9", "--save-every", "3", "--announce-period", "1", "--sync", "none",
                      "--checkpoint-dir", str(disk / "peer")]
             peer = local.start_peer("full", "0", extra)
@@ -83,7 +83,7 @@ def test_a_full_disk_keeps_the_last_good_checkpoint_and_the_peer_running(tmp_pat
 
 
 def _tiny_checkpoint_bytes(folder) -> int:
-    from swarm.model import build_block
+    from swarm.model.denoiser import build_block
 
     config = ModelConfig(**conftest.TINY)
     store = CheckpointStore(folder / "measure", config, block=0, swarm="fulldisk")
@@ -91,7 +91,8 @@ def _tiny_checkpoint_bytes(folder) -> int:
 
 
 def test_a_peer_refuses_a_swarm_that_trains_another_config(tmp_path):
-    with tiny_swarm(tmp_path, "confighash", {"b": "1"}) as (local, _, directory):
+    with tiny_swarm(tmp_path, "confighash", {"b": "1"}) as (local, _, client):
+        directory = client.directory
         real = directory.wait_for_model(10).hash()
         wrong = ("0" if real[0] != "0" else "1") + real[1:16]
         refused = subprocess.run(local.peer_args("picky", "0", ["--expect-config-hash", wrong]),

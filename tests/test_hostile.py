@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 
+import conftest
 import torch
 from hivemind.utils.crypto import RSAPrivateKey
 from safetensors.torch import load_file
-
-from swarm.demo_step import DemoConfig, DemoReplica, encode_payload
-from swarm.directory import SwarmDirectory
-from swarm.model import ModelConfig, build_block
-from swarm.network import EventLoopThread, NetworkOptions, start_dht
-from swarm.records import BlockAnnouncement
-from swarm.sync import PayloadServicer, _reply
 from swarm_helpers import tiny_swarm, wait_for
 
-import conftest
+from swarm.model.denoiser import ModelConfig, build_block
+from swarm.p2p.directory import SwarmDirectory
+from swarm.p2p.messages import PayloadReply
+from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht
+from swarm.p2p.records import BlockAnnouncement
+from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica, encode_payload
+from swarm.sync.exchange import PayloadServicer
 
 
 def poisoned_payload(config: ModelConfig) -> bytes:
@@ -29,14 +29,15 @@ def poisoned_payload(config: ModelConfig) -> bytes:
     block = build_block(config, 0)
     for param in block.parameters():
         param.grad = torch.randn_like(param)
-    replica = DemoReplica(block, DemoConfig())
+    replica = DeMoReplica(block, DeMoConfig())
     payload = replica.make_payload(lr=1e-3)
     nan = {name: dataclasses.replace(c, values=torch.full_like(c.values, float("nan"))) for name, c in payload.items()}
     return encode_payload(nan, value_bits=16)
 
 
 def test_nan_payloads_from_a_hostile_replica_are_refused_and_training_goes_on(tmp_path):
-    with tiny_swarm(tmp_path, "hostilesync", {"b": "1"}) as (local, _, directory):
+    with tiny_swarm(tmp_path, "hostilesync", {"b": "1"}) as (local, _, client):
+        directory = client.directory
         key, loop = RSAPrivateKey(), EventLoopThread()
         hostile = start_dht("hostilesync", NetworkOptions(initial_peers=local.initial_peers), key)
         p2p = loop.run(hostile.replicate_p2p(), 30)
@@ -45,7 +46,7 @@ def test_nan_payloads_from_a_hostile_replica_are_refused_and_training_goes_on(tm
             bad = poisoned_payload(ModelConfig(**conftest.TINY))
 
             async def answer_any_step(request):
-                return _reply({"payload": bad, "fingerprint": b"hostile!"})
+                return PayloadReply(status="ok", payload=bad, fingerprint=b"hostile!")
 
             servicer._payload = answer_any_step  # the harness: every step's answer is the poisoned payload
             loop.run(servicer.add_p2p_handlers(p2p), 30)

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from swarm.errors import SwarmError
-from swarm.model import ModelConfig, build_block, build_end_to_end, count_parameters
+from swarm.model.denoiser import ModelConfig, build_block, build_end_to_end, count_parameters
 
 
 def test_config_hash_is_stable_and_tracks_every_field(tiny_config):

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from swarm.diffusion import NoisePartition, input_only_ce, make_codebook
-from swarm.model import ModelConfig
+from swarm.model.denoiser import ModelConfig
+from swarm.model.diffusion import NoisePartition, input_only_ce, make_codebook
 
 
 def truncated_mass(config: ModelConfig, lo: float, hi: float) -> float:

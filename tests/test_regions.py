@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from swarm import netlab
-from swarm.launch import LocalSwarm
 from swarm_helpers import FAST_PEER, wait_for, write_tiny_setup
+
+from swarm.lab import netlab
+from swarm.lab.launch import LocalSwarm
 
 REASON = netlab.available(delays=True)
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -17,25 +17,17 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 ONE_WAY_S = 0.040  # between the regions; 80 ms round trip
 
 
-def served(local: LocalSwarm, names: list[str]) -> bool:
-    status = local.run("swarm-status", "--json", timeout=60)
-    if status.returncode != 0:
-        return False
-    rows = {r["public_name"]: r["state"] for r in json.loads(status.stdout)["hosts"]}
-    return all(rows.get(name) == "serving" for name in names)
-
-
 def test_round_trip_between_two_regions_matches_the_configured_delay(tmp_path):
     config_path, corpus_path = write_tiny_setup(tmp_path)
     with netlab.NetLab("bswreg") as lab:
         for name, region in (("bootstrap", "west"), ("p0", "west"), ("p1", "west"), ("client", "east")):
-            lab.add_host(name, region)
+            lab.add_node(name, region)
         lab.start_delays(lambda a, b: 0.0 if a == b else ONE_WAY_S)
         with LocalSwarm(tmp_path, swarm="regiontest", config_path=config_path, data=corpus_path, lab=lab) as local:
             local.start_bootstrap(refresh_period=2)
             local.start_peer("p0", "0", FAST_PEER)
             local.start_peer("p1", "1", FAST_PEER)
-            wait_for(lambda: served(local, ["p0", "p1"]), 180, "both blocks served", interval=2)
+            wait_for(lambda: local.serving(["p0", "p1"]), 180, "both blocks served", interval=2)
             out = tmp_path / "latency"
             bench = local.run("swarm-bench", "--samples", "7", "--gen-bytes", "16", "--out", str(out),
                               subcommand="latency", timeout=300)

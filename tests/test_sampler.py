@@ -3,9 +3,9 @@
 import torch
 from torch import nn
 
-from swarm.diffusion import NoisePartition, denoise_steps, generate_span, local_runner, make_codebook
-from swarm.generate import continue_text, prefix_tensor
-from swarm.model import build_block
+from swarm.model.denoiser import build_block
+from swarm.model.diffusion import NoisePartition, denoise_steps, generate_span, local_runner, make_codebook
+from swarm.model.generate import continue_text, prefix_tensor
 
 
 class Oracle(nn.Module):

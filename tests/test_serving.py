@@ -10,16 +10,15 @@ import torch
 from hivemind.compression import serialize_torch_tensor
 from hivemind.p2p import PeerID
 from hivemind.proto import runtime_pb2
-from hivemind.utils import MSGPackSerializer
-
-from swarm.checkpoint import load_model_folder
-from swarm.diffusion import NoisePartition, generate_span, local_runner
-from swarm.generate import continue_text, prefix_tensor
-from swarm.network import EventLoopThread
-from swarm.remote import RemoteBlocks
-from swarm.limits import MAX_REQUEST_BYTES
-from swarm.serving import MAX_BATCH, DenoiseServicer
 from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
+
+from swarm.model.checkpoint import load_model_folder
+from swarm.model.diffusion import NoisePartition, generate_span, local_runner
+from swarm.model.generate import continue_text, prefix_tensor
+from swarm.p2p.limits import MAX_REQUEST_BYTES
+from swarm.p2p.messages import DenoiseRequest, refusal
+from swarm.serving.remote import RemoteBlocks
+from swarm.serving.server import MAX_BATCH, DenoiseServicer
 
 SWARM = "servetest"
 
@@ -27,24 +26,21 @@ SWARM = "servetest"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """Block 0 on peer a; block 1 on b1 and on b2, which starts from b1's checkpoint (same weights)."""
-    with tiny_swarm(tmp_path_factory.mktemp("serve"), SWARM, {"a": "0", "b1": "1"}) as (local, peers, directory):
+    with tiny_swarm(tmp_path_factory.mktemp("serve"), SWARM, {"a": "0", "b1": "1"}) as (local, peers, client):
         peers["b2"] = local.start_peer("b2", "1", FAST_PEER)
-        wait_for(lambda: len([h for h in directory.hosts(1) if h.announcement.state == "serving"]) == 2, 60, "b2")
+        wait_for(lambda: len([h for h in client.directory.hosts(1) if h.announcement.state == "serving"]) == 2, 60, "b2")
         fetched = local.run("swarm-fetch", "--out", "model")
         assert fetched.returncode == 0, fetched.stderr
-        loop = EventLoopThread()
-        p2p = loop.run(directory.dht.replicate_p2p(), 30)
-        yield local, peers, directory, loop, p2p, load_model_folder(local.workdir / "model")
-        loop.close(p2p)
+        yield local, peers, client, load_model_folder(local.workdir / "model")
 
 
 def remote_runner(served_fixture) -> RemoteBlocks:
-    _, _, directory, loop, p2p, model = served_fixture
-    return RemoteBlocks(directory, p2p, loop, model.config, request_timeout=10, ban_seconds=120)
+    _, _, client, model = served_fixture
+    return RemoteBlocks(client.directory, client.p2p, client.loop, model.config, request_timeout=10, ban_seconds=120)
 
 
 def test_distributed_generation_equals_local_generation(served):
-    local_swarm, _, _, _, _, model = served
+    local_swarm, _, _, model = served
     prefix = prefix_tensor(b"The quick brown", model.config)
     remote = generate_span(remote_runner(served), model.config, prefix, 3, torch.Generator().manual_seed(5))
     here = generate_span(local_runner(model.denoiser_for_block, model.config), model.config, prefix, 3,
@@ -61,7 +57,7 @@ def test_distributed_generation_equals_local_generation(served):
 
 
 def test_generation_survives_a_replica_killed_midway(served):
-    local_swarm, peers, _, _, _, model = served
+    local_swarm, peers, _, model = served
     runner = remote_runner(served)
     spans = continue_text(runner, model.config, b"Swarm", 40, steps_per_block=1, seed=1)
     first = next(spans)
@@ -74,56 +70,61 @@ def test_generation_survives_a_replica_killed_midway(served):
     assert runner.choose(1).announcement.public_name != victim
 
 
-def denoise_call(served, uid: str, tensors: list[torch.Tensor]):
-    """Send a hand-made denoise request to peer a (block 0): the reply, or the refusal's metadata."""
-    _, _, directory, loop, p2p, _ = served
-    host = next(h for h in directory.hosts(0) if h.announcement.public_name == "a")
-    stub = DenoiseServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
-    request = runtime_pb2.ExpertRequest(uid=uid, tensors=[serialize_torch_tensor(t) for t in tensors])
-    response = loop.run(stub.rpc_denoise(request, timeout=10), 15)
-    return MSGPackSerializer.loads(response.metadata) if response.metadata else response
+def denoise_request(block: int, tensors: list[torch.Tensor]) -> runtime_pb2.ExpertRequest:
+    return runtime_pb2.ExpertRequest(
+        metadata=DenoiseRequest(block=block).encode(), tensors=[serialize_torch_tensor(t) for t in tensors]
+    )
+
+
+def denoise_call(served, block: int, tensors: list[torch.Tensor]):
+    """Send a hand-made denoise request to peer a (block 0): the reply, or the refusal's text."""
+    client = served[2]
+    host = next(h for h in client.directory.hosts(0) if h.announcement.public_name == "a")
+    stub = DenoiseServicer.get_stub(client.p2p, PeerID.from_base58(host.peer_id))
+    response = client.run(stub.rpc_denoise(denoise_request(block, tensors), timeout=10), 15)
+    return refusal(response) or response
 
 
 def test_malformed_requests_are_refused_and_the_peer_keeps_serving(served):
-    config = served[5].config
+    config = served[3].config
     n, p, g, d = 2, config.prefix_len, config.gen_len, config.d_model
     good = [torch.zeros(n, p, dtype=torch.long), torch.randn(n, g, d), NoisePartition(config).schedule(0, 2)]
     nan_z = good[1].clone()
     nan_z[0, 0, 0] = float("nan")
     bad_requests = {
-        "wrong block": ("1", good),
-        "wrong z shape": ("0", [good[0], torch.randn(n, g, d + 1), good[2]]),
-        "NaN in z": ("0", [good[0], nan_z, good[2]]),
-        "absurd batch": ("0", [torch.zeros(MAX_BATCH + 1, p, dtype=torch.long), torch.randn(MAX_BATCH + 1, g, d), good[2]]),
-        "rising sigmas": ("0", [good[0], good[1], good[2].flip(0)]),
-        "not bytes": ("0", [good[0] + 300, good[1], good[2]]),
-        "missing tensor": ("0", good[:2]),
-        "oversized": ("0", [good[0], torch.randn(n, g, d), good[2], torch.zeros(MAX_REQUEST_BYTES // 4 + 1)]),
+        "wrong block": (1, good),
+        "wrong z shape": (0, [good[0], torch.randn(n, g, d + 1), good[2]]),
+        "NaN in z": (0, [good[0], nan_z, good[2]]),
+        "absurd batch": (0, [torch.zeros(MAX_BATCH + 1, p, dtype=torch.long), torch.randn(MAX_BATCH + 1, g, d), good[2]]),
+        "rising sigmas": (0, [good[0], good[1], good[2].flip(0)]),
+        "not bytes": (0, [good[0] + 300, good[1], good[2]]),
+        "missing tensor": (0, good[:2]),
+        "oversized": (0, [good[0], torch.randn(n, g, d), good[2], torch.zeros(MAX_REQUEST_BYTES // 4 + 1)]),
     }
-    for name, (uid, tensors) in bad_requests.items():
-        reply = denoise_call(served, uid, tensors)
-        assert isinstance(reply, dict) and "error" in reply, name
+    for name, (block, tensors) in bad_requests.items():
+        reply = denoise_call(served, block, tensors)
+        assert isinstance(reply, str), name
         if name == "oversized":
-            assert "over the limit" in reply["error"]
-    reply = denoise_call(served, "0", good)
-    assert not isinstance(reply, dict) and len(reply.tensors) == 1
+            assert "over the limit" in reply
+    reply = denoise_call(served, 0, good)
+    assert not isinstance(reply, str) and len(reply.tensors) == 1
 
 
 def test_a_flood_from_one_peer_is_refused_beyond_its_share(served):
-    config = served[5].config
+    config = served[3].config
     n, p, g, d = MAX_BATCH, config.prefix_len, config.gen_len, config.d_model
     heavy = [torch.zeros(n, p, dtype=torch.long), torch.randn(n, g, d), NoisePartition(config).schedule(0, 48)]
-    _, _, directory, loop, p2p, _ = served
-    host = next(h for h in directory.hosts(0) if h.announcement.public_name == "a")
-    stub = DenoiseServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
-    request = runtime_pb2.ExpertRequest(uid="0", tensors=[serialize_torch_tensor(t) for t in heavy])
+    client = served[2]
+    host = next(h for h in client.directory.hosts(0) if h.announcement.public_name == "a")
+    stub = DenoiseServicer.get_stub(client.p2p, PeerID.from_base58(host.peer_id))
+    request = denoise_request(0, heavy)
 
     async def flood(count: int):
         return await asyncio.gather(*(stub.rpc_denoise(request, timeout=60) for _ in range(count)))
 
-    replies = loop.run(flood(24), 120)
-    busy = [r for r in replies if r.metadata and "busy" in MSGPackSerializer.loads(r.metadata)["error"]]
+    replies = client.run(flood(24), 120)
+    busy = [r for r in replies if "busy" in (refusal(r) or "")]
     answered = [r for r in replies if not r.metadata]
     assert busy and answered and len(busy) + len(answered) == len(replies)
     assert len(answered) <= len(replies) // 2  # most of the flood was turned away, not queued
-    assert not isinstance(denoise_call(served, "0", heavy[:2] + [heavy[2][:3]]), dict)  # and it still serves
+    assert not isinstance(denoise_call(served, 0, heavy[:2] + [heavy[2][:3]]), str)  # and it still serves

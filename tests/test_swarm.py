@@ -7,14 +7,14 @@ import signal
 
 import pytest
 import torch
+from helpers import assert_one_line_error, run_command
 from hivemind.utils import get_dht_time
 from safetensors.torch import load_file
-
-from helpers import assert_one_line_error, run_command
-from swarm.checkpoint import load_model_folder
-from swarm.launch import LocalSwarm
-from swarm.records import BlockAnnouncement, block_key
 from swarm_helpers import FAST_PEER, tiny_swarm, wait_for, write_tiny_setup
+
+from swarm.lab.launch import LocalSwarm
+from swarm.model.checkpoint import load_model_folder
+from swarm.p2p.records import BlockAnnouncement, block_key
 
 SWARM = "swarmtest"
 
@@ -22,7 +22,8 @@ SWARM = "swarmtest"
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
     """A bootstrap node and one peer per block of a tiny model, each trained for 6 steps."""
-    with tiny_swarm(tmp_path_factory.mktemp("swarm"), SWARM, {"a": "0", "b": "1"}) as (local, peers, directory):
+    with tiny_swarm(tmp_path_factory.mktemp("swarm"), SWARM, {"a": "0", "b": "1"}) as (local, peers, client):
+        directory = client.directory
         local.peers, local.directory = peers, directory
         wait_for(lambda: all(serving(directory, b, 6) for b in (0, 1)), 30, "both blocks served at step 6")
         yield local

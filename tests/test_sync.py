@@ -6,7 +6,6 @@ import signal
 import time
 
 from safetensors.torch import load_file
-
 from swarm_helpers import tiny_swarm, wait_for
 
 SYNC = ["--sync", "demo", "--wait-for-replicas", "2", "--save-every", "50", "--announce-period", "1"]
@@ -23,7 +22,8 @@ def finished(directory, replicas: int) -> list:
 
 
 def test_two_replicas_that_get_every_payload_stay_identical(tmp_path):
-    with tiny_swarm(tmp_path, "synctest", {"b": "1"}) as (local, _, directory):
+    with tiny_swarm(tmp_path, "synctest", {"b": "1"}) as (local, _, client):
+        directory = client.directory
         extra = [*SYNC, "--max-steps", "12", "--sync-deadline", "20", "--average-every", "4"]
         local.start_peer("r1", "0", extra)
         local.start_peer("r2", "0", extra)
@@ -40,7 +40,8 @@ def test_two_replicas_that_get_every_payload_stay_identical(tmp_path):
 
 
 def test_a_killed_replica_does_not_stop_the_others(tmp_path):
-    with tiny_swarm(tmp_path, "synckill", {"b": "1"}) as (local, _, directory):
+    with tiny_swarm(tmp_path, "synckill", {"b": "1"}) as (local, _, client):
+        directory = client.directory
         extra = [*SYNC, "--max-steps", "40", "--sync-deadline", "1"]
         survivor = local.start_peer("r1", "0", extra)
         victim = local.start_peer("r2", "0", extra)
@@ -55,7 +56,8 @@ def test_a_killed_replica_does_not_stop_the_others(tmp_path):
 def two_replicas(tmp_path, swarm: str, steps: int, options: list[str]):
     """Replicas r1 and r2 of block 0 trained `steps` steps: their final records, and how far
     apart their final checkpoints are (largest absolute difference), and r1's checkpoint."""
-    with tiny_swarm(tmp_path, swarm, {"b": "1"}) as (local, _, directory):
+    with tiny_swarm(tmp_path, swarm, {"b": "1"}) as (local, _, client):
+        directory = client.directory
         extra = [*SYNC, "--max-steps", str(steps), "--sync-deadline", "10", *options]
         local.start_peer("r1", "0", extra)
         local.start_peer("r2", "0", extra)
@@ -81,7 +83,8 @@ def test_parameter_averaging_pulls_independent_replicas_together(tmp_path):
 
 
 def test_a_demo_replica_that_misses_steps_is_averaged_back_in(tmp_path):
-    with tiny_swarm(tmp_path, "syncpause", {"b": "1"}) as (local, _, directory):
+    with tiny_swarm(tmp_path, "syncpause", {"b": "1"}) as (local, _, client):
+        directory = client.directory
         extra = [*SYNC, "--sync-deadline", "1", "--max-steps", "100", "--average-every", "25"]
         local.start_peer("r1", "0", extra)
         sleeper = local.start_peer("r2", "0", extra)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from swarm.autoregressive import ByteTransformer, continuation_nll, generate_bytes, matched_depth
-from swarm.model import build_end_to_end, count_parameters
-from swarm.train import TrainConfig, autoregressive_trainer, block_trainer, end_to_end_trainer
+from swarm.model.autoregressive import ByteTransformer, continuation_nll, generate_bytes, matched_depth
+from swarm.model.denoiser import build_end_to_end, count_parameters
+from swarm.model.train import TrainConfig, autoregressive_trainer, block_trainer, end_to_end_trainer
 
 
 @pytest.mark.parametrize("make", ["block", "end_to_end", "autoregressive"])

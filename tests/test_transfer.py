@@ -7,12 +7,15 @@ import pytest
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.utils import get_dht_time
 
-from swarm.directory import Host, SwarmDirectory
 from swarm.errors import SwarmError
-from swarm.model import build_block
-from swarm.network import EventLoopThread, NetworkOptions, start_dht
-from swarm.records import BlockAnnouncement, CheckpointInfo, block_key
-from swarm.transfer import BlockServicer, CheckpointStore, fetch_verified
+from swarm.model.denoiser import build_block
+from swarm.p2p.client import SwarmClient
+from swarm.p2p.directory import Host, SwarmDirectory
+from swarm.p2p.messages import PeerInfo
+from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht
+from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, block_key
+from swarm.p2p.store import CheckpointStore
+from swarm.p2p.transfer import BlockServicer, fetch_verified
 
 
 class Loop(EventLoopThread):
@@ -40,7 +43,8 @@ def serve(loop, tmp_path, name, config, step):
     store = CheckpointStore(tmp_path / name, config, block=0, swarm="transfer")
     info = store.save(build_block(config, 0), step)
     p2p = loop.p2p(dht)
-    loop.run(BlockServicer(0, store, dict).add_p2p_handlers(p2p), 30)
+    owner = RSASignatureValidator().local_public_key  # this process's key: it signs nothing here
+    loop.run(BlockServicer(0, store, lambda: PeerInfo(block=0, owner=owner)).add_p2p_handlers(p2p), 30)
     return dht, store, info
 
 
@@ -70,10 +74,11 @@ def test_fetch_moves_past_lying_and_vanished_replicas_to_one_that_verifies(tmp_p
     ]
     gone_dht.shutdown()
     live = [str(m) for dht in (tampered_dht, short_dht, good_dht) for m in dht.get_visible_maddrs()]
-    client = start_dht("transfer", NetworkOptions(initial_peers=live))
     try:
-        p2p = loop.p2p(client)
-        received, chosen = loop.run(fetch_verified(p2p, hosts, tiny_config, 0, show_progress=False), 120)
+        with SwarmClient("transfer", NetworkOptions(initial_peers=live)) as client:
+            received, chosen = client.run(fetch_verified(client.p2p, hosts, tiny_config, 0, show_progress=False), 120)
+            with pytest.raises(SwarmError, match="no replica"):
+                client.run(fetch_verified(client.p2p, hosts[:-1], tiny_config, 0, show_progress=False), 120)
         assert chosen.peer_id == good_dht.peer_id.to_base58()
         assert received == good_store.path_for(5).read_bytes()
         messages = " ".join(r.getMessage() for r in caplog.records)
@@ -81,11 +86,8 @@ def test_fetch_moves_past_lying_and_vanished_replicas_to_one_that_verifies(tmp_p
         assert "more than the announced" in messages
         assert "no checkpoint of block 0 with sha256 000000000000" in messages
         assert "does not own the record that names it" in messages
-
-        with pytest.raises(SwarmError, match="no replica"):
-            loop.run(fetch_verified(p2p, hosts[:-1], tiny_config, 0, show_progress=False), 120)
     finally:
-        for dht in (client, tampered_dht, short_dht, good_dht):
+        for dht in (tampered_dht, short_dht, good_dht):
             dht.shutdown()
 
 

@@ -1,0 +1,48 @@
+"""swarm-eval: the figures of quality of a model folder, as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import torch
+
+from swarm.cli.console import run_command
+from swarm.errors import SwarmError
+from swarm.model.checkpoint import load_model_folder
+from swarm.model.data import ByteWindows, load_corpus, load_text_bytes
+from swarm.model.denoiser import ModelConfig
+from swarm.model.evaluate import evaluate_autoregressive, evaluate_denoiser
+
+
+def evaluation_windows(text: str | None, data: str | None, config: ModelConfig, count: int) -> torch.Tensor:
+    """Fixed windows of a user's text file, or of the validation split of a source."""
+    stream = load_text_bytes(text) if text else load_corpus(data).validation
+    return ByteWindows(stream, config.seq_len).fixed(count)
+
+
+@click.command("swarm-eval")
+@click.option("--model", "model_dir", required=True, help="Model folder (config.json, model.safetensors).")
+@click.option("--text", default=None, help="Evaluate on this text file or folder instead of the validation split.")
+@click.option("--data", default=None, help="Source whose validation split to use (default: built-in corpus).")
+@click.option("--judge", default=None, help="Autoregressive model folder that scores generated text (gen_nll).")
+@click.option("--windows", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--steps-per-block", type=click.IntRange(min=1), default=1, show_default=True)
+def eval_command(model_dir, text, data, judge, windows, steps_per_block):
+    """Print the model's figures of quality as JSON."""
+    model = load_model_folder(Path(model_dir))
+    judge_model = load_model_folder(Path(judge)) if judge else None
+    if judge_model is not None and judge_model.kind != "autoregressive":
+        raise SwarmError(f"--judge must be an autoregressive model folder, {judge} holds {judge_model.kind}")
+    batch = evaluation_windows(text, data, model.config, windows)
+    if model.kind == "autoregressive":
+        figures = evaluate_autoregressive(model.modules[0], model.config, batch)
+    else:
+        judge_module = judge_model.modules[0] if judge_model else None
+        figures = evaluate_denoiser(model.denoiser_for_block, model.config, batch, steps_per_block, judge_module)
+    click.echo(json.dumps({"model": model_dir, "kind": model.kind, "windows": windows, **figures}, indent=2))
+
+
+def main() -> None:
+    run_command(eval_command)

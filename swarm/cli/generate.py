@@ -1,0 +1,58 @@
+"""swarm-generate: continue a prompt, with a model folder here or through the swarm's peers."""
+
+from __future__ import annotations
+
+import codecs
+import sys
+from pathlib import Path
+
+import click
+
+from swarm.cli.console import run_command
+from swarm.cli.options import swarm_client, swarm_options
+from swarm.errors import SwarmError
+from swarm.model.checkpoint import load_model_folder
+from swarm.model.denoiser import ModelConfig
+from swarm.model.diffusion import BlockRunner, local_runner
+from swarm.model.generate import continue_text
+from swarm.serving.remote import RemoteBlocks
+
+MODEL_TIMEOUT_S = 15.0
+
+
+@click.command("swarm-generate")
+@swarm_options
+@click.option("--model", "model_dir", default=None, help="Model folder; or --initial-peers to run on the swarm's peers.")
+@click.argument("prompt")
+@click.option("--max-bytes", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--steps-per-block", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature, seed, **swarm_kwargs):
+    """Write the continuation of PROMPT, one span of G bytes per pass through the blocks."""
+    if (model_dir is None) == (not swarm_kwargs["initial_peers"]):
+        raise SwarmError("give either --model DIR (run here) or --initial-peers ... (run on the swarm's peers)")
+    settings = dict(max_bytes=max_bytes, steps_per_block=steps_per_block, temperature=temperature, seed=seed)
+    if model_dir is not None:
+        model = load_model_folder(Path(model_dir))
+        if model.kind == "autoregressive":
+            raise SwarmError("swarm-generate needs a block or end-to-end model, not an autoregressive one")
+        write_continuation(local_runner(model.denoiser_for_block, model.config), model.config, prompt, settings)
+        return
+    with swarm_client(swarm_kwargs) as client:
+        config = client.directory.wait_for_model(MODEL_TIMEOUT_S)
+        runner = RemoteBlocks(client.directory, client.p2p, client.loop, config)
+        write_continuation(runner, config, prompt, settings)
+
+
+def write_continuation(run_block: BlockRunner, config: ModelConfig, prompt: str, settings: dict) -> None:
+    """Stream the continuation to stdout span by span, decoding UTF-8 across span boundaries."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for span in continue_text(run_block, config, prompt.encode(), **settings):
+        sys.stdout.write(decoder.decode(span))
+        sys.stdout.flush()
+    sys.stdout.write(decoder.decode(b"", final=True) + "\n")
+
+
+def main() -> None:
+    run_command(generate_command)

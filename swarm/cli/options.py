@@ -1,0 +1,51 @@
+"""Command-line options shared by every program that joins a swarm."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import click
+
+from swarm.errors import SwarmError
+from swarm.p2p.client import SwarmClient
+from swarm.p2p.network import NetworkOptions
+
+
+def swarm_options(command: Callable) -> Callable:
+    """--swarm, the DHT addresses and the NAT options, as in `swarm-peer --help`."""
+    options = [
+        click.option("--swarm", default="demo", show_default=True, help="Swarm name (no dots)."),
+        click.option("--initial-peers", multiple=True, help="Multiaddr of a peer already in the swarm (repeatable)."),
+        click.option("--host-maddrs", multiple=True, default=["/ip4/127.0.0.1/tcp/0"], show_default=True,
+                     help="Where to listen, e.g. /ip4/0.0.0.0/tcp/31337 for a public peer."),
+        click.option("--announce-maddrs", multiple=True, help="Public addresses to tell others (with a fixed port)."),
+        click.option("--identity", default=None, help="libp2p identity file: a stable peer id across restarts."),
+        click.option("--client-mode", is_flag=True, help="Behind NAT without an open port: ask, do not serve the DHT."),
+        click.option("--use-relay/--no-relay", default=True, show_default=True, help="libp2p circuit relays."),
+        click.option("--use-auto-relay", is_flag=True, help="Find relays to be reachable from behind NAT."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def network_options(kwargs: dict) -> NetworkOptions:
+    """Take the network options out of a command's keyword arguments."""
+    return NetworkOptions(
+        initial_peers=list(kwargs.pop("initial_peers")),
+        host_maddrs=list(kwargs.pop("host_maddrs")),
+        announce_maddrs=list(kwargs.pop("announce_maddrs")),
+        identity_path=kwargs.pop("identity"),
+        client_mode=kwargs.pop("client_mode"),
+        use_relay=kwargs.pop("use_relay"),
+        use_auto_relay=kwargs.pop("use_auto_relay"),
+    )
+
+
+
+def swarm_client(kwargs: dict) -> SwarmClient:
+    """A client of the swarm the options name; SwarmError if they name no peer to join through."""
+    swarm, network = kwargs.pop("swarm"), network_options(kwargs)
+    if not network.initial_peers:
+        raise SwarmError("--initial-peers is required: the address printed by swarm-bootstrap")
+    return SwarmClient(swarm, network)

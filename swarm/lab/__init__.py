@@ -1,0 +1,7 @@
+"""Swarms on one machine, for the demo, the tests and the benchmarks.
+
+- launch.py: a swarm of real processes on this machine
+- netlab.py: network namespaces as emulated hosts and regions (delays, link caps)
+- delayd.py: the packet delay line a lab's router runs
+- chaos.py: churn (kill and replace peers) on a local swarm
+"""

@@ -1,0 +1,183 @@
+"""Start a swarm of real processes on this machine: the demo, the tests and the benchmarks share it.
+
+`LocalSwarm` runs the installed programs (swarm-bootstrap, swarm-peer, ...) as separate
+processes on 127.0.0.1, keeps each one's log in its work folder, and stops every process
+it started when it is closed, also after a failure. Given a `NetLab`, it runs each process
+on its own emulated host instead (a network namespace named after the process).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swarm.errors import SwarmError
+from swarm.lab.netlab import NetLab
+from swarm.p2p.client import SwarmClient
+from swarm.p2p.network import NetworkOptions
+
+logger = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 15.0
+BOOTSTRAP_TIMEOUT_S = 60.0
+
+
+def command_path(name: str) -> str:
+    """The console script of this environment (next to its python), else the one on PATH."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if not found:
+        raise SwarmError(f"{name} is not installed (pip install -e .)")
+    return found
+
+
+@dataclass
+class Started:
+    name: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class LocalSwarm:
+    """A bootstrap node and peers of one swarm, as processes on 127.0.0.1."""
+
+    workdir: Path
+    swarm: str = "demo"
+    config_path: str | None = None  # model config JSON for the new swarm (None: built-in)
+    data: str | None = None  # text source for the peers (None: built-in corpus)
+    threads_per_process: int = 1
+    initial_peers: list[str] = field(default_factory=list)
+    started: list[Started] = field(default_factory=list)
+    lab: NetLab | None = None  # if set, each process runs on the lab's host of its name
+
+    def __enter__(self) -> "LocalSwarm":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _env(self) -> dict:
+        threads = str(self.threads_per_process)
+        return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
+
+    def _placed(self, name: str, args: list[str]) -> list[str]:
+        """The command line that runs `args` on this process's host: 127.0.0.1, or its lab namespace."""
+        if self.lab is None:
+            return args
+        node = self.lab.nodes.get(name) or self.lab.add_node(name)
+        return [*node.exec_prefix(), *args, "--host-maddrs", f"/ip4/{node.address}/tcp/0"]
+
+    def _spawn(self, name: str, args: list[str], stdout=None) -> Started:
+        log_path = self.workdir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                self._placed(name, args), stdout=stdout or log, stderr=log, cwd=self.workdir, env=self._env(),
+                start_new_session=True,
+            )
+        handle = Started(name, process, log_path)
+        self.started.append(handle)
+        return handle
+
+    def start_bootstrap(self, refresh_period: float = 5.0, extra: list[str] = ()) -> list[str]:
+        """Start the bootstrap node (creating the swarm) and return its --initial-peers value."""
+        args = [command_path("swarm-bootstrap"), "--swarm", self.swarm, "--new-swarm",
+                "--identity", str(self.workdir / "bootstrap.id"), "--refresh-period", str(refresh_period), *extra]
+        if self.config_path:
+            args += ["--config", self.config_path]
+        handle = self._spawn("bootstrap", args, stdout=subprocess.PIPE)
+        line = _read_line(handle, BOOTSTRAP_TIMEOUT_S)
+        if not line.startswith("--initial-peers "):
+            raise SwarmError(f"bootstrap did not start: {line or handle.log()[-2000:]}")
+        self.initial_peers = line.split()[1:]
+        return self.initial_peers
+
+    def peer_args(self, name: str, block: str = "auto", extra: list[str] = ()) -> list[str]:
+        args = [command_path("swarm-peer"), "--swarm", self.swarm, "--initial-peers", *self.initial_peers,
+                "--block", block, "--public-name", name, "--checkpoint-dir", str(self.workdir / name)]
+        if self.data:
+            args += ["--data", self.data]
+        return args + list(extra)
+
+    def start_peer(self, name: str, block: str = "auto", extra: list[str] = ()) -> Started:
+        return self._spawn(name, self.peer_args(name, block, extra))
+
+    def run(
+        self, name: str, *args: str, timeout: float = 300.0, subcommand: str | None = None, host: str = "client"
+    ) -> subprocess.CompletedProcess:
+        """Run a client command (swarm-fetch, swarm-status, swarm-bench latency, ...) against this
+        swarm and wait for it; in a lab, on the host named `host`."""
+        command = [command_path(name), *([subcommand] if subcommand else [])]
+        argv = self._placed(host, [*command, "--swarm", self.swarm, "--initial-peers", *self.initial_peers, *args])
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.workdir, env=self._env())
+
+    def client(self) -> SwarmClient:
+        """A client of this swarm in this process (on 127.0.0.1: not for a swarm inside a lab)."""
+        return SwarmClient(self.swarm, NetworkOptions(initial_peers=list(self.initial_peers)))
+
+    def check_running(self) -> None:
+        """SwarmError naming a started process that has exited (with the end of its log)."""
+        for handle in self.started:
+            if handle.process.poll() is not None:
+                raise SwarmError(f"{handle.name} exited early; its log ends: {handle.log()[-300:]!r}")
+
+    def status_rows(self, host: str = "client") -> list[dict]:
+        """`swarm-status --json` rows, run as a command (in a lab: on the node `host`); [] if it fails."""
+        status = self.run("swarm-status", "--json", timeout=60, host=host)
+        return json.loads(status.stdout)["hosts"] if status.returncode == 0 else []
+
+    def serving(self, names: list[str], host: str = "client") -> list[dict]:
+        """The status rows of the peers `names` once every one of them is serving, else []."""
+        rows = {r["public_name"]: r for r in self.status_rows(host)}
+        return [rows[n] for n in names] if all(rows.get(n, {}).get("state") == "serving" for n in names) else []
+
+    def stop(self, handle: Started, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int | None:
+        """Send a signal and wait; SIGKILL if it has not exited in `timeout`. Returns the exit code."""
+        if handle.process.poll() is None:
+            handle.process.send_signal(sig)
+            try:
+                handle.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop in %.0fs after signal %d; killing it", handle.name, timeout, sig)
+                os.killpg(handle.process.pid, signal.SIGKILL)
+                handle.process.wait()
+        return handle.process.returncode
+
+    def close(self) -> None:
+        for handle in reversed(self.started):
+            self.stop(handle)
+            _kill_group(handle.process.pid)  # children a killed process left behind (its DHT, p2pd)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _read_line(handle: Started, timeout: float) -> str:
+    """One line of a process's stdout, waiting at most `timeout` (empty if it exits or times out)."""
+    deadline = time.monotonic() + timeout
+    stream = handle.process.stdout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], 0.5)
+        if ready:
+            return stream.readline().decode(errors="replace").strip()
+        if handle.process.poll() is not None:
+            return ""
+    return ""

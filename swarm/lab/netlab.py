@@ -1,0 +1,157 @@
+"""Linux network namespaces for benchmarks and tests: each process on its own emulated machine, one router.
+
+`NetLab` builds a star: a router namespace and, per node, a namespace joined to the router
+by a veth pair on its own /24 (node .2, router .1). Everything the lab makes is named with
+its prefix, so teardown removes exactly that (and a lab left behind by a killed run is
+removed when the next one with the same prefix starts). Traffic never leaves the lab's
+namespaces: the root namespace gets no address or route into them.
+
+Each node's `eth0` counters are the operating system's count of what that node sent and
+received, which the sync benchmark checks its own byte counts against.
+
+Emulated regions: every node belongs to a region; `cap()` limits a node's upload and
+download with `tbf` qdiscs, and `start_delays()` delays every packet the router forwards by
+the one-way delay between the two nodes' regions, with an NFQUEUE rule and the
+`swarm.lab.delayd` daemon (`tc netem` is missing on some kernels; where present it would do).
+
+Needs root and `ip` (iproute2); delays also need `iptables` and the NetfilterQueue package.
+`available()` says why not where something is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+from swarm.errors import SwarmError
+
+logger = logging.getLogger(__name__)
+
+SUBNET = "10.231"  # nodes get 10.231.<i>.2, the router 10.231.<i>.1
+
+
+def available(delays: bool = False) -> str | None:
+    """None if namespaces (and, with `delays`, emulated delays) can be made here, else why not."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for command in ("ip", "tc") + (("iptables",) if delays else ()):
+        if not shutil.which(command):
+            return f"emulated networks need the '{command}' command"
+    if delays and importlib.util.find_spec("netfilterqueue") is None:
+        return "emulated delays need the NetfilterQueue package (pip install NetfilterQueue; needs libnetfilter-queue-dev)"
+    return None
+
+
+def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    if check and result.returncode != 0:
+        raise SwarmError(f"{' '.join(args)}: {result.stderr.strip()}")
+    return result
+
+
+@dataclass
+class Node:
+    """One emulated machine: its namespace, its address, and the router's side of its link."""
+
+    namespace: str
+    address: str
+    router_link: str  # the veth end inside the router namespace
+    region: str = "local"
+
+    def exec_prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.namespace]
+
+    def counter(self, name: str) -> int:
+        """An `eth0` statistic of this node (tx_bytes, rx_bytes, ...), read inside its namespace."""
+        path = f"/sys/class/net/eth0/statistics/{name}"
+        return int(sh(*self.exec_prefix(), "cat", path).stdout)
+
+
+@dataclass
+class NetLab:
+    """Namespaces named `<prefix>-...`; use as a context manager so teardown always runs."""
+
+    prefix: str = "bsw"
+    nodes: dict[str, Node] = field(default_factory=dict)
+
+    @property
+    def router(self) -> str:
+        return f"{self.prefix}-router"
+
+    def __enter__(self) -> "NetLab":
+        if reason := available():
+            raise SwarmError(reason)
+        self.teardown()  # whatever a killed run with this prefix left
+        sh("ip", "netns", "add", self.router)
+        self.router_exec("ip", "link", "set", "lo", "up")
+        self.router_exec("sysctl", "-qw", "net.ipv4.ip_forward=1")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    def router_exec(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return sh("ip", "netns", "exec", self.router, *args, check=check)
+
+    def add_node(self, name: str, region: str = "local") -> Node:
+        index = len(self.nodes) + 1
+        namespace, router_link = f"{self.prefix}-{name}", f"{self.prefix}{index}"
+        sh("ip", "netns", "add", namespace)
+        sh("ip", "link", "add", router_link, "netns", self.router, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+        node = Node(namespace, f"{SUBNET}.{index}.2", router_link, region)
+        self.router_exec("ip", "addr", "add", f"{SUBNET}.{index}.1/24", "dev", router_link)
+        self.router_exec("ip", "link", "set", router_link, "up")
+        for args in (["link", "set", "lo", "up"], ["addr", "add", f"{node.address}/24", "dev", "eth0"],
+                     ["link", "set", "eth0", "up"], ["route", "add", "default", "via", f"{SUBNET}.{index}.1"]):
+            sh(*node.exec_prefix(), "ip", *args)
+        self.nodes[name] = node
+        return node
+
+    def cap(self, node: Node, up_mbit: float | None, down_mbit: float | None) -> None:
+        """Limit what `node` sends (its eth0) and receives (the router's link to it) with tbf."""
+        for rate, where in ((up_mbit, node.exec_prefix()), (down_mbit, ["ip", "netns", "exec", self.router])):
+            if rate:
+                device = "eth0" if where == node.exec_prefix() else node.router_link
+                burst = max(32_000, int(rate * 1e6 / 8 / 250))  # 4 ms of traffic, at least 32 kB
+                sh(*where, "tc", "qdisc", "replace", "dev", device, "root", "tbf",
+                   "rate", f"{rate}mbit", "burst", str(burst), "latency", "400ms")  # fmt: skip
+
+    def start_delays(self, one_way_s: Callable[[str, str], float], queue: int = 0) -> None:
+        """Delay every forwarded packet by `one_way_s(from region, to region)`: the delay daemon
+        first, then the rule that feeds it (with --queue-bypass: no daemon, no delay, no loss)."""
+        if reason := available(delays=True):
+            raise SwarmError(reason)
+        delays = {
+            f"{a.router_link}>{b.router_link}": one_way_s(a.region, b.region)
+            for a in self.nodes.values() for b in self.nodes.values() if a is not b
+        }  # fmt: skip
+        daemon = subprocess.Popen(
+            ["ip", "netns", "exec", self.router, sys.executable, "-m", "swarm.lab.delayd", "--queue", str(queue),
+             "--delays", json.dumps(delays)], stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        if daemon.stdout.readline().strip() != "ready":
+            daemon.kill()
+            raise SwarmError("the delay daemon did not start (see its stderr above)")
+        self.router_exec("iptables", "-A", "FORWARD", "-j", "NFQUEUE", "--queue-num", str(queue), "--queue-bypass")
+
+    def namespaces(self) -> list[str]:
+        listed = sh("ip", "netns", "list", check=False).stdout.split("\n")
+        return [line.split()[0] for line in listed if line.startswith(f"{self.prefix}-")]
+
+    def teardown(self) -> None:
+        """Kill every process in the lab's namespaces, then delete them (their links go with them)."""
+        for namespace in self.namespaces():
+            for pid in sh("ip", "netns", "pids", namespace, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), 9)
+                except ProcessLookupError:
+                    pass
+            sh("ip", "netns", "delete", namespace, check=False)
+        self.nodes.clear()

@@ -1,0 +1,229 @@
+"""Safetensors files: one block's checkpoint, and an assembled model folder.
+
+A block checkpoint is one safetensors file whose metadata says what it is (format version,
+swarm, block index, step, config hash), so a file can be checked before its tensors are
+used. A model folder holds `config.json` (kind, model config, config hash),
+`model.safetensors` (for a block model, block b's tensors under `blocks.<b>.`) and, when the
+blocks came from a swarm, `manifest.json`. Everything is written atomically: a file goes to
+a temporary name, is fsynced and renamed; a folder is built under a temporary name and
+renamed into place, so a reader never sees half of either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import save as save_safetensors_bytes
+from torch import nn
+
+from swarm.model.autoregressive import ByteTransformer
+from swarm.errors import SwarmError
+from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_to_end
+
+FORMAT_VERSION = "1"
+KINDS = ("blocks", "end_to_end", "autoregressive")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write bytes to `path` so that a crash leaves the old file or the new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: t.detach().cpu().contiguous().clone() for name, t in module.state_dict().items()}
+
+
+@dataclass(frozen=True)
+class BlockFile:
+    """What a block checkpoint's bytes are: enough to check them against a DHT record."""
+
+    block: int
+    step: int
+    sha256: str
+    size: int
+
+
+def encode_block(denoiser: Denoiser, config: ModelConfig, block: int, step: int, swarm: str = "local") -> bytes:
+    """The safetensors bytes of one block with its metadata."""
+    metadata = {
+        "format_version": FORMAT_VERSION,
+        "swarm": swarm,
+        "block": str(block),
+        "step": str(step),
+        "config_hash": config.hash(),
+    }
+    return save_safetensors_bytes(_tensors(denoiser), metadata=metadata)
+
+
+def save_block(path: Path, denoiser: Denoiser, config: ModelConfig, block: int, step: int, swarm: str = "local"):
+    """Atomically write a block checkpoint; returns its BlockFile (sha256 and size of the bytes)."""
+    data = encode_block(denoiser, config, block, step, swarm)
+    write_atomic(Path(path), data)
+    return BlockFile(block=block, step=step, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+
+
+def read_block_metadata(data: bytes) -> dict[str, str]:
+    """The metadata of a block checkpoint's bytes; SwarmError if they are not a safetensors file."""
+    try:
+        header_len = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + header_len])
+    except (ValueError, UnicodeDecodeError):
+        raise SwarmError("not a safetensors file (corrupt header)") from None
+    return header.get("__metadata__", {}) if isinstance(header, dict) else {}
+
+
+def decode_block(data: bytes, config: ModelConfig, block: int) -> tuple[Denoiser, int]:
+    """A block denoiser and its step from checkpoint bytes, checked against the config and index."""
+    metadata = read_block_metadata(data)
+    if metadata.get("config_hash") != config.hash():
+        raise SwarmError("checkpoint was trained for a different model config (config hash differs)")
+    if metadata.get("block") != str(block):
+        raise SwarmError(f"checkpoint holds block {metadata.get('block')}, not block {block}")
+    denoiser = build_block(config, block)
+    _load_into(denoiser, _decode(data))
+    return denoiser, int(metadata.get("step", 0))
+
+
+def load_block(path: Path, config: ModelConfig, block: int) -> tuple[Denoiser, int]:
+    """Read a block checkpoint file; SwarmError if it is missing, corrupt or for another model."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise SwarmError(f"cannot read checkpoint {path}: {error.strerror}") from None
+    try:
+        return decode_block(data, config, block)
+    except SwarmError as error:
+        raise SwarmError(f"{path}: {error}") from None
+
+
+def _decode(data: bytes) -> dict[str, torch.Tensor]:
+    try:
+        return load_safetensors_bytes(data)
+    except (SafetensorError, ValueError) as error:
+        raise SwarmError(f"corrupt safetensors data ({error})") from None
+
+
+def _load_into(module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    try:
+        module.load_state_dict(tensors, strict=True)
+    except RuntimeError as error:
+        raise SwarmError(f"tensors do not fit the model: {str(error).splitlines()[0]}") from None
+
+
+@dataclass
+class LoadedModel:
+    """A model folder in memory: kind, config, and the modules (B blocks, or one model)."""
+
+    kind: str
+    config: ModelConfig
+    modules: list[nn.Module]
+    manifest: dict | None = None
+
+    def denoiser_for_block(self, block: int) -> Denoiser:
+        """The denoiser that owns a block's sigma interval."""
+        return self.modules[block] if self.kind == "blocks" else self.modules[0]
+
+
+def save_model_folder(
+    folder: Path, kind: str, config: ModelConfig, modules: list[nn.Module], manifest: dict | None = None
+) -> None:
+    """Write config.json, model.safetensors (and manifest.json) as one folder, atomically."""
+    assert kind in KINDS, kind
+    if kind == "blocks":
+        tensors = {f"blocks.{b}.{k}": v for b, m in enumerate(modules) for k, v in _tensors(m).items()}
+    else:
+        tensors = _tensors(modules[0])
+    files = {
+        "config.json": json.dumps({"kind": kind, "model": config.to_dict(), "config_hash": config.hash()}, indent=2),
+        "model.safetensors": save_safetensors_bytes(tensors, metadata={"format_version": FORMAT_VERSION}),
+    }
+    if manifest is not None:
+        files["manifest.json"] = json.dumps(manifest, indent=2)
+    write_folder_atomic(Path(folder), files)
+
+
+def write_folder_atomic(folder: Path, files: dict[str, str | bytes]) -> None:
+    """Build a folder under a temporary name, then rename it into place (replacing an old one)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    try:
+        for name, content in files.items():
+            data = content.encode() if isinstance(content, str) else content
+            with open(tmp / name, "wb") as f:
+                f.write(data)
+                os.fsync(f.fileno())
+        os.chmod(tmp, 0o755)
+        old = folder.with_name(f".{folder.name}.old")
+        if folder.exists():
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+        _fsync_dir(folder.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_model_folder(folder: Path) -> LoadedModel:
+    """Read a model folder; SwarmError (one line) if it is missing, corrupt or inconsistent."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        raise SwarmError(f"{folder} is not a model folder (needs config.json and model.safetensors)")
+    try:
+        meta = json.loads((folder / "config.json").read_text())
+        kind, config = meta["kind"], ModelConfig.from_dict(meta["model"])
+    except (ValueError, KeyError, TypeError):
+        raise SwarmError(f"{folder}/config.json is not a valid model config") from None
+    if kind not in KINDS:
+        raise SwarmError(f"{folder}/config.json: unknown model kind {kind!r}")
+    tensors = _decode((folder / "model.safetensors").read_bytes())
+    modules = _build_modules(kind, config, tensors)
+    manifest_path = folder / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+    return LoadedModel(kind, config, modules, manifest)
+
+
+def _build_modules(kind: str, config: ModelConfig, tensors: dict[str, torch.Tensor]) -> list[nn.Module]:
+    if kind == "autoregressive":
+        modules: list[nn.Module] = [ByteTransformer(config)]
+        _load_into(modules[0], tensors)
+    elif kind == "end_to_end":
+        modules = [build_end_to_end(config)]
+        _load_into(modules[0], tensors)
+    else:
+        modules = [build_block(config, b) for b in range(config.n_blocks)]
+        for b, module in enumerate(modules):
+            prefix = f"blocks.{b}."
+            _load_into(module, {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
+    for module in modules:
+        module.eval()
+    return modules

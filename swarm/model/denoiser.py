@@ -1,0 +1,218 @@
+"""The DiffusionBlocks denoiser and its config.
+
+One `Denoiser` is a stack of bidirectional transformer layers over the positions
+[prefix ; target]. It reads the clean prefix bytes and a noisy target `z` at noise level
+`sigma` and returns logits over the 256 byte values at every target position.
+
+A block of the swarm is a `Denoiser` with `n_layers / n_blocks` layers; the end-to-end
+baseline is one `Denoiser` with all `n_layers`. A block owns everything it needs (prefix
+embedding, input projection, layers, head), so it never needs another block's weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swarm.errors import SwarmError
+
+VOCAB_SIZE = 256  # raw UTF-8 bytes, no tokenizer
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture and noise partition; every peer of a swarm trains the same one.
+
+    The sigma range is tied to the codebook's signal-to-noise ratio: with codebook rows of
+    RMS `sigma_data` in `d_model` dimensions (row norm `sigma_data * sqrt(d_model)`), the
+    defaults are [norm / 8, 2.5 * norm] with `p_mean = log(norm / 2)`. For d_model=256 that
+    is [1, 20] and p_mean = ln 4. Leave them as None to derive them from d_model.
+    """
+
+    prefix_len: int = 64  # P: clean bytes the model conditions on
+    gen_len: int = 32  # G: bytes written at once by one pass through the blocks
+    d_model: int = 256  # width of every layer and of the target codebook
+    n_heads: int = 4
+    n_layers: int = 8  # L: layers of the whole model, split evenly among the blocks
+    n_blocks: int = 4  # B
+    mlp_ratio: int = 4
+    sigma_data: float = 0.5  # RMS of a codebook row
+    sigma_min: float | None = None
+    sigma_max: float | None = None
+    p_mean: float | None = None  # mean of log sigma during training
+    p_std: float = 1.0  # std of log sigma during training
+    block_overlap: float = 0.05  # mass by which each block's training interval is widened on each side
+    codebook_seed: int = 0  # the codebook is derived from this, never trained
+
+    def __post_init__(self) -> None:
+        norm = self.sigma_data * math.sqrt(self.d_model)
+        if self.sigma_min is None:
+            object.__setattr__(self, "sigma_min", norm / 8)
+        if self.sigma_max is None:
+            object.__setattr__(self, "sigma_max", 2.5 * norm)
+        if self.p_mean is None:
+            object.__setattr__(self, "p_mean", math.log(norm / 2))
+        self._validate()
+
+    def _validate(self) -> None:
+        checks = [
+            (self.prefix_len >= 1 and self.gen_len >= 1, "prefix_len and gen_len must be positive"),
+            (self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads"),
+            (self.n_blocks >= 1, "n_blocks must be at least 1"),
+            (self.n_layers % self.n_blocks == 0, "n_layers must be a multiple of n_blocks"),
+            (0 < self.sigma_min < self.sigma_max, "need 0 < sigma_min < sigma_max"),
+            (self.p_std > 0 and self.sigma_data > 0, "p_std and sigma_data must be positive"),
+            (0 <= self.block_overlap < 0.5, "block_overlap must be in [0, 0.5)"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise SwarmError(f"invalid model config: {message}")
+
+    @property
+    def layers_per_block(self) -> int:
+        return self.n_layers // self.n_blocks
+
+    @property
+    def seq_len(self) -> int:
+        return self.prefix_len + self.gen_len
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        if not isinstance(data, dict):
+            raise SwarmError("model config must be a mapping of fields")
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise SwarmError(f"model config has unknown fields: {sorted(unknown)}")
+        try:
+            return cls(**data)
+        except (TypeError, ValueError, OverflowError) as error:
+            raise SwarmError(f"invalid model config: {error}") from None
+
+    @classmethod
+    def from_json_file(cls, path: str | Path | None) -> "ModelConfig":
+        """The config in a JSON file, or the built-in default when no file is given; SwarmError
+        (one line) if the file cannot be read or does not hold a valid config."""
+        if path is None:
+            return cls()
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as error:
+            raise SwarmError(f"cannot read model config {path}: {error.strerror}") from None
+        except ValueError:
+            raise SwarmError(f"model config {path} is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise SwarmError(f"model config {path} must be a JSON object")
+        return cls.from_dict(data)
+
+    def hash(self) -> str:
+        """A stable hash of the config: peers compare it before they train together."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class TransformerLayer(nn.Module):
+    """Pre-norm attention + MLP layer; with `conditioned`, the norms are adaptive (adaLN).
+
+    The adaptive scale and shift come from the noise embedding and start at zero, so a new
+    layer behaves like a plain pre-norm layer.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, mlp_ratio: int, conditioned: bool, causal: bool = False):
+        super().__init__()
+        self.n_heads, self.causal = n_heads, causal
+        self.norm1 = nn.LayerNorm(d_model, elementwise_affine=not conditioned)
+        self.norm2 = nn.LayerNorm(d_model, elementwise_affine=not conditioned)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, mlp_ratio * d_model), nn.GELU(), nn.Linear(mlp_ratio * d_model, d_model)
+        )
+        self.modulation = nn.Linear(d_model, 4 * d_model) if conditioned else None
+        if self.modulation is not None:
+            nn.init.zeros_(self.modulation.weight)
+            nn.init.zeros_(self.modulation.bias)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
+        if self.modulation is None:
+            x = x + self._attend(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+        scale1, shift1, scale2, shift2 = self.modulation(cond).unsqueeze(1).chunk(4, dim=-1)
+        x = x + self._attend(self.norm1(x) * (1 + scale1) + shift1)
+        return x + self.mlp(self.norm2(x) * (1 + scale2) + shift2)
+
+    def _attend(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, d = x.shape
+        q, k, v = self.qkv(x).view(n, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.proj(out.transpose(1, 2).reshape(n, t, d))
+
+
+class NoiseEmbedding(nn.Module):
+    """Maps c_noise = log(sigma) / 4 to a d_model vector through Fourier features and an MLP."""
+
+    def __init__(self, d_model: int, n_frequencies: int = 32):
+        super().__init__()
+        self.register_buffer("frequencies", torch.arange(1, n_frequencies + 1) * math.pi, persistent=False)
+        self.mlp = nn.Sequential(nn.Linear(2 * n_frequencies, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
+
+    def forward(self, c_noise: torch.Tensor) -> torch.Tensor:
+        angles = c_noise[:, None] * self.frequencies
+        return self.mlp(torch.cat([angles.sin(), angles.cos()], dim=-1))
+
+
+class Denoiser(nn.Module):
+    """D(prefix, z, sigma) -> logits over the 256 bytes at each of the G target positions.
+
+    Inputs are preconditioned EDM-style inside forward: the network sees
+    c_in * z with c_in = 1 / sqrt(sigma^2 + sigma_data^2), and c_noise = log(sigma) / 4.
+    """
+
+    def __init__(self, config: ModelConfig, n_layers: int):
+        super().__init__()
+        d = config.d_model
+        self.config = config
+        self.prefix_embed = nn.Embedding(VOCAB_SIZE, d)
+        self.input_proj = nn.Linear(d, d)
+        self.position = nn.Parameter(torch.randn(config.seq_len, d) * 0.02)
+        self.noise_embed = NoiseEmbedding(d)
+        self.layers = nn.ModuleList(
+            TransformerLayer(d, config.n_heads, config.mlp_ratio, conditioned=True) for _ in range(n_layers)
+        )
+        self.norm_out = nn.LayerNorm(d)
+        self.head = nn.Linear(d, VOCAB_SIZE)
+
+    def forward(self, prefix: torch.Tensor, z: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """prefix: (N, P) int64 bytes; z: (N, G, d) noisy targets; sigma: (N,) noise levels."""
+        c_in = (sigma**2 + self.config.sigma_data**2).rsqrt()[:, None, None]
+        cond = self.noise_embed(sigma.log() / 4)
+        x = torch.cat([self.prefix_embed(prefix), self.input_proj(c_in * z)], dim=1) + self.position
+        for layer in self.layers:
+            x = layer(x, cond)
+        return self.head(self.norm_out(x[:, self.config.prefix_len :]))
+
+
+def build_block(config: ModelConfig, block: int) -> Denoiser:
+    """One block of the swarm: a denoiser of L/B layers. Raises SwarmError for a bad index."""
+    if not 0 <= block < config.n_blocks:
+        raise SwarmError(f"block index {block} is out of range: this model has blocks 0..{config.n_blocks - 1}")
+    return Denoiser(config, config.layers_per_block)
+
+
+def build_end_to_end(config: ModelConfig) -> Denoiser:
+    """The end-to-end baseline: all L layers as one denoiser over the whole sigma range."""
+    return Denoiser(config, config.n_layers)
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

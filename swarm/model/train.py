@@ -1,0 +1,150 @@
+"""The training loop shared by a block, the end-to-end baseline and the autoregressive baseline.
+
+A `Trainer` owns one module, its AdamW state and its own random stream, and `step()` runs
+one update. `block_trainer(config, b, ...)` builds block b alone: its weights and optimizer
+state are the only ones in memory, and no gradient from any other block can reach it.
+The peer program calls the same trainer step by step; `train()` runs it for a set number
+of steps with a progress bar.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from swarm.model.autoregressive import ByteTransformer, next_byte_loss
+from swarm.model.data import ByteWindows
+from swarm.model.diffusion import NoisePartition, denoising_loss, make_codebook
+from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_to_end
+
+logger = logging.getLogger(__name__)
+
+LossFn = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+
+
+@dataclass
+class TrainConfig:
+    """Optimizer and schedule; the same for blocks and baselines so that budgets compare."""
+
+    steps: int = 300  # length of the cosine schedule (training may go on at its floor)
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup_steps: int = 30
+    min_lr_fraction: float = 0.1  # the schedule's floor, as a fraction of lr
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps))
+        cosine = 0.5 * (1 + math.cos(math.pi * progress))
+        return self.lr * (self.min_lr_fraction + (1 - self.min_lr_fraction) * cosine)
+
+
+@dataclass
+class Trainer:
+    """One module, its optimizer and its data; `step()` is one optimizer update."""
+
+    module: nn.Module
+    loss_fn: LossFn
+    windows: ByteWindows
+    config: TrainConfig
+    step_count: int = 0
+    losses: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    # replaces the AdamW step (replica sync); it must take `weights_lock` while it writes weights
+    update: Callable[["Trainer"], None] | None = None
+
+    def __post_init__(self) -> None:
+        self.optimizer = torch.optim.AdamW(
+            self.module.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay
+        )
+        self.generator = torch.Generator().manual_seed(self.config.seed)
+        self.device = next(self.module.parameters()).device
+        self.weights_lock = threading.Lock()  # held while the optimizer writes: readers see whole steps
+
+    def step(self) -> float:
+        started = time.perf_counter()
+        self.module.train()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.lr_at(self.step_count)
+        window = self.windows.sample(self.config.batch_size, self.generator).to(self.device)
+        loss = self.loss_fn(window, self.generator)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.module.parameters(), self.config.grad_clip)
+        if self.update is not None:
+            self.update(self)
+        else:
+            with self.weights_lock:
+                self.optimizer.step()
+        self.step_count += 1
+        self.losses.append(loss.item())
+        self.step_seconds.append(time.perf_counter() - started)
+        return self.losses[-1]
+
+
+def diffusion_loss_fn(denoiser: Denoiser, block: int | None) -> LossFn:
+    """The loss of one block on its widened sigma interval (or of the end-to-end model on all of it)."""
+    device = next(denoiser.parameters()).device
+    codebook, partition = make_codebook(denoiser.config).to(device), NoisePartition(denoiser.config)
+
+    def loss(window: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        sigma = partition.sample(len(window), block, generator)
+        noise = torch.randn(len(window), denoiser.config.gen_len, denoiser.config.d_model, generator=generator)
+        return denoising_loss(denoiser, codebook, window, sigma.to(device), noise.to(device))
+
+    return loss
+
+
+def block_trainer(
+    config: ModelConfig, block: int, windows: ByteWindows, train_config: TrainConfig, device: str = "cpu"
+) -> Trainer:
+    """A trainer that holds block `block` and nothing of any other block."""
+    torch.manual_seed(train_config.seed * 1000 + block)
+    denoiser = build_block(config, block).to(device)
+    return Trainer(denoiser, diffusion_loss_fn(denoiser, block), windows, _seeded(train_config, block))
+
+
+def end_to_end_trainer(config: ModelConfig, windows: ByteWindows, train_config: TrainConfig) -> Trainer:
+    torch.manual_seed(train_config.seed)
+    denoiser = build_end_to_end(config)
+    return Trainer(denoiser, diffusion_loss_fn(denoiser, None), windows, train_config)
+
+
+def autoregressive_trainer(config: ModelConfig, windows: ByteWindows, train_config: TrainConfig) -> Trainer:
+    torch.manual_seed(train_config.seed)
+    model = ByteTransformer(config)
+    return Trainer(model, lambda window, _generator: next_byte_loss(model, window), windows, train_config)
+
+
+def _seeded(train_config: TrainConfig, block: int) -> TrainConfig:
+    """Each block draws its own data and noise, so blocks trained apart see different batches."""
+    return TrainConfig(**{**train_config.__dict__, "seed": train_config.seed * 1000 + block})
+
+
+def train(
+    trainer: Trainer,
+    steps: int,
+    description: str = "training",
+    on_step: Callable[[Trainer], None] | None = None,
+) -> Trainer:
+    """Run `steps` updates with a progress bar; `on_step` runs after each (evaluation, checkpoints)."""
+    with tqdm(range(steps), desc=description, unit="step", mininterval=2.0) as bar:
+        for _ in bar:
+            loss = trainer.step()
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            if on_step is not None:
+                on_step(trainer)
+    logger.info("%s: %d steps, last loss %.4f", description, trainer.step_count, trainer.losses[-1])
+    return trainer

@@ -1,0 +1,81 @@
+"""A peer's checkpoints of its block on disk: what it saves, adopts from replicas, and serves."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from pathlib import Path
+
+from swarm.model.checkpoint import save_block, write_atomic
+from swarm.model.denoiser import Denoiser, ModelConfig
+from swarm.p2p.records import CheckpointInfo
+
+
+class CheckpointStore:
+    """A peer's checkpoints of its block: `block_<b>_step_<n>.safetensors`, the newest `keep` kept,
+    and older ones too while they are younger than `min_age_s`.
+
+    Keeping older files lets a peer still serve a checkpoint its record named a moment before
+    it saved the next ones (a fast peer may save several within one announce period).
+    """
+
+    def __init__(
+        self, folder: Path, config: ModelConfig, block: int, swarm: str, keep: int = 2, min_age_s: float = 0.0
+    ):
+        self.folder, self.config, self.block, self.swarm, self.keep = Path(folder), config, block, swarm, keep
+        self.min_age_s = min_age_s
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._infos: dict[Path, CheckpointInfo] = {}
+        for stale in self.folder.glob(f".block_{block}_step_*.tmp"):  # a save that a crash cut short
+            stale.unlink(missing_ok=True)
+
+    def _pattern(self) -> re.Pattern:
+        return re.compile(rf"^block_{self.block}_step_(\d+)\.safetensors$")
+
+    def _files(self) -> list[tuple[int, Path]]:
+        pattern = self._pattern()
+        found = [(int(m.group(1)), p) for p in self.folder.iterdir() if (m := pattern.match(p.name))]
+        return sorted(found)
+
+    def path_for(self, step: int) -> Path:
+        return self.folder / f"block_{self.block}_step_{step}.safetensors"
+
+    def save(self, denoiser: Denoiser, step: int) -> CheckpointInfo:
+        written = save_block(self.path_for(step), denoiser, self.config, self.block, step, self.swarm)
+        info = CheckpointInfo(step=step, sha256=written.sha256, size=written.size)
+        self._infos[self.path_for(step)] = info
+        self._prune()
+        return info
+
+    def adopt(self, data: bytes, info: CheckpointInfo) -> Path:
+        """Keep a verified checkpoint that came from another peer."""
+        path = self.path_for(info.step)
+        write_atomic(path, data)
+        self._infos[path] = info
+        self._prune()
+        return path
+
+    def _prune(self) -> None:
+        now = time.time()
+        for _, old in self._files()[: -self.keep]:
+            if now - old.stat().st_mtime >= self.min_age_s:  # announced a moment ago? others may be fetching it
+                old.unlink(missing_ok=True)
+                self._infos.pop(old, None)
+
+    def info(self, path: Path) -> CheckpointInfo:
+        if path not in self._infos:
+            data = path.read_bytes()
+            step = int(self._pattern().match(path.name).group(1))
+            self._infos[path] = CheckpointInfo(step=step, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+        return self._infos[path]
+
+    def latest(self) -> tuple[Path, CheckpointInfo] | None:
+        files = self._files()
+        return (files[-1][1], self.info(files[-1][1])) if files else None
+
+    def find(self, sha256: str) -> Path | None:
+        for _, path in reversed(self._files()):
+            if self.info(path).sha256 == sha256:
+                return path
+        return None

@@ -1,0 +1,6 @@
+"""Generation across the swarm.
+
+- server.py: remote denoising on a peer (its block's steps for a client)
+- remote.py: a client that runs the blocks on swarm peers, with failover
+- ar_pipeline.py: the autoregressive pipeline baseline of the serving benchmarks
+"""

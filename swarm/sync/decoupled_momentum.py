@@ -1,0 +1,145 @@
+"""One replica's DeMo update: momentum, the payload it shares, and the sign step on what it gathered.
+
+Per parameter: m = beta * m + lr * grad; the top-k DCT coefficients of m per chunk are taken
+out of m (error feedback) and shared; the replica then averages the payloads of every replica
+that arrived in time (its own included, decoded in a fixed order so that replicas that gather
+the same set compute the same update) and steps p -= sign_lr * (sign(mean) + weight_decay * p).
+
+Payloads cross the network as bytes (`encode_payload` / `decode_payload`); a payload that does
+not fit this replica's parameters, or holds NaN, Inf, out-of-range indices or an absurd
+norm, is refused with PayloadError and not applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+import torch
+from torch import nn
+
+from swarm.sync.compression import Compressed, decompress, extract, from_bits, keep_per_chunk, to_bits, to_chunks
+
+Payload = dict[str, Compressed]
+MAX_VALUE = 1.0  # coefficients of lr * momentum are ~1e-7..1e-5; anything near 1 is hostile
+
+
+class PayloadError(ValueError):
+    """A payload from another replica that must not be applied."""
+
+
+@dataclass
+class DeMoConfig:
+    """DeMo settings; the defaults follow the study in DESIGN.md (top-k 8, bfloat16, sign rate 2e-3)."""
+
+    top_k: int = 8  # coefficients kept per 64 x 64 tile (scaled with the chunk's size)
+    value_bits: int = 16  # 16: bfloat16 values; 1: signs only
+    momentum_decay: float = 0.999
+    sign_lr: float = 2e-3
+    weight_decay: float = 0.01
+
+
+class DeMoReplica:
+    """The DeMo state of one replica of a block: a momentum buffer per parameter."""
+
+    def __init__(self, module: nn.Module, config: DeMoConfig):
+        self.config = config
+        self.params = dict(module.named_parameters())
+        self.names = list(self.params)  # a parameter's position is its name on the wire
+        self.momentum = {name: torch.zeros_like(p) for name, p in self.params.items()}
+
+    def make_payload(self, lr: float) -> Payload:
+        """Fold this step's gradients into the momentum and take out what is shared."""
+        payload = {}
+        for position, (name, param) in enumerate(self.params.items()):
+            if param.grad is None:
+                continue
+            self.momentum[name].mul_(self.config.momentum_decay).add_(param.grad, alpha=lr)
+            sent = extract(self.momentum[name], self.config.top_k, self.config.value_bits)
+            payload[name] = dataclasses.replace(sent, position=position)
+        return payload
+
+    @torch.no_grad()
+    def apply(self, payloads: list[Payload]) -> None:
+        """The sign step on the mean of the gathered payloads (given in a fixed order)."""
+        for name, param in self.params.items():
+            parts = [decompress(p[name]) for p in payloads if name in p]
+            if not parts:
+                continue
+            mean = torch.stack(parts).mean(dim=0)
+            param.mul_(1 - self.config.sign_lr * self.config.weight_decay)
+            param.sub_(self.config.sign_lr * mean.sign())
+
+
+def encode_payload(payload: Payload, value_bits: int) -> bytes:
+    """The wire form: which parameters (by position) are present, then one bit stream holding,
+    parameter after parameter, the indices at ceil(log2(tile)) bits and the values (bfloat16
+    words, or sign bits followed by one empty-chunk flag per chunk). Both sides know the shapes."""
+    present, streams = [], []
+    for c in payload.values():
+        present.append(c.position)
+        streams += [to_bits(c.indices, _index_bits(c.tile)), _value_bits_of(c.values, value_bits)]
+    packed = np.packbits(np.concatenate(streams)).tobytes() if streams else b""
+    return msgpack.packb({"v": value_bits, "p": present, "b": packed})
+
+
+def decode_payload(data: bytes, replica: DeMoReplica) -> Payload:
+    """A payload from another replica, checked against this replica's parameters; PayloadError if bad."""
+    try:
+        message = msgpack.unpackb(data)
+        value_bits, present = message["v"], message["p"]
+        bit_array = np.unpackbits(np.frombuffer(message["b"], dtype=np.uint8))
+    except Exception as error:  # truncated, garbage, wrong types
+        raise PayloadError(f"malformed payload: {type(error).__name__}") from None
+    if value_bits != replica.config.value_bits or len(set(present)) != len(present):
+        raise PayloadError(f"payload has value bits {value_bits} or repeats a parameter")
+    payload, offset = {}, 0
+    for position in present:
+        if not isinstance(position, int) or not 0 <= position < len(replica.names):
+            raise PayloadError(f"payload names parameter #{position}, which this block does not have")
+        name = replica.names[position]
+        payload[name], offset = _decode_entry(position, bit_array, offset, replica)
+    if len(bit_array) - offset >= 8:
+        raise PayloadError("payload has trailing data")
+    return payload
+
+
+def _decode_entry(position: int, bit_array: np.ndarray, offset: int, replica: DeMoReplica):
+    name = replica.names[position]
+    param = replica.params[name]
+    chunks, tile = to_chunks(param.detach())
+    k = keep_per_chunk(replica.config.top_k, tile[0] * tile[1])
+    try:
+        indices, offset = from_bits(bit_array, offset, _index_bits(tile), chunks.shape[0] * k)
+        values, offset = _read_values(bit_array, offset, replica.config.value_bits, (chunks.shape[0], k))
+    except ValueError:
+        raise PayloadError(f"{name}: payload is too short for this block") from None
+    if indices.max() >= tile[0] * tile[1]:
+        raise PayloadError(f"{name}: index out of range")
+    if not torch.isfinite(values.float()).all() or values.float().abs().max() > MAX_VALUE:
+        raise PayloadError(f"{name}: values are not finite or absurdly large")
+    return Compressed(param.shape, tile, indices.view(-1, k), values, position), offset
+
+
+def _value_bits_of(values: torch.Tensor, value_bits: int) -> np.ndarray:
+    if value_bits != 1:
+        return to_bits(values.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF, 16)
+    return np.concatenate([(values > 0).flatten().numpy(), (values == 0).all(dim=1).numpy()]).astype(np.uint8)
+
+
+def _read_values(bit_array: np.ndarray, offset: int, value_bits: int, shape: tuple[int, int]):
+    count = shape[0] * shape[1]
+    if value_bits != 1:
+        words, offset = from_bits(bit_array, offset, 16, count)
+        return words.to(torch.int16).view(torch.bfloat16).view(shape), offset
+    signs, offset = from_bits(bit_array, offset, 1, count)
+    empty, offset = from_bits(bit_array, offset, 1, shape[0])
+    values = torch.where(empty.bool()[:, None], 0.0, signs.float().view(shape) * 2 - 1)
+    return values, offset
+
+
+def _index_bits(tile: tuple[int, int]) -> int:
+    return max(1, math.ceil(math.log2(tile[0] * tile[1])))

@@ -1,0 +1,180 @@
+"""Dense averaging with hivemind's DecentralizedAverager: the baseline exchange and the drift bound.
+
+Two uses of one averager per peer (an all-reduce among the replicas of a block that find
+each other on the DHT under a prefix without dots; a second averager in the same peer was
+seen to stop hivemind's matchmaking from forming groups, so there is one, and each round
+says what it averages: replicas whose rounds disagree drop the result):
+- `DenseSync` (`swarm-peer --sync dense`): every step, the replicas average their full fp32
+  gradients, then each takes its own AdamW step. This is the baseline DeMo is measured
+  against; its bytes are counted from the protobuf messages hivemind's all-reduce sends.
+- `ParameterAveraging`: every `every` steps the replicas average their parameters, which
+  pulls back replicas that drifted apart by missing steps; the largest change this makes to
+  a parameter (the replica's distance from the group's mean) is reported as its drift.
+  DeMo replicas skip the round (and its dense cost) while they all applied the same payloads.
+
+A replica that cannot find its group within the timeout keeps its own values for that step:
+nobody waits longer than the timeout for a slow or dead replica.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import time
+from typing import AsyncIterator, Sequence
+
+import torch
+from hivemind import DHT
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.allreduce import AllReduceRunner
+from hivemind.proto import averaging_pb2
+from hivemind.utils.asyncio import as_aiter, azip
+
+from swarm.model.train import Trainer
+
+logger = logging.getLogger(__name__)
+
+
+class _CountingRunner(AllReduceRunner):
+    """hivemind's all-reduce, counting the bytes of every tensor message this replica sends."""
+
+    def __init__(self, bytes_sent: mp.Value, **kwargs):
+        super().__init__(**kwargs)
+        self._bytes_sent = bytes_sent
+
+    def _count(self, message: averaging_pb2.AveragingData) -> averaging_pb2.AveragingData:
+        with self._bytes_sent.get_lock():
+            self._bytes_sent.value += message.ByteSize()
+        return message
+
+    async def _generate_input_for_peer(self, peer_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
+        async for message in super()._generate_input_for_peer(peer_index):  # our parts, to their reducers
+            yield self._count(message)
+
+    async def _accumulate_parts_streaming(self, stream, sender_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
+        async for message in super()._accumulate_parts_streaming(stream, sender_index):  # averages, sent back
+            yield self._count(message)
+
+
+class CountingAverager(DecentralizedAverager):
+    """A DecentralizedAverager whose all-reduce counts the bytes it sends (`bytes_sent`, shared
+    with the process that owns it: the averager itself runs in a child process)."""
+
+    def __init__(self, averaged_tensors: Sequence[torch.Tensor], dht: DHT, **kwargs):
+        self.shared_bytes_sent = mp.Value("Q", 0)  # set before the child process starts
+        super().__init__(averaged_tensors, dht, start=True, **kwargs)
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.shared_bytes_sent.value
+
+    async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):
+        """hivemind's own method, with the counting runner (every replica here is a full peer)."""
+        group_id = group_info.group_id if group_id is None else group_id
+        runner = _CountingRunner(
+            self.shared_bytes_sent, p2p=self._p2p, servicer_type=type(self), prefix=self.prefix,
+            tensors=tensors, group_id=group_id, ordered_peer_ids=group_info.peer_ids, **kwargs,
+        )  # fmt: skip
+        self._running_groups[group_id].set_result(runner)
+        async for tensor, update in azip(as_aiter(*tensors), runner):
+            tensor.add_(update, alpha=self._averaging_alpha)
+
+
+def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The tensors an averager of this block holds: its trainable parameters (or their gradients)."""
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def block_averager(
+    dht: DHT, prefix: str, tensors: Sequence[torch.Tensor], group_size: int, matchmaking_time: float
+) -> CountingAverager:
+    """An averager for one block's replicas, grouping up to `group_size` of them."""
+    return CountingAverager(
+        [t.detach().cpu().clone() for t in tensors], dht, prefix=prefix, target_group_size=group_size,
+        min_group_size=2, min_matchmaking_time=matchmaking_time, request_timeout=matchmaking_time / 2,
+        allreduce_timeout=10 * matchmaking_time + 30, next_chunk_timeout=matchmaking_time + 10,
+    )  # fmt: skip
+
+
+def average(
+    averager: CountingAverager, tensors: Sequence[torch.Tensor], what: str, timeout: float
+) -> list[torch.Tensor] | None:
+    """The group's average of `tensors` ("grads" or "params"), or None when no group formed
+    within `timeout` or a groupmate averaged something else in the same round."""
+    with torch.no_grad(), averager.get_tensors() as shared:
+        for target, source in zip(shared, tensors):
+            target.copy_(source.detach())
+    try:
+        group = averager.step(gather=what, timeout=timeout, allow_retries=False)
+    except Exception as error:  # a groupmate vanished mid all-reduce
+        logger.info("averaging %s failed: %s", what, error)
+        return None
+    if not group:
+        return None
+    if any(theirs != what for theirs in group.values()):
+        logger.info("averaging %s: a groupmate averaged something else in this round; result dropped", what)
+        return None
+    with averager.get_tensors() as shared:
+        return [t.clone() for t in shared]
+
+
+class DenseSync:
+    """`--sync dense` (a `SyncStrategy`): average the full gradients, then step AdamW."""
+
+    bytes_received = 0  # hivemind's all-reduce does not tell; it receives about what it sends
+
+    def __init__(self, trainer: Trainer, averager: CountingAverager, timeout: float):
+        self.averager, self.timeout = averager, timeout
+        self.params = trainable(trainer.module)
+        self.steps = 0  # steps averaged with at least one other replica
+        self.round_seconds: float | None = None  # how long the last averaging round took
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.averager.bytes_sent
+
+    def may_have_drifted(self) -> bool:
+        return True  # averaged gradients differ in rounding between replicas, and a round may fail
+
+    def averaged(self, step: int) -> None:
+        pass
+
+    def update(self, trainer: Trainer) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        started = time.monotonic()
+        averaged = average(self.averager, grads, "grads", self.timeout)
+        self.round_seconds = time.monotonic() - started
+        if averaged is not None:
+            self.steps += 1
+            for param, grad in zip(self.params, averaged):
+                param.grad = grad
+        with trainer.weights_lock:
+            trainer.optimizer.step()
+
+
+class ParameterAveraging:
+    """Every `every` steps, average the block's parameters with the other replicas; `drift` is
+    the largest distance of this replica's parameters from the group's mean that the last
+    round found (None until a round was needed)."""
+
+    def __init__(self, trainer: Trainer, averager: CountingAverager, every: int, timeout: float):
+        self.trainer, self.averager, self.every, self.timeout = trainer, averager, every, timeout
+        self.drift: float | None = None
+
+    def after_step(self, drifted: bool = True) -> bool:
+        """At a round's step, average if the replicas may have drifted; True if a round ran."""
+        if self.trainer.step_count % self.every != 0:
+            return False
+        if not drifted:  # DeMo replicas that applied the same payloads hold the same parameters
+            return False
+        params = trainable(self.trainer.module)
+        averaged = average(self.averager, params, "params", self.timeout)  # only this thread writes params
+        if averaged is None:
+            return False
+        with torch.no_grad(), self.trainer.weights_lock:
+            drift = max((mean - param).abs().max().item() for param, mean in zip(params, averaged))
+            for param, mean in zip(params, averaged):
+                param.copy_(mean)
+        self.drift = drift
+        logger.info("step %d: averaged parameters with the other replicas; drift was %.3g", self.trainer.step_count, drift)
+        return True

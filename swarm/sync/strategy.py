@@ -1,0 +1,48 @@
+"""What every way of keeping a block's replicas in step offers the peer that runs it.
+
+A strategy is the trainer's update (it replaces the plain AdamW step) plus the figures the
+peer announces. The peer also runs periodic parameter averaging (`swarm.sync.dense`) and asks
+the strategy whether it is needed: replicas that applied the same updates hold the same
+weights and can skip it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from swarm.model.train import Trainer
+
+
+class SyncStrategy(Protocol):
+    """The update a peer's trainer runs each step, and what it exchanged doing so."""
+
+    steps: int  # steps exchanged with at least one other replica
+    bytes_sent: int  # bytes sent to other replicas for sync, in all
+    bytes_received: int  # bytes received from them, in all
+    round_seconds: float | None  # how long the last exchange took
+
+    def update(self, trainer: Trainer) -> None:
+        """The optimizer step of one training step; writes weights only under `trainer.weights_lock`."""
+
+    def may_have_drifted(self) -> bool:
+        """Whether this replica's weights may differ from the others' (then a parameter round is due)."""
+
+    def averaged(self, step: int) -> None:
+        """The replicas averaged their parameters at `step`: they hold the same weights again."""
+
+
+class NoSync:
+    """`--sync none`: each replica takes its own AdamW steps; only parameter rounds bring them together."""
+
+    steps = bytes_sent = bytes_received = 0
+    round_seconds = None
+
+    def update(self, trainer: Trainer) -> None:
+        with trainer.weights_lock:
+            trainer.optimizer.step()
+
+    def may_have_drifted(self) -> bool:
+        return True
+
+    def averaged(self, step: int) -> None:
+        pass

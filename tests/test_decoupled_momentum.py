@@ -1,0 +1,91 @@
+"""DeMo replicas in one process: the wire format, replicas that stay identical, refused payloads."""
+
+import dataclasses
+import math
+
+import msgpack
+import pytest
+import torch
+
+from swarm.model.denoiser import ModelConfig, build_block
+from swarm.model.train import diffusion_loss_fn
+from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica, PayloadError, decode_payload, encode_payload
+
+
+def replicas(config, n: int, demo: DeMoConfig):
+    torch.manual_seed(0)
+    first = build_block(config, 0)
+    blocks = [first] + [build_block(config, 0) for _ in range(n - 1)]
+    for block in blocks[1:]:
+        block.load_state_dict(first.state_dict())
+    return blocks, [DeMoReplica(b, demo) for b in blocks]
+
+
+def backward(block, windows, seed: int) -> float:
+    generator = torch.Generator().manual_seed(seed)
+    block.zero_grad(set_to_none=True)
+    loss = diffusion_loss_fn(block, 0)(windows.sample(8, generator), generator)
+    loss.backward()
+    return loss.item()
+
+
+@pytest.mark.parametrize("value_bits", [16, 1])
+def test_payload_survives_the_wire(tiny_config, tiny_windows, value_bits):
+    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig(value_bits=value_bits))
+    backward(blocks[0], tiny_windows, 0)
+    payload = replica.make_payload(lr=2e-3)
+    decoded = decode_payload(encode_payload(payload, value_bits), replica)
+    for name, sent in payload.items():
+        assert torch.equal(decoded[name].indices, sent.indices)
+        assert torch.equal(decoded[name].values.float(), sent.values.float())
+
+
+@pytest.mark.parametrize("value_bits", [16, 1])
+def test_replicas_that_gather_every_payload_stay_identical_and_learn(tiny_config, tiny_windows, value_bits):
+    demo = DeMoConfig(value_bits=value_bits, sign_lr=2e-3)
+    blocks, reps = replicas(tiny_config, 2, demo)
+    losses = []
+    for step in range(40):
+        wires = []
+        for index, (block, replica) in enumerate(zip(blocks, reps)):  # different data on each replica
+            losses.append(backward(block, tiny_windows, seed=1000 * index + step))
+            wires.append(encode_payload(replica.make_payload(lr=2e-3), value_bits))
+        for replica in reps:
+            replica.apply([decode_payload(w, replica) for w in wires])
+    for a, b in zip(blocks[0].parameters(), blocks[1].parameters()):
+        assert torch.equal(a, b)
+    assert sum(losses[-10:]) / 10 < 0.9 * sum(losses[:10]) / 10
+
+
+def test_bad_payloads_are_refused(tiny_config, tiny_windows):
+    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig())
+    backward(blocks[0], tiny_windows, 0)
+    payload = replica.make_payload(lr=2e-3)
+    good = msgpack.unpackb(encode_payload(payload, 16))
+
+    def with_entry(name, **changes):
+        return encode_payload({**payload, name: dataclasses.replace(payload[name], **changes)}, 16)
+
+    first = next(iter(payload))
+    odd_tile = next(n for n, c in payload.items() if (c.tile[0] * c.tile[1]) & (c.tile[0] * c.tile[1] - 1))
+    largest_code = 2 ** math.ceil(math.log2(payload[odd_tile].tile[0] * payload[odd_tile].tile[1])) - 1  # > tile size
+    bad = {
+        "NaN values": with_entry(first, values=torch.full_like(payload[first].values, float("nan"))),
+        "huge values": with_entry(first, values=torch.full_like(payload[first].values, 1e6)),
+        "index out of range": with_entry(odd_tile, indices=torch.full_like(payload[odd_tile].indices, largest_code)),
+        "unknown parameter": msgpack.packb({**good, "p": [999]}),
+        "repeated parameter": msgpack.packb({**good, "p": good["p"][:1] * 2}),
+        "truncated": msgpack.packb({**good, "b": good["b"][:-20]}),
+        "trailing data": msgpack.packb({**good, "b": good["b"] + bytes(40)}),
+        "other value bits": msgpack.packb({**good, "v": 1}),
+        "garbage": b"\x00\x01garbage",
+    }
+    assert decode_payload(encode_payload(payload, 16), replica).keys() == payload.keys()
+    for what, data in bad.items():
+        with pytest.raises(PayloadError):
+            decode_payload(data, replica)
+            pytest.fail(f"accepted a payload with {what}")
+    other = ModelConfig(**{**tiny_config.to_dict(), "d_model": 64, "n_heads": 2})
+    _, (other_replica,) = replicas(other, 1, DeMoConfig())
+    with pytest.raises(PayloadError):
+        decode_payload(encode_payload(payload, 16), other_replica)

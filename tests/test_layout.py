@@ -1,0 +1,83 @@
+"""The package layout is the architecture: imports run one way, and the model needs no network."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LIBRARY = ROOT / "swarm"
+
+# each part of the library, and the parts it may import (besides itself and the shared base)
+BASE = {"swarm", "swarm.errors", "swarm.waiting"}
+MAY_IMPORT = {
+    "model": set(),
+    "p2p": {"model"},
+    "sync": {"model", "p2p"},
+    "serving": {"model", "p2p"},
+    "peer": {"model", "p2p", "sync", "serving"},
+    "lab": {"model", "p2p", "sync", "serving"},
+    "cli": {"model", "p2p", "sync", "serving", "peer", "lab"},
+}
+PROGRAMS = ("peers", "bootstrap", "benchmarks", "tests")
+
+
+def part_of(module: str) -> str | None:
+    """The part ("model", "p2p", ...) a swarm module belongs to; None for the shared base."""
+    if module in BASE:
+        return None
+    return module.split(".")[1]
+
+
+def imported_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            if node.module == "swarm":  # `from swarm import lab`: a room; `import __version__`: the base
+                found |= {f"swarm.{a.name}" for a in node.names if (LIBRARY / a.name).exists() or (LIBRARY / f"{a.name}.py").exists()}
+    return found
+
+
+def library_files() -> list[Path]:
+    return sorted(LIBRARY.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", library_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_run_one_way(path):
+    module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    here = part_of(module)
+    allowed = MAY_IMPORT.get(here, set()) | {here}
+    for name in imported_modules(path):
+        assert name.split(".")[0] not in PROGRAMS, f"{module} imports the program {name}"
+        if name.startswith("swarm.") and part_of(name) is not None and here is not None:
+            assert part_of(name) in allowed, f"{module} ({here}) imports {name}, which sits above it"
+
+
+def test_every_part_is_a_known_room():
+    parts = {p.name for p in LIBRARY.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    modules = {p.stem for p in LIBRARY.glob("*.py")} - {"__init__"}
+    assert parts | modules == set(MAY_IMPORT) | {"errors", "waiting"}
+
+
+def test_the_model_runs_without_hivemind():
+    """Importing every model module (and what they import) loads no hivemind."""
+    modules = [f"swarm.model.{p.stem}" for p in (LIBRARY / "model").glob("*.py") if p.stem != "__init__"]
+    code = f"import sys; import {', '.join(modules)}; print('hivemind' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_the_readme_layout_names_every_room():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout") :]
+    for part in MAY_IMPORT:
+        room = f"swarm/{part}/" if (LIBRARY / part).is_dir() else f"swarm/{part}.py"
+        assert f"`{room}`" in layout, f"README's Layout does not name {room}"
