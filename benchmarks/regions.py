@@ -24,9 +24,6 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
-
-import yaml
 
 from swarm.cli.console import setup_logging
 from swarm.lab import netlab
@@ -34,17 +31,6 @@ from swarm.lab.launch import LocalSwarm
 from swarm.waiting import wait_for
 
 logger = logging.getLogger("benchmarks.regions")
-
-
-def load_regions(path: Path) -> tuple[dict, Callable[[str, str], float]]:
-    """(regions with their caps, one_way_s(region a, region b))."""
-    spec = yaml.safe_load(path.read_text())
-    regions, delays = spec["regions"], {}
-    for a, row in spec["one_way_ms"].items():
-        for b, ms in row.items():
-            delays[a, b] = delays[b, a] = ms / 1000
-    within = spec.get("within_region_ms", 0) / 1000
-    return regions, lambda a, b: within if a == b else delays[a, b]
 
 
 def run(args, regions: dict, one_way_s, workdir: Path) -> dict:
@@ -170,14 +156,14 @@ def main() -> None:
     setup_logging()
     if args.from_json:
         earlier = json.loads(Path(args.from_json).read_text())
-        regions, one_way_s = load_regions(Path(earlier["config"]["regions"]))
+        regions, one_way_s = netlab.load_regions(Path(earlier["config"]["regions"]))
         finish(earlier["config"], regions, one_way_s, earlier["runs"], Path(args.out))
         return
     if reason := netlab.available(delays=True):
         print(f"regions.py: error: {reason}", file=sys.stderr)
         sys.exit(2)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the teardown on SIGTERM too
-    regions, one_way_s = load_regions(Path(args.regions))
+    regions, one_way_s = netlab.load_regions(Path(args.regions))
     with tempfile.TemporaryDirectory() as tmp:
         runs = run(args, regions, one_way_s, Path(tmp))
     finish(vars(args), regions, one_way_s, runs, Path(args.out))

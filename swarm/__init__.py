@@ -7,6 +7,7 @@ Where things are (imports run down this list, never up):
 - serving/: remote denoising and generation through the swarm
 - peer.py: the life of a peer, wiring the above together
 - lab/: swarms of real processes on this machine (demo, tests, benchmarks), network namespaces, chaos
+- health/: the swarm's health page (swarm-health): state collection, web server, the page
 - cli/: every command-line program
 - errors.py: the one error type a user can cause; waiting.py: waiting on a condition with a timeout
 """

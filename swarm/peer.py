@@ -9,15 +9,16 @@
    or a stop signal, while a thread announces it every `announce_period` seconds;
 6. on stop: save, announce that it is leaving, shut down.
 
-Threads and processes, and who may write the weights:
-- the main thread joins, then trains: every write to the block's weights happens here (the
-  optimizer or sync step, a parameter-averaging round, the start state loaded before any
-  service is up), always under `trainer.weights_lock`;
-- the "announcer" thread stores the peer's record every announce period; it only reads;
+Threads and processes, and who may touch the weights:
+- the main thread joins, then trains: it alone reads and writes the block's live weights (the
+  optimizer or sync step, a parameter-averaging round, the start state), and at each save it
+  hands the denoise service a copy of the checkpoint it is about to announce;
+- the "announcer" thread stores the peer's record every announce period; it reads figures only,
+  and starts a round of pings to its neighbours (swarm/p2p/pings.py) on the p2p loop;
 - the "p2p-loop" thread runs an asyncio loop with the P2P services (info and checkpoint
   downloads, sync payloads, remote denoising) and the calls the main thread makes to other
-  peers; a denoise request computes in the loop's worker threads, reading the weights under
-  `trainer.weights_lock`, so it never sees half a step;
+  peers; a denoise request computes in the loop's worker threads on a copy of the announced
+  checkpoint (never on the live weights), which `serve` replaces whole;
 - child processes: hivemind's DHT (with its libp2p daemon) and, for dense sync and parameter
   rounds, hivemind's averager; the main thread hands tensors to the averager and copies
   its result into the weights itself.
@@ -27,11 +28,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 from hivemind.utils.crypto import RSAPrivateKey
@@ -43,24 +46,29 @@ from swarm.model.checkpoint import decode_block
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.train import TrainConfig, Trainer, block_trainer
-from swarm.p2p.directory import SwarmDirectory, freshest_first, least_hosted_block
+from swarm.p2p.choice import SpotCheck, choose_checkpoint
+from swarm.p2p.directory import DHTUnavailable, SwarmDirectory, least_hosted_block
 from swarm.p2p.messages import PeerInfo
-from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht
+from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht, stop_child
+from swarm.p2p.pings import NeighbourPings
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, PeerState, check_swarm_name
 from swarm.p2p.store import CheckpointStore
-from swarm.p2p.transfer import BlockServicer, fetch_verified
+from swarm.p2p.transfer import BlockServicer
 from swarm.serving.ar_pipeline import StageServicer
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica
 from swarm.sync.dense import DenseSync, ParameterAveraging, block_averager, trainable
 from swarm.sync.exchange import DeMoSync, PayloadServicer
 from swarm.sync.strategy import NoSync, SyncStrategy
+from swarm.waiting import wait_for
 
 logger = logging.getLogger(__name__)
 
 P2P_CALL_TIMEOUT_S = 30.0
+JOIN_FETCH_TIMEOUT_S = 600.0  # choosing a start checkpoint: a few verified downloads and spot checks
 DHT_STORE_TIMEOUT_S = 20.0
 LOSS_WINDOW = 20  # steps averaged into the announced loss
+T = TypeVar("T")
 
 
 @dataclass
@@ -85,6 +93,7 @@ class PeerConfig:
     wait_for_replicas: int = 1  # start once this many replicas (itself included) are seen; also the group size
     average_every: int = 100  # average parameters with the other replicas every this many steps (0: never)
     expect_config_hash: str | None = None  # refuse a swarm whose model config hash differs (a prefix will do)
+    creator: str | None = None  # fingerprint of the swarm creator's key: the only model record believed
     de_mo: DeMoConfig = field(default_factory=DeMoConfig)  # the DeMo optimizer's settings (--sync demo)
     network: NetworkOptions = field(default_factory=NetworkOptions)
 
@@ -99,6 +108,19 @@ class PeerConfig:
         if self.average_every < 0:
             raise SwarmError("--average-every must be 0 (never) or a number of steps")
         return self
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _default_stop_signals() -> None:
+    """In a child process just forked from a peer: stop signals do what they do by default."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
+class StoppedWhileJoining(Exception):
+    """A stop signal came while the peer was still joining: leave at once."""
 
 
 class Peer:
@@ -120,23 +142,30 @@ class Peer:
         self.announcer: threading.Thread | None = None
         self.averager = None  # hivemind's averager (a child process), for --sync dense and parameter rounds
         self.parameter_averaging: ParameterAveraging | None = None
+        self.pings: NeighbourPings | None = None  # round trips to neighbours, measured in the background
 
-    def stop(self, *_signal_args) -> None:
+    def stop(self) -> None:
         self.stopping.set()
 
     def run(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self.stop)
+        """SIGINT/SIGTERM stop it after the current step. Its child processes (the DHT, the averager)
+        do not inherit that handler: a child told to stop by its own shutdown code stops."""
+        os.register_at_fork(after_in_child=_default_stop_signals)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, lambda *_: self.stop())
         try:
             self._join()
             self._train_until_stopped()
+        except StoppedWhileJoining:
+            logger.info("stopped while joining")
         finally:
             self._leave()
 
     def _join(self) -> None:
         self.dht = start_dht(self.config.swarm, self.config.network, self.private_key)
         self.peer_id = self.dht.peer_id.to_base58()
-        self.directory = SwarmDirectory(self.dht, self.config.swarm, self.private_key)
+        self.directory = SwarmDirectory(self.dht, self.config.swarm, self.private_key, self.config.creator,
+                                        self.config.network.dht_timeout)  # fmt: skip
         self.model_config = self.directory.wait_for_model(self.config.join_timeout)
         expected, found = self.config.expect_config_hash, self.model_config.hash()
         if expected and not found.startswith(expected.lower()):
@@ -149,25 +178,30 @@ class Peer:
                                      min_age_s=4 * self.config.announce_period + P2P_CALL_TIMEOUT_S)
         self.loop = EventLoopThread()
         self.p2p = self.loop.run(self.dht.replicate_p2p(), P2P_CALL_TIMEOUT_S)
-        windows = load_corpus(self.config.data).windows("train", self.model_config.seq_len)
+        corpus = load_corpus(self.config.data)
+        windows = corpus.windows("train", self.model_config.seq_len)
+        self.spot_check = SpotCheck.from_corpus(corpus, self.model_config)
         train_config = TrainConfig(
             steps=self.config.max_steps or 100_000, batch_size=self.config.batch_size, lr=self.config.lr
         )
         self.trainer = block_trainer(self.model_config, self.block, windows, train_config, self.config.device)
         self.trainer.generator.manual_seed(int(self.peer_id.encode().hex(), 16) % 2**63)  # own batches per replica
+        self.denoise_service = DenoiseServicer(self.model_config, self.block)
         self._load_start_state()
+        self.denoise_service.serve(self.trainer.module, self.checkpoint.sha256 if self.checkpoint else "")
         for servicer in self._servicers():
             self.loop.run(servicer.add_p2p_handlers(self.p2p), P2P_CALL_TIMEOUT_S)
+        self.pings = NeighbourPings(self.directory, self.p2p, self.loop, self.peer_id, self.block, self.model_config.n_blocks)
         self.state = "training"
         self._announce(wait=True)
         self._wait_for_replicas()
 
     def _servicers(self) -> list:
         """Checkpoints and info, remote denoising, and (for benchmarks) an autoregressive stage."""
-        module, lock = self.trainer.module, self.trainer.weights_lock
+        module = self.trainer.module
         servicers = [
             BlockServicer(self.block, self.store, self.info),
-            DenoiseServicer(self.model_config, self.block, module, lock),
+            self.denoise_service,
         ]
         servicers += self._set_up_sync(module)
         if self.config.serve_ar_stage:
@@ -191,7 +225,7 @@ class Peer:
             self.sync = DenseSync(self.trainer, self.averager, timeout)
         elif self.config.sync == "demo":
             payloads = PayloadServicer(self.block, self.config.sync_deadline)
-            replica = DeMoReplica(module, self.config.de_mo)
+            replica = DeMoReplica(module, self.config.de_mo, self.config.lr)
             self.sync = DeMoSync(replica, payloads, self.p2p, self.loop, self.peer_id, self.replica_ids)
             services.append(payloads)
         self.trainer.update = self.sync.update
@@ -201,12 +235,30 @@ class Peer:
         """The other peers training this block (read from the DHT at most once per announce period)."""
         now = time.monotonic()
         if now - self._replicas_read_at >= self.config.announce_period:
-            hosts = self.directory.hosts(self.block)
+            self._replicas_read_at = now
+            try:
+                hosts = self.directory.hosts(self.block)
+            except DHTUnavailable as error:  # a slow DHT: keep the replicas we knew, ask again next period
+                logger.warning("block %d: %s; keeping the %d replicas known", self.block, error, len(self._replica_ids))
+                return self._replica_ids
             self._replica_ids = sorted(
                 h.peer_id for h in hosts if h.peer_id != self.peer_id and h.announcement.state in ("joining", "training")
             )
-            self._replicas_read_at = now
         return self._replica_ids
+
+    def _read_dht(self, read: Callable[[], T], what: str) -> T:
+        """A DHT read needed to join, retried while the DHT is slow, up to the join timeout."""
+
+        def attempt() -> tuple[T] | None:
+            if self.stopping.is_set():
+                raise StoppedWhileJoining()
+            try:
+                return (read(),)
+            except DHTUnavailable as error:
+                logger.warning("%s; trying again", error)
+                return None
+
+        return wait_for(attempt, self.config.join_timeout, what, interval=1.0)[0]
 
     def _wait_for_replicas(self) -> None:
         """Hold the first step until `wait_for_replicas` replicas are up, so they start in step."""
@@ -218,44 +270,40 @@ class Peer:
 
     def _choose_block(self, config: ModelConfig) -> int:
         if self.config.block == "auto":
-            return least_hosted_block(self.directory.all_hosts(config.n_blocks))
+            return least_hosted_block(self._read_dht(lambda: self.directory.all_hosts(config.n_blocks), "the hosts of every block"))
         block = int(self.config.block)
         if block >= config.n_blocks:
             raise SwarmError(f"block index {block} is out of range: swarm {self.config.swarm!r} has blocks 0..{config.n_blocks - 1}")
         return block
 
     def _load_start_state(self) -> None:
-        """The freshest of: a verified replica's checkpoint, its own newest checkpoint, fresh weights."""
+        """Start from the checkpoint chosen on evidence (swarm/p2p/choice.py): the one the
+        replicas agree on that passes the spot check, unless its own newest is as fresh; else
+        fresh weights."""
         own = self.store.latest()
-        own_step = own[1].step if own else -1
-        fresher = [
-            h for h in freshest_first(self.directory.hosts(self.block))
-            if h.peer_id != self.peer_id and h.announcement.checkpoint.step > own_step
-        ]  # fmt: skip
-        data, origin = self._fetch_from_replica(fresher) if fresher else (None, "")
-        if data is None and own is not None:
-            path, self.checkpoint = own
-            data, origin = path.read_bytes(), f"own checkpoint {path}"
-        if data is None:
+        own = (own[0].read_bytes(), own[1]) if own else None
+        hosts = self._read_dht(lambda: self.directory.hosts(self.block), f"the hosts of block {self.block}")
+        others = [h for h in hosts if h.peer_id != self.peer_id and h.announcement.checkpoint is not None]
+        if not others and own is None:
             logger.info("block %d: no checkpoint anywhere, starting fresh", self.block)
             return
-        denoiser, step = decode_block(data, self.model_config, self.block)
+        coro = choose_checkpoint(self.p2p, others, self.model_config, self.block, self.spot_check, own)
+        try:
+            choice = self.loop.run(coro, JOIN_FETCH_TIMEOUT_S)
+        except (SwarmError, TimeoutError) as error:
+            logger.warning("block %d: %s; starting fresh", self.block, error)
+            return
+        if choice.host is not None:
+            self.store.adopt(choice.data, choice.checkpoint)
+            origin = f"replica {choice.host.peer_id} ({choice.host.announcement.public_name or 'unnamed'})"
+        else:
+            origin = f"own checkpoint {self.store.path_for(choice.checkpoint.step)}"
+        self.checkpoint = choice.checkpoint
+        denoiser, step = decode_block(choice.data, self.model_config, self.block)
         self.trainer.module.load_state_dict(denoiser.state_dict())
         self.trainer.step_count = step
         self.checkpoint_time = time.time()
-        logger.info("block %d: starting at step %d from %s", self.block, step, origin)
-
-    def _fetch_from_replica(self, hosts: list) -> tuple[bytes | None, str]:
-        """The first of `hosts` whose checkpoint verifies, kept in this peer's store; None if none does."""
-        coro = fetch_verified(self.p2p, hosts, self.model_config, self.block)
-        try:
-            data, host = self.loop.run(coro, P2P_CALL_TIMEOUT_S * 2 * len(hosts))
-        except (SwarmError, TimeoutError) as error:
-            logger.warning("block %d: %s", self.block, error)
-            return None, ""
-        self.store.adopt(data, host.announcement.checkpoint)
-        self.checkpoint = host.announcement.checkpoint
-        return data, f"replica {host.peer_id} ({host.announcement.public_name or 'unnamed'})"
+        logger.info("block %d: starting at step %d from %s (spot-check loss %.3f)", self.block, step, origin, choice.loss)
 
     def _train_until_stopped(self) -> None:
         self.announcer = threading.Thread(target=self._announce_periodically, name="announcer", daemon=True)
@@ -279,6 +327,7 @@ class Peer:
         while not self.stopping.wait(self.config.announce_period):
             try:
                 self._announce()
+                self.pings.start_round()  # in the background: its figures go into the next announcement
             except Exception as error:  # a DHT hiccup: the next period tries again
                 logger.warning("block %d: announcing failed: %s", self.block, error)
 
@@ -296,13 +345,14 @@ class Peer:
         if self.checkpoint is not None and self.checkpoint.step == self.trainer.step_count:
             return
         try:
-            self.checkpoint = self.store.save(self.trainer.module, self.trainer.step_count)
+            saved = self.store.save(self.trainer.module, self.trainer.step_count)
         except OSError as error:
             kept = f"step {self.checkpoint.step}" if self.checkpoint else "none"
             logger.error("block %d: could not save step %d (%s); last good checkpoint kept: %s",
                          self.block, self.trainer.step_count, error.strerror or error, kept)
             return
-        self.checkpoint_time = time.time()
+        self.denoise_service.serve(self.trainer.module, saved.sha256)  # before the record names it
+        self.checkpoint, self.checkpoint_time = saved, time.time()
         logger.info("block %d: saved step %d (%s)", self.block, self.checkpoint.step, self.checkpoint.sha256[:12])
 
     def _announcement(self) -> BlockAnnouncement:
@@ -324,11 +374,16 @@ class Peer:
             sync_bytes_received=sync.bytes_received,
             sync_round_s=sync.round_seconds,
             drift=averaging.drift if averaging else None,
+            pings=self.pings.latest if self.pings else (),
         )
 
     def _announce(self, wait: bool = False) -> None:
         lifetime = 3 * self.config.announce_period
-        ok = self.directory.announce(self.block, self._announcement(), lifetime, wait=wait)
+        try:
+            ok = self.directory.announce(self.block, self._announcement(), lifetime, wait=wait)
+        except DHTUnavailable as error:  # the next announcement tries again; the record lives 3 periods
+            logger.warning("block %d: %s", self.block, error)
+            return
         if wait and not ok:
             logger.warning("block %d: announcement was not stored by any DHT node", self.block)
 
@@ -351,8 +406,8 @@ class Peer:
         except Exception as error:  # leaving must not hang or fail: the record expires anyway
             logger.warning("could not announce leaving: %s", error)
         if self.averager is not None:
-            self.averager.shutdown()
+            stop_child(self.averager, self.averager.shutdown)
         if self.loop is not None:
             self.loop.close(self.p2p)
-        self.dht.shutdown()
+        stop_child(self.dht, self.dht.shutdown)
         logger.info("peer stopped")

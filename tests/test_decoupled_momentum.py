@@ -9,6 +9,7 @@ import torch
 
 from swarm.model.denoiser import ModelConfig, build_block
 from swarm.model.train import diffusion_loss_fn
+from swarm.sync.compression import decompress
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica, PayloadError, decode_payload, encode_payload
 
 
@@ -18,7 +19,7 @@ def replicas(config, n: int, demo: DeMoConfig):
     blocks = [first] + [build_block(config, 0) for _ in range(n - 1)]
     for block in blocks[1:]:
         block.load_state_dict(first.state_dict())
-    return blocks, [DeMoReplica(b, demo) for b in blocks]
+    return blocks, [DeMoReplica(b, demo, lr=2e-3) for b in blocks]
 
 
 def backward(block, windows, seed: int) -> float:
@@ -72,6 +73,7 @@ def test_bad_payloads_are_refused(tiny_config, tiny_windows):
     bad = {
         "NaN values": with_entry(first, values=torch.full_like(payload[first].values, float("nan"))),
         "huge values": with_entry(first, values=torch.full_like(payload[first].values, 1e6)),
+        "values no honest replica sends": with_entry(first, values=torch.full_like(payload[first].values, 50 * 2e-3)),
         "index out of range": with_entry(odd_tile, indices=torch.full_like(payload[odd_tile].indices, largest_code)),
         "unknown parameter": msgpack.packb({**good, "p": [999]}),
         "repeated parameter": msgpack.packb({**good, "p": good["p"][:1] * 2}),
@@ -89,3 +91,30 @@ def test_bad_payloads_are_refused(tiny_config, tiny_windows):
     _, (other_replica,) = replicas(other, 1, DeMoConfig())
     with pytest.raises(PayloadError):
         decode_payload(encode_payload(payload, 16), other_replica)
+
+
+@pytest.mark.parametrize("attack", ["negated and as large as allowed", "random signs"])
+def test_one_hostile_payload_cannot_outvote_two_honest_ones(tiny_config, tiny_windows, attack):
+    """Wherever two honest replicas agree on a coordinate's direction, the step goes their way,
+    whatever a third sends within the wire's limits."""
+    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig())
+    backward(blocks[0], tiny_windows, 0)
+    honest = replica.make_payload(lr=2e-3)
+    backward(blocks[0], tiny_windows, 1)
+    other_honest = replica.make_payload(lr=2e-3)
+    largest = 0.95 * replica.max_value  # as large as allowed after rounding to bfloat16
+    if attack == "random signs":
+        hostile = {n: dataclasses.replace(c, values=(torch.randint(0, 2, c.values.shape) * 2 - 1).to(c.values.dtype) * largest)
+                   for n, c in honest.items()}
+    else:
+        hostile = {n: dataclasses.replace(c, values=(-c.values.float().sign() * largest).to(c.values.dtype))
+                   for n, c in honest.items()}
+    wires = [encode_payload(p, 16) for p in (honest, other_honest, hostile)]
+    before = {n: p.detach().clone() for n, p in replica.params.items()}
+    replica.apply([decode_payload(w, replica) for w in wires])
+    for name, param in replica.params.items():
+        decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
+        moved = (decay - param).sign()  # +1 where the step went down the update
+        a, b = decompress(honest[name]).sign(), decompress(other_honest[name]).sign()
+        agreed = (a == b) & (a != 0)
+        assert torch.equal(moved[agreed], a[agreed]), name

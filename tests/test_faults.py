@@ -10,6 +10,7 @@ import sys
 import time
 
 import conftest
+import psutil
 import pytest
 from helpers import assert_one_line_error
 from swarm_helpers import tiny_swarm, wait_for
@@ -102,3 +103,67 @@ def test_a_peer_refuses_a_swarm_that_trains_another_config(tmp_path):
                                                       "--announce-period", "1"])
         wait_for(lambda: any(h.announcement.public_name == "agreeing" for h in directory.hosts(0)), 90, "the peer to join")
         assert accepted.process.poll() is None
+
+
+def dht_child(pid: int) -> psutil.Process:
+    """The DHT process of a peer or bootstrap: its child that runs the libp2p daemon."""
+    def found():
+        return [c for c in psutil.Process(pid).children() if any("p2pd" in g.name() for g in c.children())]
+    return wait_for(found, 30, "the DHT child process")[0]
+
+
+def running(process: psutil.Process) -> bool:
+    """Alive, and not a zombie waiting for its parent to read its exit status."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+LONE = ["--sync", "none", "--average-every", "0", "--announce-period", "1", "--save-every", "20", "--dht-timeout", "2"]
+
+
+def test_a_dht_that_stops_answering_kills_neither_a_peer_nor_the_bootstrap(tmp_path):
+    with tiny_swarm(tmp_path, "slowdht", {"b": "1"}) as (local, peers, client):
+        # --sync demo: it reads its replicas from the DHT every announce period, from the training loop
+        peer = local.start_peer("lone", "0", [*LONE, "--sync", "demo", "--max-steps", "100000"])
+        wait_for(lambda: any(h.announcement.public_name == "lone" and h.announcement.step > 5
+                             for h in client.directory.hosts(0)), 90, "the peer training")  # fmt: skip
+        bootstrap = local.started[0]
+        stalled = [dht_child(peer.process.pid), dht_child(bootstrap.process.pid)]
+        for process in stalled:
+            process.suspend()  # their own DHT: every get and store of theirs now times out (2 s for the peer)
+        try:
+            wait_for(lambda: "on the DHT failed" in peer.log(), 60, "the peer to meet a DHT timeout")
+            wait_for(lambda: "refresh skipped" in bootstrap.log(), 60, "the bootstrap to meet one")
+        finally:
+            for process in stalled:
+                process.resume()
+        assert peer.process.poll() is None and bootstrap.process.poll() is None
+        before = wait_for(lambda: [h.announcement.step for h in client.directory.hosts(0)
+                                   if h.announcement.public_name == "lone"], 30, "the peer's record again")[0]  # fmt: skip
+        wait_for(lambda: any(h.announcement.public_name == "lone" and h.announcement.step > before + 5
+                             for h in client.directory.hosts(0)), 60, "the peer to train on")  # fmt: skip
+
+
+def test_a_stopped_peer_ends_every_process_it_started_whatever_its_dht_is_doing(tmp_path):
+    with tiny_swarm(tmp_path, "stopdht", {"b": "1"}) as (local, _, client):
+        peer = local.start_peer("lone", "0", [*LONE, "--max-steps", "100000"])
+        wait_for(lambda: any(h.announcement.public_name == "lone" and h.announcement.state == "training"
+                             for h in client.directory.hosts(0)), 90, "the peer training")  # fmt: skip
+        dht = dht_child(peer.process.pid)
+        family = [dht, *dht.children(recursive=True)]
+        dht.suspend()  # it cannot shut down gracefully, nor act on SIGTERM
+        assert local.stop(peer, signal.SIGTERM, timeout=40) == 0, peer.log()[-2000:]  # SIGKILLed (and failed) past 40 s
+        assert "peer stopped" in peer.log()
+        assert not [p for p in family if running(p)]
+
+
+def test_a_child_process_that_inherited_the_peers_signal_handler_still_dies_of_sigterm(tmp_path):
+    with tiny_swarm(tmp_path, "childsig", {"b": "1"}) as (local, _, client):
+        peer = local.start_peer("lone", "0", LONE)
+        wait_for(lambda: any(h.announcement.public_name == "lone" for h in client.directory.hosts(0)), 90, "the peer")
+        dht = dht_child(peer.process.pid)
+        dht.terminate()  # the peer's handler (stop after this step) must not make its DHT shrug this off
+        wait_for(lambda: not running(dht), 10, "the DHT process to die of SIGTERM")
+        local.stop(peer, signal.SIGKILL)

@@ -1,68 +1,47 @@
-"""A hostile replica in the swarm: its sync payloads are refused and the honest peer trains on.
+"""A hostile replica among two honest ones: its sync replies never reach the honest trainers' weights.
 
-The hostile peer is a real hivemind node in the test process that announces itself as a
-replica of block 0 and answers every payload request with a well-formed payload full of NaN.
-An honest replica that applied it would hold NaN weights after one step.
+The hostile replica is a real hivemind node in the test process (swarm.lab.attacks) that
+announces itself as a replica of block 0 and answers every payload request with poison:
+payloads full of NaN (an honest replica that applied one would hold NaN weights), or replies
+that are garbage, off-schema, or claim a step of 10^12 (an honest replica that believed it
+would jump there and, with --max-steps, stop training).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-import conftest
+import pytest
 import torch
-from hivemind.utils.crypto import RSAPrivateKey
 from safetensors.torch import load_file
 from swarm_helpers import tiny_swarm, wait_for
 
-from swarm.model.denoiser import ModelConfig, build_block
-from swarm.p2p.directory import SwarmDirectory
-from swarm.p2p.messages import PayloadReply
-from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht
-from swarm.p2p.records import BlockAnnouncement
-from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica, encode_payload
-from swarm.sync.exchange import PayloadServicer
+from swarm.lab.attacks import HostileNode, HostileReplica, LyingSyncReplies
+from swarm.sync.decoupled_momentum import DeMoConfig
+
+HONEST = ["--sync", "demo", "--wait-for-replicas", "3", "--max-steps", "8", "--save-every", "8",
+          "--announce-period", "1", "--sync-deadline", "5", "--average-every", "0"]  # fmt: skip
 
 
-def poisoned_payload(config: ModelConfig) -> bytes:
-    """A payload that fits block 0's parameters exactly, with every value NaN."""
-    block = build_block(config, 0)
-    for param in block.parameters():
-        param.grad = torch.randn_like(param)
-    replica = DeMoReplica(block, DeMoConfig())
-    payload = replica.make_payload(lr=1e-3)
-    nan = {name: dataclasses.replace(c, values=torch.full_like(c.values, float("nan"))) for name, c in payload.items()}
-    return encode_payload(nan, value_bits=16)
-
-
-def test_nan_payloads_from_a_hostile_replica_are_refused_and_training_goes_on(tmp_path):
+@pytest.mark.parametrize("attack", ["nan payloads", "lying replies"])
+def test_a_hostile_replica_cannot_poison_or_derail_honest_ones(tmp_path, attack):
     with tiny_swarm(tmp_path, "hostilesync", {"b": "1"}) as (local, _, client):
-        directory = client.directory
-        key, loop = RSAPrivateKey(), EventLoopThread()
-        hostile = start_dht("hostilesync", NetworkOptions(initial_peers=local.initial_peers), key)
-        p2p = loop.run(hostile.replicate_p2p(), 30)
-        try:
-            servicer = PayloadServicer(block=0, deadline=5)
-            bad = poisoned_payload(ModelConfig(**conftest.TINY))
+        config = client.directory.read_model()
+        with HostileNode("hostilesync", local.initial_peers) as node:
+            if attack == "nan payloads":
+                node.serve(HostileReplica(node, config, 0, DeMoConfig(), 2e-3, "nan"))
+            else:
+                node.serve(LyingSyncReplies(0))
+            node.announce(0, lifetime_s=300)
+            honest = [local.start_peer(name, "0", HONEST) for name in ("r1", "r2")]
+            finals = wait_for(lambda: finished(client, 2), 150, "the honest replicas to finish 8 steps")
+        assert sorted(a.step for a in finals) == [8, 8], finals  # nobody jumped to the claimed 10^12
+        r1, r2 = (load_file(local.workdir / name / "block_0_step_8.safetensors") for name in ("r1", "r2"))
+        assert all(torch.isfinite(t).all() for t in r1.values())
+        assert all(torch.equal(r1[k], r2[k]) for k in r1)  # both applied exactly the honest payloads
+        assert all(peer.process.poll() is None for peer in honest)  # still up, serving
+        if attack == "nan payloads":
+            assert honest[0].log().count("refused the step") >= 8
 
-            async def answer_any_step(request):
-                return PayloadReply(status="ok", payload=bad, fingerprint=b"hostile!")
 
-            servicer._payload = answer_any_step  # the harness: every step's answer is the poisoned payload
-            loop.run(servicer.add_p2p_handlers(p2p), 30)
-            me = BlockAnnouncement(peer_id=hostile.peer_id.to_base58(), state="training", step=0)
-            assert SwarmDirectory(hostile, "hostilesync", key).announce(0, me, lifetime_s=300, wait=True)
-
-            extra = ["--sync", "demo", "--wait-for-replicas", "2", "--max-steps", "8", "--save-every", "8",
-                     "--announce-period", "1", "--sync-deadline", "5"]
-            honest = local.start_peer("honest", "0", extra)
-            wait_for(lambda: any(h.announcement.public_name == "honest" and h.announcement.state == "serving"
-                                 for h in directory.hosts(0)), 120, "the honest replica to finish 8 steps")
-            log = honest.log()
-            assert log.count("refused the step") >= 8, log[-2000:]
-            weights = load_file(local.workdir / "honest" / "block_0_step_8.safetensors")
-            assert all(torch.isfinite(t).all() for t in weights.values())
-            assert honest.process.poll() is None  # still up, serving
-        finally:
-            loop.close(p2p)
-            hostile.shutdown()
+def finished(client, replicas: int) -> list:
+    done = [h.announcement for h in client.directory.hosts(0) if h.announcement.state == "serving"]
+    return done if len(done) == replicas else []

@@ -21,7 +21,8 @@ MAY_IMPORT = {
     "serving": {"model", "p2p"},
     "peer": {"model", "p2p", "sync", "serving"},
     "lab": {"model", "p2p", "sync", "serving"},
-    "cli": {"model", "p2p", "sync", "serving", "peer", "lab"},
+    "health": {"model", "p2p"},
+    "cli": {"model", "p2p", "sync", "serving", "peer", "lab", "health"},
 }
 PROGRAMS = ("peers", "bootstrap", "benchmarks", "tests")
 

@@ -94,11 +94,13 @@ def test_records_under_another_peers_subkey_or_off_schema_are_rejected(swarm):
     forged = BlockAnnouncement(peer_id=victim.peer_id, state="leaving", step=999).model_dump()
     stored = directory.dht.store(block_key(SWARM, 1), forged, get_dht_time() + 60, subkey=victim_subkey)
     assert not stored
+    unowned = BlockAnnouncement(peer_id="y", state="training", step=1).model_dump()
+    assert not directory.dht.store(block_key(SWARM, 1), unowned, get_dht_time() + 60, subkey=b"no key in this subkey")
     off_schema = {"peer_id": "x", "state": "hacking", "step": -1}
     assert not directory.dht.store(block_key(SWARM, 1), off_schema, get_dht_time() + 60, subkey=directory.owner_subkey)
     hosts = directory.hosts(1)
     assert [h.announcement.step for h in hosts if h.peer_id == victim.peer_id] == [6]
-    assert all(h.announcement.peer_id != "x" for h in hosts)
+    assert all(h.announcement.peer_id not in ("x", "y") for h in hosts)
 
 
 def test_peer_refuses_bad_options_with_one_line(swarm, tmp_path):

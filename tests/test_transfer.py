@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import hivemind
 import pytest
 from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
 from swarm.errors import SwarmError
-from swarm.model.denoiser import build_block
+from swarm.lab.attacks import TricklingDownloads
+from swarm.model.checkpoint import encode_block
+from swarm.model.denoiser import ModelConfig, build_block
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import Host, SwarmDirectory
-from swarm.p2p.messages import PeerInfo
+from swarm.p2p.messages import DownloadHeader, DownloadRequest, PayloadReply, PayloadRequest, PeerInfo
 from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, block_key
 from swarm.p2p.store import CheckpointStore
-from swarm.p2p.transfer import BlockServicer, fetch_verified
+from swarm.p2p.transfer import (
+    DOWNLOADS_PER_PEER,
+    BlockServicer,
+    TransferError,
+    download,
+    fetch_verified,
+    max_checkpoint_bytes,
+)
+from swarm.sync.exchange import POLLS_PER_PEER, PayloadServicer
 
 
 class Loop(EventLoopThread):
@@ -104,5 +117,71 @@ def test_readers_skip_entries_that_break_the_schema():
         assert dht.store(block_key("readers", 0), b"junk", expiration, subkey=b"somebody-else")
         hosts = SwarmDirectory(dht, "readers", key).hosts(0)
         assert [h.announcement.peer_id for h in hosts] == ["good"]
+    finally:
+        dht.shutdown()
+
+
+def test_a_stream_that_goes_quiet_is_given_up_whatever_its_size(tmp_path, tiny_config, loop):
+    """The record announces a plausible size; the host sends a header and then nothing."""
+    quiet = start_dht("transfer", NetworkOptions())
+    loop.run(TricklingDownloads(0, lambda: PeerInfo(block=0, owner=b""), every_s=3600).add_p2p_handlers(loop.p2p(quiet)), 30)
+    info = CheckpointInfo(step=3, sha256="cd" * 32, size=max_checkpoint_bytes(tiny_config))
+    try:
+        with SwarmClient("transfer", NetworkOptions(initial_peers=[str(m) for m in quiet.get_visible_maddrs()])) as client:
+            with pytest.raises(TransferError, match="sent nothing for 1s"):
+                client.run(download(client.p2p, host(quiet, info), show_progress=False, inactivity_timeout=1.0), 60)
+    finally:
+        quiet.shutdown()
+
+
+def test_a_checkpoint_of_another_block_or_model_is_refused_though_its_hash_matches(tmp_path, tiny_config, loop, caplog):
+    other_model = ModelConfig(**{**tiny_config.to_dict(), "codebook_seed": 1})
+    wrong = {"block": encode_block(build_block(tiny_config, 1), tiny_config, 1, 5),
+             "model": encode_block(build_block(other_model, 0), other_model, 0, 5)}  # fmt: skip
+    hosts, dhts = [], []
+    for name, data in wrong.items():
+        dht, store, _ = serve(loop, tmp_path, name, tiny_config, 4)
+        store.path_for(5).write_bytes(data)  # its record tells the truth about these bytes
+        hosts.append(host(dht, store.info(store.path_for(5))))
+        dhts.append(dht)
+    try:
+        live = [str(m) for dht in dhts for m in dht.get_visible_maddrs()]
+        with SwarmClient("transfer", NetworkOptions(initial_peers=live)) as client:
+            with pytest.raises(SwarmError, match="no replica"):
+                client.run(fetch_verified(client.p2p, hosts, tiny_config, 0, show_progress=False), 60)
+        messages = " ".join(r.getMessage() for r in caplog.records)
+        assert "holds block 1, not block 0" in messages and "different model config" in messages
+    finally:
+        for dht in dhts:
+            dht.shutdown()
+
+
+def test_one_peer_may_hold_only_a_few_downloads_and_sync_polls_at_once(tmp_path, tiny_config, loop):
+    dht, store, _ = serve(loop, tmp_path, "busy", tiny_config, 4)
+    store.path_for(6).write_bytes(bytes(64 * 1024**2))  # large enough that a stream stays open while unread
+    big = store.info(store.path_for(6))
+    payloads = PayloadServicer(block=0, deadline=3.0)
+    loop.run(payloads.add_p2p_handlers(loop.handles[-1]), 30)
+    try:
+        with SwarmClient("transfer", NetworkOptions(initial_peers=[str(m) for m in dht.get_visible_maddrs()])) as client:
+            blocks = BlockServicer.get_stub(client.p2p, dht.peer_id)
+            request = runtime_pb2.ExpertRequest(metadata=DownloadRequest(block=0, sha256=big.sha256).encode())
+
+            async def open_streams(count: int) -> list[DownloadHeader]:
+                streams = [await blocks.rpc_download(request) for _ in range(count)]
+                return [DownloadHeader.decode((await anext(s)).metadata) for s in streams]
+
+            headers = client.run(open_streams(DOWNLOADS_PER_PEER + 1), 60)
+            busy = ["busy" in h.error for h in headers]
+            assert any(busy) and not all(busy), headers  # one stream too many is turned away at once
+
+            polls = PayloadServicer.get_stub(client.p2p, dht.peer_id)
+            poll = runtime_pb2.ExpertRequest(metadata=PayloadRequest(block=0, step=5).encode())
+
+            async def poll_at_once(count: int) -> list[str]:
+                replies = await asyncio.gather(*(polls.rpc_payload(poll, timeout=30) for _ in range(count)))
+                return sorted(PayloadReply.decode(r.metadata).status for r in replies)
+
+            assert client.run(poll_at_once(POLLS_PER_PEER + 1), 60) == ["busy", "not yet", "not yet"]
     finally:
         dht.shutdown()

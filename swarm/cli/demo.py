@@ -3,7 +3,8 @@
 Starts a bootstrap node and one peer per block as separate processes on 127.0.0.1, lets
 each peer train its block for --steps steps on the built-in corpus, fetches the assembled
 model from the swarm as any user would (swarm-fetch), evaluates it, prints a continuation,
-and stops every process it started.
+and stops every process it started. While the swarm runs, its health page (swarm-health)
+is up at the address the demo prints.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def wait_until_trained(local: LocalSwarm, directory: SwarmDirectory, n_blocks: i
 @click.option("--data", default=None, help="Text source for the peers (default: built-in corpus).")
 @click.option("--prompt", default="The history of", show_default=True)
 @click.option("--timeout", type=click.FloatRange(min=10), default=1800.0, show_default=True)
-def demo_command(workdir, steps, config_path, data, prompt, timeout):
+@click.option("--health-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Port of the swarm's health page (0: any free one; its address is printed).")  # fmt: skip
+def demo_command(workdir, steps, config_path, data, prompt, timeout, health_port):
     """Run a demo swarm on this machine: train, fetch, evaluate, generate, stop."""
     workdir = Path(workdir).resolve()
     config_path = str(Path(config_path).resolve()) if config_path else None
@@ -59,6 +62,8 @@ def demo_command(workdir, steps, config_path, data, prompt, timeout):
     with LocalSwarm(workdir, swarm=SWARM, config_path=config_path, data=data) as local:
         initial_peers = local.start_bootstrap()
         logger.info("bootstrap is up: --initial-peers %s", " ".join(initial_peers))
+        health = local.start_health(["--port", str(health_port), "--poll-period", "2"])  # up while the swarm is
+        click.echo(f"swarm health page: {health}")
         with local.client() as client:
             config = client.directory.wait_for_model(30)
             for block in range(config.n_blocks):

@@ -10,8 +10,7 @@ from swarm.cli.console import run_command
 from swarm.cli.options import swarm_client, swarm_options
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block, save_model_folder
-from swarm.p2p.directory import Host, freshest_first
-from swarm.p2p.transfer import fetch_verified
+from swarm.p2p.choice import Choice, SpotCheck, choose_checkpoint, rank
 
 FETCH_TIMEOUT_S = 600.0
 
@@ -20,30 +19,37 @@ FETCH_TIMEOUT_S = 600.0
 @swarm_options
 @click.option("--out", required=True, help="Model folder to write (config.json, model.safetensors, manifest.json).")
 @click.option("--model-timeout", type=click.FloatRange(min=0), default=15.0, show_default=True)
-def fetch_command(out, model_timeout, **kwargs):
-    """Assemble the model from the swarm: the freshest verified checkpoint of every block."""
+@click.option("--data", default=None,
+              help="The swarm's training text (default: the built-in corpus): its held-out windows spot-check each block.")
+def fetch_command(out, model_timeout, data, **kwargs):
+    """Assemble the model from the swarm: for every block, the checkpoint its hosts agree on
+    that verifies and passes a spot check of its quality (see swarm/p2p/choice.py)."""
     with swarm_client(kwargs) as client:
         config = client.directory.wait_for_model(model_timeout)
         hosts = client.directory.all_hosts(config.n_blocks)
-        missing = [b for b, h in hosts.items() if not freshest_first(h)]
+        missing = [b for b, h in hosts.items() if not rank(h, config)]
         if missing:
             raise SwarmError(f"no live host with a checkpoint for block(s) {', '.join(map(str, missing))}")
+        spot_check = SpotCheck.from_source(data, config)
         modules, manifest = [], {"swarm": client.swarm, "config_hash": config.hash(), "blocks": {}}
         for block in range(config.n_blocks):
-            data, host = client.run(fetch_verified(client.p2p, freshest_first(hosts[block]), config, block), FETCH_TIMEOUT_S)
-            modules.append(decode_block(data, config, block)[0])
-            manifest["blocks"][str(block)] = manifest_entry(host)
+            choice = client.run(choose_checkpoint(client.p2p, hosts[block], config, block, spot_check), FETCH_TIMEOUT_S)
+            modules.append(decode_block(choice.data, config, block)[0])
+            manifest["blocks"][str(block)] = manifest_entry(choice)
+        manifest["spot_check_seconds"] = spot_check.seconds
         save_model_folder(Path(out), "blocks", config, modules, manifest)
     click.echo(f"wrote {out}")
 
 
-def manifest_entry(host: Host) -> dict:
-    checkpoint = host.announcement.checkpoint
+def manifest_entry(choice: Choice) -> dict:
     return {
-        "peer_id": host.peer_id,
-        "public_name": host.announcement.public_name,
-        "step": checkpoint.step,
-        "sha256": checkpoint.sha256,
+        "peer_id": choice.host.peer_id,
+        "public_name": choice.host.announcement.public_name,
+        "step": choice.checkpoint.step,
+        "sha256": choice.checkpoint.sha256,
+        "vouched_by": sorted(h.peer_id for h in choice.chosen.candidate.hosts),
+        "spot_check_loss": choice.loss,
+        "candidates_measured": len(choice.measured),
     }
 
 

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import click
 
 from swarm.errors import SwarmError
 from swarm.p2p.client import SwarmClient
-from swarm.p2p.network import NetworkOptions
+from swarm.p2p.network import DHT_CALL_TIMEOUT_S, NetworkOptions
 
 
 def swarm_options(command: Callable) -> Callable:
-    """--swarm, the DHT addresses and the NAT options, as in `swarm-peer --help`."""
+    """--swarm, --creator, the DHT addresses and the NAT options, as in `swarm-peer --help`.
+
+    The line `swarm-bootstrap` prints (`--swarm S --creator F --initial-peers A ...`) is a
+    valid set of these options for every command."""
     options = [
         click.option("--swarm", default="demo", show_default=True, help="Swarm name (no dots)."),
+        click.option("--creator", default=None, callback=_check_fingerprint,
+                     help="Fingerprint of the swarm creator's key (from swarm-bootstrap's line): the only model record "
+                     "believed."),
         click.option("--initial-peers", multiple=True, help="Multiaddr of a peer already in the swarm (repeatable)."),
         click.option("--host-maddrs", multiple=True, default=["/ip4/127.0.0.1/tcp/0"], show_default=True,
                      help="Where to listen, e.g. /ip4/0.0.0.0/tcp/31337 for a public peer."),
@@ -23,6 +30,8 @@ def swarm_options(command: Callable) -> Callable:
         click.option("--client-mode", is_flag=True, help="Behind NAT without an open port: ask, do not serve the DHT."),
         click.option("--use-relay/--no-relay", default=True, show_default=True, help="libp2p circuit relays."),
         click.option("--use-auto-relay", is_flag=True, help="Find relays to be reachable from behind NAT."),
+        click.option("--dht-timeout", type=click.FloatRange(min=0.5), default=DHT_CALL_TIMEOUT_S, hidden=True,
+                     help="Seconds one DHT call may take (tests)."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -39,13 +48,20 @@ def network_options(kwargs: dict) -> NetworkOptions:
         client_mode=kwargs.pop("client_mode"),
         use_relay=kwargs.pop("use_relay"),
         use_auto_relay=kwargs.pop("use_auto_relay"),
+        dht_timeout=kwargs.pop("dht_timeout"),
     )
+
+
+def _check_fingerprint(context: click.Context, parameter: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"[0-9a-f]{32}", value):
+        raise click.BadParameter("must be the 32 hex digits swarm-bootstrap printed")
+    return value
 
 
 
 def swarm_client(kwargs: dict) -> SwarmClient:
     """A client of the swarm the options name; SwarmError if they name no peer to join through."""
-    swarm, network = kwargs.pop("swarm"), network_options(kwargs)
+    swarm, creator, network = kwargs.pop("swarm"), kwargs.pop("creator"), network_options(kwargs)
     if not network.initial_peers:
         raise SwarmError("--initial-peers is required: the address printed by swarm-bootstrap")
-    return SwarmClient(swarm, network)
+    return SwarmClient(swarm, network, creator)

@@ -4,4 +4,5 @@
 - netlab.py: network namespaces as emulated hosts and regions (delays, link caps)
 - delayd.py: the packet delay line a lab's router runs
 - chaos.py: churn (kill and replace peers) on a local swarm
+- discovery.py: many DHT nodes announcing blocks as peers do, and lookups traced RPC by RPC
 """

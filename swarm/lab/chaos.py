@@ -23,8 +23,8 @@ from pathlib import Path
 from swarm.lab.launch import STOP_TIMEOUT_S, LocalSwarm, Started
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import ModelConfig
-from swarm.p2p.directory import SwarmDirectory, freshest_first
-from swarm.p2p.transfer import fetch_verified
+from swarm.p2p.choice import SpotCheck, choose_checkpoint
+from swarm.p2p.directory import SwarmDirectory
 from swarm.serving.remote import RemoteBlocks
 from swarm.waiting import wait_for
 
@@ -180,11 +180,12 @@ class ChaosMonkey:
                 logger.error("torn checkpoint %s: %s", path, error)
 
     def blocks_lost(self) -> list[int]:
-        """Blocks of which no live replica now serves a checkpoint that downloads and verifies."""
-        lost = []
+        """Blocks of which no live replica now serves a checkpoint that verifies and passes the
+        spot check (chosen as swarm-fetch chooses)."""
+        lost, spot_check = [], SpotCheck.from_source(self.local.data, self.model)
         for block in range(self.model.n_blocks):
-            hosts = freshest_first(self.directory.hosts(block))
-            coro = fetch_verified(self.runner.p2p, hosts, self.model, block, show_progress=False)
+            hosts = self.directory.hosts(block)
+            coro = choose_checkpoint(self.runner.p2p, hosts, self.model, block, spot_check, show_progress=False)
             try:
                 self.runner.loop.run(coro, FETCH_TIMEOUT_S)
             except Exception as error:

@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 15.0
 BOOTSTRAP_TIMEOUT_S = 60.0
+HEALTH_START_TIMEOUT_S = 60.0  # joining the swarm, reading the model, a first poll
 
 
 def command_path(name: str) -> str:
@@ -60,6 +61,8 @@ class LocalSwarm:
     data: str | None = None  # text source for the peers (None: built-in corpus)
     threads_per_process: int = 1
     initial_peers: list[str] = field(default_factory=list)
+    join_args: list[str] = field(default_factory=list)  # the line the bootstrap printed, as arguments
+    creator: str | None = None
     started: list[Started] = field(default_factory=list)
     lab: NetLab | None = None  # if set, each process runs on the lab's host of its name
 
@@ -94,21 +97,24 @@ class LocalSwarm:
         return handle
 
     def start_bootstrap(self, refresh_period: float = 5.0, extra: list[str] = ()) -> list[str]:
-        """Start the bootstrap node (creating the swarm) and return its --initial-peers value."""
+        """Start the bootstrap node (creating the swarm), keep the join line it prints
+        (`--swarm S --creator F --initial-peers ...`) and return its initial peers."""
         args = [command_path("swarm-bootstrap"), "--swarm", self.swarm, "--new-swarm",
                 "--identity", str(self.workdir / "bootstrap.id"), "--refresh-period", str(refresh_period), *extra]
         if self.config_path:
             args += ["--config", self.config_path]
         handle = self._spawn("bootstrap", args, stdout=subprocess.PIPE)
         line = _read_line(handle, BOOTSTRAP_TIMEOUT_S)
-        if not line.startswith("--initial-peers "):
+        args = line.split()
+        if not line.startswith("--swarm ") or "--initial-peers" not in args:
             raise SwarmError(f"bootstrap did not start: {line or handle.log()[-2000:]}")
-        self.initial_peers = line.split()[1:]
+        self.join_args = args
+        self.initial_peers = args[args.index("--initial-peers") + 1 :]
+        self.creator = args[args.index("--creator") + 1] if "--creator" in args else None
         return self.initial_peers
 
     def peer_args(self, name: str, block: str = "auto", extra: list[str] = ()) -> list[str]:
-        args = [command_path("swarm-peer"), "--swarm", self.swarm, "--initial-peers", *self.initial_peers,
-                "--block", block, "--public-name", name, "--checkpoint-dir", str(self.workdir / name)]
+        args = [command_path("swarm-peer"), *self.join_args, "--block", block, "--public-name", name, "--checkpoint-dir", str(self.workdir / name)]
         if self.data:
             args += ["--data", self.data]
         return args + list(extra)
@@ -116,18 +122,28 @@ class LocalSwarm:
     def start_peer(self, name: str, block: str = "auto", extra: list[str] = ()) -> Started:
         return self._spawn(name, self.peer_args(name, block, extra))
 
+    def start_health(self, extra: list[str] = ()) -> str:
+        """Start swarm-health on a free port of 127.0.0.1 (unless `extra` names one) and return the
+        page's address, the line it prints once it serves."""
+        args = [command_path("swarm-health"), *self.join_args, "--port", "0", *extra]
+        handle = self._spawn("health", args, stdout=subprocess.PIPE)
+        line = _read_line(handle, HEALTH_START_TIMEOUT_S)
+        if not line.startswith("http://"):
+            raise SwarmError(f"swarm-health did not start: {line or handle.log()[-2000:]}")
+        return line
+
     def run(
         self, name: str, *args: str, timeout: float = 300.0, subcommand: str | None = None, host: str = "client"
     ) -> subprocess.CompletedProcess:
         """Run a client command (swarm-fetch, swarm-status, swarm-bench latency, ...) against this
         swarm and wait for it; in a lab, on the host named `host`."""
         command = [command_path(name), *([subcommand] if subcommand else [])]
-        argv = self._placed(host, [*command, "--swarm", self.swarm, "--initial-peers", *self.initial_peers, *args])
+        argv = self._placed(host, [*command, *self.join_args, *args])
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.workdir, env=self._env())
 
     def client(self) -> SwarmClient:
         """A client of this swarm in this process (on 127.0.0.1: not for a swarm inside a lab)."""
-        return SwarmClient(self.swarm, NetworkOptions(initial_peers=list(self.initial_peers)))
+        return SwarmClient(self.swarm, NetworkOptions(initial_peers=list(self.initial_peers)), self.creator)
 
     def check_running(self) -> None:
         """SwarmError naming a started process that has exited (with the end of its log)."""

@@ -20,6 +20,8 @@ Needs root and `ip` (iproute2); delays also need `iptables` and the NetfilterQue
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
 import json
 import logging
@@ -28,13 +30,15 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterator
 
 from swarm.errors import SwarmError
 
 logger = logging.getLogger(__name__)
 
 SUBNET = "10.231"  # nodes get 10.231.<i>.2, the router 10.231.<i>.1
+CLONE_NEWNET = 0x40000000  # setns(2): the fd names a network namespace
 
 
 def available(delays: bool = False) -> str | None:
@@ -72,6 +76,41 @@ class Node:
         """An `eth0` statistic of this node (tx_bytes, rx_bytes, ...), read inside its namespace."""
         path = f"/sys/class/net/eth0/statistics/{name}"
         return int(sh(*self.exec_prefix(), "cat", path).stdout)
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        """Run the calling thread in this node's namespace until the block ends: a process it
+        forks meanwhile (a hivemind DHT, and the libp2p daemon that DHT starts) lives there for
+        good, while the rest of this process stays where it was. This puts many DHT nodes on one
+        emulated host without a Python interpreter each under `ip netns exec`. Any other helper
+        process started meanwhile lands there too, and dies with the lab: start those before."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        with open("/proc/thread-self/ns/net") as home, open(f"/run/netns/{self.namespace}") as there:
+            _setns(libc, there.fileno())
+            try:
+                yield
+            finally:
+                _setns(libc, home.fileno())
+
+
+def _setns(libc: ctypes.CDLL, fd: int) -> None:
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        error = ctypes.get_errno()
+        raise SwarmError(f"setns: {os.strerror(error)}")
+
+
+def load_regions(path: Path) -> tuple[dict, Callable[[str, str], float]]:
+    """Regions from a YAML file like benchmarks/regions.yaml: (each region's link caps,
+    one_way_s(region a, region b)), the delay a lab's router gives a packet between them."""
+    import yaml  # PyYAML comes with hivemind and the `bench` extra; only region files need it
+
+    spec = yaml.safe_load(Path(path).read_text())
+    regions, delays = spec["regions"], {}
+    for a, row in spec["one_way_ms"].items():
+        for b, ms in row.items():
+            delays[a, b] = delays[b, a] = ms / 1000
+    within = spec.get("within_region_ms", 0) / 1000
+    return regions, lambda a, b: within if a == b else delays[a, b]
 
 
 @dataclass

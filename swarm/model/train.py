@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -62,7 +61,7 @@ class Trainer:
     step_count: int = 0
     losses: list[float] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
-    # replaces the AdamW step (replica sync); it must take `weights_lock` while it writes weights
+    # replaces the AdamW step (replica sync)
     update: Callable[["Trainer"], None] | None = None
 
     def __post_init__(self) -> None:
@@ -71,7 +70,6 @@ class Trainer:
         )
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.device = next(self.module.parameters()).device
-        self.weights_lock = threading.Lock()  # held while the optimizer writes: readers see whole steps
 
     def step(self) -> float:
         started = time.perf_counter()
@@ -86,8 +84,7 @@ class Trainer:
         if self.update is not None:
             self.update(self)
         else:
-            with self.weights_lock:
-                self.optimizer.step()
+            self.optimizer.step()
         self.step_count += 1
         self.losses.append(loss.item())
         self.step_seconds.append(time.perf_counter() - started)

@@ -6,5 +6,6 @@
 - directory.py: one swarm's records as typed objects; block choice, freshest replica first
 - limits.py: per-caller limits every P2P service applies
 - transfer.py: a peer's checkpoint store, its P2P service, verified downloads
+- pings.py: round trips between peers (what a peer announces, what the health page measures)
 - client.py: a process that joins a swarm to ask it things (commands, benchmarks, tests)
 """

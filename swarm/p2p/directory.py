@@ -1,9 +1,20 @@
-"""Reading and writing one swarm's records on the DHT: the model, and who hosts which block."""
+"""Reading and writing one swarm's records on the DHT: the model, and who hosts which block.
+
+Every DHT call has a deadline. A call that misses it raises `DHTUnavailable` (a SwarmError):
+a command turns it into one line, and a long-running peer or bootstrap skips that round and
+tries again, never dies of it.
+
+The model record belongs to the swarm's creator: it is written under a subkey carrying the
+creator's public key, so only the creator can write it, and a directory given the creator's
+fingerprint (`creator`, from the line `swarm-bootstrap --new-swarm` prints) reads only that
+entry, whatever others write beside it.
+"""
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 from dataclasses import dataclass
 
 from hivemind import DHT
@@ -13,12 +24,15 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
-from swarm.p2p.records import BlockAnnouncement, ModelRecord, block_key, model_key, parse_record
+from swarm.p2p.network import DHT_CALL_TIMEOUT_S
+from swarm.p2p.records import BlockAnnouncement, ModelRecord, block_key, model_key, owner_fingerprint, parse_record
 from swarm.waiting import WaitTimeout, wait_for
 
 logger = logging.getLogger(__name__)
 
-DHT_CALL_TIMEOUT_S = 20.0
+
+class DHTUnavailable(SwarmError):
+    """A DHT call did not finish in time or failed: skip this round, or tell the user."""
 
 
 @dataclass(frozen=True)
@@ -36,35 +50,91 @@ class Host:
 
 
 class SwarmDirectory:
-    """The records of swarm `swarm` on a running DHT, as typed objects."""
+    """The records of swarm `swarm` on a running DHT, as typed objects.
 
-    def __init__(self, dht: DHT, swarm: str, private_key: RSAPrivateKey | None = None):
-        self.dht, self.swarm = dht, swarm
+    Args:
+        private_key: the key this process signs its records with (None: the process-wide key,
+            as the DHT's own signature validator uses).
+        creator: the fingerprint of the swarm creator's key; the model record is read only from
+            that key's entry. None: there must be only one model record.
+        call_timeout: seconds any one DHT call may take.
+    """
+
+    def __init__(
+        self,
+        dht: DHT,
+        swarm: str,
+        private_key: RSAPrivateKey | None = None,
+        creator: str | None = None,
+        call_timeout: float = DHT_CALL_TIMEOUT_S,
+    ):
+        self.dht, self.swarm, self.creator, self.call_timeout = dht, swarm, creator, call_timeout
         # the subkey that carries this process's public key: only this process can write under it
         self.owner_subkey = RSASignatureValidator(private_key).local_public_key
+        self._competitors_seen: set[str] = set()
+        # hivemind's DHT hands each call to its process through one pipe with no lock of its own,
+        # and a peer calls from several threads (training, announcer, pings)
+        self._submitting = threading.Lock()
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint of this process's key: what a join line pins when this process creates a swarm."""
+        return owner_fingerprint(self.owner_subkey)
 
     def publish_model(self, config: ModelConfig, lifetime_s: float) -> bool:
+        """Store the model record under this process's key (the creator's)."""
         record = ModelRecord(config=config.to_dict(), config_hash=config.hash())
-        return self._store(model_key(self.swarm), record.model_dump(), None, lifetime_s)
+        return self._store(model_key(self.swarm), record.model_dump(), self.owner_subkey, lifetime_s)
 
     def read_model(self) -> ModelConfig | None:
-        found = self.dht.get(model_key(self.swarm), latest=True, return_future=True).result(DHT_CALL_TIMEOUT_S)
-        record = parse_record(ModelRecord, found.value) if found is not None else None
+        """The creator's model config; None if there is none yet (or the DHT did not answer in time)."""
+        try:
+            entries = self._entries(model_key(self.swarm))
+        except DHTUnavailable as error:
+            logger.warning("%s", error)
+            return None
+        configs = {}
+        for subkey, entry in entries.items():
+            config = self._valid_model(getattr(entry, "value", None))
+            if config is not None:
+                configs[owner_fingerprint(subkey)] = config
+        return self._the_creators(configs)
+
+    def _valid_model(self, value: object) -> ModelConfig | None:
+        record = parse_record(ModelRecord, value)
         if record is None:
             return None
-        config = ModelConfig.from_dict(record.config)
+        try:
+            config = ModelConfig.from_dict(record.config)
+        except SwarmError as error:
+            logger.warning("ignoring a model record of swarm %r: %s", self.swarm, error)
+            return None
         if config.hash() != record.config_hash:
-            logger.warning("ignoring %s: its config does not match its hash", model_key(self.swarm))
+            logger.warning("ignoring a model record of swarm %r: its config does not match its hash", self.swarm)
             return None
         return config
+
+    def _the_creators(self, configs: dict[str, ModelConfig]) -> ModelConfig | None:
+        """The config the creator wrote (or the only one, if no creator is pinned); logs competitors once."""
+        if self.creator is None:
+            if len({c.hash() for c in configs.values()}) > 1:
+                raise SwarmError(f"{len(configs)} model records compete for swarm {self.swarm!r}: "
+                                 "join with the --creator that swarm-bootstrap printed")  # fmt: skip
+            return next(iter(configs.values()), None)
+        for fingerprint in configs.keys() - {self.creator} - self._competitors_seen:
+            self._competitors_seen.add(fingerprint)
+            logger.warning("ignoring a competing model record of swarm %r written by key %s (the creator is %s)",
+                           self.swarm, fingerprint[:16], self.creator[:16])  # fmt: skip
+        return configs.get(self.creator)
 
     def wait_for_model(self, timeout_s: float) -> ModelConfig:
         """The swarm's model config, or SwarmError if nobody has published one within the timeout."""
         try:
             return wait_for(self.read_model, timeout_s, "the model config", interval=1.0)
         except WaitTimeout:
+            creator = f" by creator {self.creator[:16]}" if self.creator else ""
             raise SwarmError(
-                f"no model config found for swarm {self.swarm!r}: is the name right, "
+                f"no model config found for swarm {self.swarm!r}{creator}: is the join line right, "
                 "and was the swarm created (swarm-bootstrap --new-swarm)?"
             ) from None
 
@@ -72,23 +142,45 @@ class SwarmDirectory:
         """Store this peer's entry for a block, signed; expires after `lifetime_s` unless refreshed."""
         return self._store(block_key(self.swarm, block), announcement.model_dump(), self.owner_subkey, lifetime_s, wait)
 
-    def _store(self, key: str, value: dict, subkey: bytes | None, lifetime_s: float, wait: bool = True) -> bool:
-        future = self.dht.store(key, value, get_dht_time() + lifetime_s, subkey=subkey, return_future=True)
+    def _store(self, key: str, value: dict, subkey: bytes, lifetime_s: float, wait: bool = True) -> bool:
+        with self._submitting:
+            future = self.dht.store(key, value, get_dht_time() + lifetime_s, subkey=subkey, return_future=True)
         if not wait:
             return True
-        return bool(future.result(DHT_CALL_TIMEOUT_S))
+        return bool(self._result(future, f"storing {key}"))
+
+    def _entries(self, key: str) -> dict:
+        """The entries (ValueWithExpiration) stored under `key`, by subkey; entries under no
+        subkey are nobody's and skipped."""
+        with self._submitting:
+            future = self.dht.get(key, latest=True, return_future=True)
+        found = self._result(future, f"reading {key}")
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        return {k: v for k, v in found.value.items() if isinstance(k, bytes)}
+
+    def _result(self, future, what: str):
+        try:
+            return future.result(self.call_timeout)
+        except Exception as error:  # a timeout, or the DHT process gone
+            future.cancel()
+            raise DHTUnavailable(f"{what} on the DHT failed ({type(error).__name__}) within {self.call_timeout:.0f}s") from None
 
     def hosts(self, block: int) -> list[Host]:
         """Live, well-formed entries for a block (a record that does not parse is skipped)."""
-        found = self.dht.get(block_key(self.swarm, block), latest=True, return_future=True).result(DHT_CALL_TIMEOUT_S)
-        if found is None or not isinstance(found.value, dict):
-            return []
-        hosts = []
-        for subkey, entry in found.value.items():
+        return self.census(block)[0]
+
+    def census(self, block: int) -> tuple[list[Host], int]:
+        """Live, well-formed entries for a block, and how many entries were skipped for not parsing
+        (the health page shows that count: a reader never fails on them)."""
+        hosts, skipped = [], 0
+        for subkey, entry in self._entries(block_key(self.swarm, block)).items():
             announcement = parse_record(BlockAnnouncement, getattr(entry, "value", None))
-            if announcement is not None and announcement.state != "leaving" and isinstance(subkey, bytes):
+            if announcement is None:
+                skipped += 1
+            elif announcement.state != "leaving":
                 hosts.append(Host(block, announcement, entry.expiration_time, subkey))
-        return hosts
+        return hosts, skipped
 
     def all_hosts(self, n_blocks: int) -> dict[int, list[Host]]:
         return {block: self.hosts(block) for block in range(n_blocks)}
@@ -105,9 +197,3 @@ def least_hosted_block(hosts_by_block: dict[int, list[Host]], rng: random.Random
     candidates = [block for block, hosts in hosts_by_block.items() if len(hosts) == fewest]
     return (rng or random).choice(candidates)
 
-
-def freshest_first(hosts: list[Host], rng: random.Random | None = None) -> list[Host]:
-    """Hosts that can serve a checkpoint, newest checkpoint first (ties in random order)."""
-    serving = [h for h in hosts if h.announcement.checkpoint is not None]
-    (rng or random).shuffle(serving)
-    return sorted(serving, key=lambda h: h.announcement.checkpoint.step, reverse=True)

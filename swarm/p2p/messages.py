@@ -113,6 +113,7 @@ class DenoiseRequest(Message):
 
     block: BlockIndex
     logits: bool = False  # also return the last step's logits
+    checkpoint: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")  # sha256 of the checkpoint to run ("": any)
 
 
 class StageRequest(Message):

@@ -12,9 +12,13 @@ import logging
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any, Awaitable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
+import psutil
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from hivemind import DHT
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.p2p import P2P
@@ -22,11 +26,14 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 
 from swarm.errors import SwarmError
+from swarm.model.checkpoint import write_atomic
 from swarm.p2p.records import SwarmRecordValidator, check_swarm_name
 
 logger = logging.getLogger(__name__)
 
 DHT_START_TIMEOUT_S = 30.0
+DHT_CALL_TIMEOUT_S = 20.0
+CHILD_STOP_TIMEOUT_S = 10.0
 
 
 def parse_maddrs(values: Sequence[str], option: str, need_peer_id: bool = False) -> list[str]:
@@ -55,12 +62,32 @@ class NetworkOptions:
     use_relay: bool = True
     use_auto_relay: bool = False  # look for relays to become reachable behind NAT
     start_timeout: float = DHT_START_TIMEOUT_S
+    dht_timeout: float = DHT_CALL_TIMEOUT_S  # seconds one DHT get or store may take
 
     def checked(self) -> "NetworkOptions":
         self.initial_peers = parse_maddrs(self.initial_peers, "--initial-peers", need_peer_id=True)
         self.host_maddrs = parse_maddrs(self.host_maddrs, "--host-maddrs")
         self.announce_maddrs = parse_maddrs(self.announce_maddrs, "--announce-maddrs")
         return self
+
+
+def load_or_create_key(path: str | Path) -> RSAPrivateKey:
+    """The RSA key in `path` (DER), created on first use: the key a swarm's creator signs its
+    model record with, so that the creator stays the same across restarts."""
+    path = Path(path)
+    if not path.exists():
+        write_atomic(path, RSAPrivateKey().to_bytes(), mode=0o600)
+        logger.info("created a new swarm creator key in %s", path)
+    try:
+        der = path.read_bytes()
+        loaded = serialization.load_der_private_key(der, password=None)
+    except (OSError, ValueError) as error:
+        raise SwarmError(f"cannot read the creator key {path}: {error}") from None
+    if not isinstance(loaded, rsa.RSAPrivateKey):
+        raise SwarmError(f"{path} does not hold an RSA private key")
+    key = RSAPrivateKey.__new__(RSAPrivateKey)  # hivemind's class has no loader; its unpickling hook is one
+    key.__setstate__({"_private_key": der})
+    return key
 
 
 def ensure_identity(path: str) -> None:
@@ -103,6 +130,32 @@ def _stop(dht: DHT) -> None:
     if dht.is_alive():
         dht.terminate()
         dht.join(timeout=5)
+
+
+def stop_child(process: BaseProcess, graceful: Callable[[], None], timeout: float = CHILD_STOP_TIMEOUT_S) -> None:
+    """Stop a child process of ours (the DHT, hivemind's averager) within `timeout` seconds,
+    whatever state it is in: its own graceful shutdown first, then SIGKILL for it and every
+    process it started (the DHT's libp2p daemon), so that nothing is left to hang the exit."""
+    if process.pid is None:
+        return
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    try:
+        graceful()
+    except Exception as error:  # stopping must not fail: what is left is killed below
+        logger.debug("graceful shutdown of %s: %s", process.name, error)
+    process.join(timeout)
+    if process.is_alive():
+        logger.warning("%s (pid %d) did not stop in %.0fs: killing it", process.name, process.pid, timeout)
+        process.kill()
+        process.join(1.0)
+    for leftover in descendants:
+        try:
+            leftover.kill()  # psutil checks that the pid still belongs to the process it listed
+        except psutil.Error:
+            pass  # gone already, as it should be
 
 
 def visible_maddrs(dht: DHT) -> list[str]:

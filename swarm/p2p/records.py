@@ -1,17 +1,21 @@
 """Every record BlockSwarm puts on the DHT: one typed, validated class each, and their keys.
 
 Keys (S is the swarm's name, without dots):
-- `S.model`: a `ModelRecord`, the model config every peer must train, with its hash;
+- `S.model`: a `ModelRecord`, the model config every peer must train, with its hash, under a
+  subkey that carries the swarm creator's RSA public key (readers pin the creator by the
+  key's fingerprint: see `owner_fingerprint`);
 - `S.block.<b>`: one `BlockAnnouncement` per hosting peer, under a subkey that carries the
-  peer's RSA public key, so hivemind's `RSASignatureValidator` lets only that peer write it.
+  peer's RSA public key.
+hivemind's `RSASignatureValidator` lets only the holder of a subkey's key write under it.
 
 `SwarmRecordValidator` makes DHT nodes refuse records under these keys that do not match
-their schema (or, for block records, whose subkey carries no public key). Readers parse
-tolerantly as well: an entry that does not parse is skipped, never fatal.
+their schema or whose subkey carries no public key. Readers parse tolerantly as well: an
+entry that does not parse is skipped, never fatal.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from typing import Literal
@@ -27,6 +31,8 @@ from swarm.errors import SwarmError
 logger = logging.getLogger(__name__)
 
 MAX_BLOCKS = 256  # block records are recognised for indices below this
+MAX_PINGS = 8  # round trips one announcement may carry
+MAX_PING_S = 60.0
 SWARM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PeerState = Literal["joining", "training", "serving", "leaving"]
 
@@ -59,6 +65,13 @@ class CheckpointInfo(_Record):
     size: int = Field(gt=0, le=2**34)
 
 
+class Ping(_Record):
+    """One round trip a peer measured to another (rpc_info), like Petals' `next_pings`."""
+
+    peer_id: str = Field(min_length=1, max_length=128)
+    seconds: float = Field(ge=0, le=MAX_PING_S, allow_inf_nan=False)
+
+
 class BlockAnnouncement(_Record):
     """What a peer says about the block it hosts, refreshed every announce period."""
 
@@ -76,6 +89,9 @@ class BlockAnnouncement(_Record):
     sync_bytes_received: int = Field(default=0, ge=0)  # payload bytes gathered from them, in all (DeMo)
     sync_round_s: float | None = Field(default=None, ge=0)  # seconds the last exchange with the replicas took
     drift: float | None = Field(default=None, ge=0)  # max |param - replicas' mean| the last averaging round found
+    # round trips to a few peers of this block and its neighbours (a tuple keeps the record hashable;
+    # lax only so that a list read back from msgpack is taken: each Ping is strict)
+    pings: tuple[Ping, ...] = Field(default=(), max_length=MAX_PINGS, strict=False)
 
 
 class ModelRecord(_Record):
@@ -83,6 +99,11 @@ class ModelRecord(_Record):
 
     config: dict
     config_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+def owner_fingerprint(subkey: bytes) -> str:
+    """A short, unforgeable name for the key an entry was written under (128 bits of its sha256)."""
+    return hashlib.sha256(subkey).hexdigest()[:32]
 
 
 def parse_record(schema: type[_Record], value: object) -> _Record | None:
@@ -106,8 +127,8 @@ class SwarmRecordValidator(RecordValidatorBase):
         schema = self._schemas.get(record.key)
         if schema is None:
             return True
-        if schema is BlockAnnouncement and not RSASignatureValidator._PUBLIC_KEY_RE.search(record.subkey or b""):
-            return False  # a block entry must be owned: its subkey carries the owner's public key
+        if not RSASignatureValidator._PUBLIC_KEY_RE.search(record.subkey or b""):
+            return False  # an entry must be owned: its subkey carries the owner's public key
         try:
             value = DHTProtocol.serializer.loads(record.value)
         except Exception:  # msgpack raises several types on garbage

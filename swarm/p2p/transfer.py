@@ -17,13 +17,14 @@ import time
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
+import torch
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 from tqdm import tqdm
 
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block
-from swarm.model.denoiser import ModelConfig
+from swarm.model.denoiser import Denoiser, ModelConfig, build_block
 from swarm.p2p.directory import Host
 from swarm.p2p.limits import Busy, PerPeerLimit
 from swarm.p2p.messages import DownloadHeader, DownloadRequest, MessageError, PeerInfo
@@ -35,7 +36,9 @@ logger = logging.getLogger(__name__)
 CHUNK_BYTES = 1 << 20
 DOWNLOADS_PER_PEER = 2  # checkpoint streams one peer may have open here at once
 FIRST_BYTE_TIMEOUT_S = 15.0
-SLOWEST_RATE_BYTES_S = 128 * 1024  # a download slower than this (1 Mbit/s) is given up
+INACTIVITY_TIMEOUT_S = 15.0  # a stream that sends nothing for this long is given up, whatever its size
+SLOWEST_RATE_BYTES_S = 128 * 1024  # a download slower than this on average (1 Mbit/s) is given up
+HEADER_SLACK_BYTES = 256 * 1024  # a block file's safetensors header and metadata stay far below this
 
 
 class TransferError(Exception):
@@ -93,8 +96,22 @@ async def ask_info(p2p: P2P, peer_id: str, timeout: float) -> PeerInfo:
     return PeerInfo.decode(reply.serialized_info)
 
 
-async def download(p2p: P2P, host: Host, show_progress: bool = True, timings: dict | None = None) -> bytes:
-    """The checkpoint a host announced, verified against its record; TransferError otherwise."""
+def max_checkpoint_bytes(config: ModelConfig) -> int:
+    """The most a block checkpoint of this config can weigh: its float32 tensors and a header.
+    An announced size above it is a lie, and is never downloaded."""
+    with torch.device("meta"):
+        tensor_bytes = sum(t.numel() * 4 for t in build_block(config, 0).state_dict().values())
+    return tensor_bytes + HEADER_SLACK_BYTES
+
+
+async def download(
+    p2p: P2P, host: Host, show_progress: bool = True, timings: dict | None = None, inactivity_timeout: float = INACTIVITY_TIMEOUT_S
+) -> bytes:
+    """The checkpoint a host announced, verified against its record; TransferError otherwise.
+
+    Gives up when no byte comes for `inactivity_timeout` seconds, and when the whole takes
+    longer than the announced size allows at the slowest rate we accept (callers bound the
+    announced size first: see `max_checkpoint_bytes`)."""
     info = host.announcement.checkpoint
     if info is None:
         raise TransferError(f"peer {host.peer_id} announces no checkpoint")
@@ -104,7 +121,7 @@ async def download(p2p: P2P, host: Host, show_progress: bool = True, timings: di
         async with asyncio.timeout(FIRST_BYTE_TIMEOUT_S + info.size / SLOWEST_RATE_BYTES_S):
             await check_owner(p2p, host, FIRST_BYTE_TIMEOUT_S)
             stream = await asyncio.wait_for(stub.rpc_download(request), FIRST_BYTE_TIMEOUT_S)
-            data = await _receive(stream, info, host, show_progress, timings if timings is not None else {})
+            data = await _receive(stream, info, host, show_progress, timings if timings is not None else {}, inactivity_timeout)
     except TimeoutError:
         raise TransferError(f"download from {host.peer_id} timed out") from None
     except TransferError:
@@ -129,7 +146,9 @@ def owns_record(info: PeerInfo, host: Host) -> bool:
     return not host.owner or info.owner == host.owner
 
 
-async def _receive(stream, info: CheckpointInfo, host: Host, show_progress: bool, timings: dict) -> bytes:
+async def _receive(
+    stream, info: CheckpointInfo, host: Host, show_progress: bool, timings: dict, inactivity_timeout: float
+) -> bytes:
     """The announced bytes after the header; `timings` gets the perf_counter of the header."""
     header = DownloadHeader.decode((await anext(stream)).metadata)
     timings["header"] = time.perf_counter()
@@ -137,7 +156,13 @@ async def _receive(stream, info: CheckpointInfo, host: Host, show_progress: bool
         raise TransferError(f"peer {host.peer_id} refused: {header.error}")
     received = bytearray()
     with tqdm(total=info.size, unit="B", unit_scale=True, desc=f"block {host.block}", disable=not show_progress) as bar:
-        async for message in stream:
+        while True:
+            try:
+                message = await asyncio.wait_for(anext(stream), inactivity_timeout)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise TransferError(f"peer {host.peer_id} sent nothing for {inactivity_timeout:.0f}s") from None
             received += message.metadata
             bar.update(len(message.metadata))
             if len(received) > info.size:
@@ -147,14 +172,28 @@ async def _receive(stream, info: CheckpointInfo, host: Host, show_progress: bool
     return bytes(received)
 
 
+async def download_verified(
+    p2p: P2P, host: Host, config: ModelConfig, block: int, show_progress: bool = True
+) -> tuple[bytes, Denoiser]:
+    """A host's checkpoint that is what its record says and loads as `block` of `config`:
+    (its bytes, the block); TransferError or SwarmError otherwise."""
+    info = host.announcement.checkpoint
+    if info is not None and info.size > max_checkpoint_bytes(config):
+        raise TransferError(f"peer {host.peer_id} announces {info.size} bytes, more than a block of this model weighs")
+    data = await download(p2p, host, show_progress)
+    denoiser, step = decode_block(data, config, block)  # right model, right block, tensors that load
+    if step != info.step:
+        raise TransferError(f"checkpoint from {host.peer_id} holds step {step}, its record says {info.step}")
+    return data, denoiser
+
+
 async def fetch_verified(
     p2p: P2P, hosts: list[Host], config: ModelConfig, block: int, show_progress: bool = True
 ) -> tuple[bytes, Host]:
     """The first checkpoint among `hosts` (in the given order) that downloads and verifies."""
     for host in hosts:
         try:
-            data = await download(p2p, host, show_progress)
-            decode_block(data, config, block)  # right model, right block, tensors that load
+            data, _ = await download_verified(p2p, host, config, block, show_progress)
             return data, host
         except (TransferError, SwarmError) as error:
             logger.warning("block %d: %s; trying the next replica", block, error)

@@ -1,14 +1,18 @@
 """Running the blocks on swarm peers: one trip through B peers per span of G bytes.
 
-`RemoteBlocks` is a block runner (see `swarm.diffusion.BlockRunner`) whose blocks live on
-other peers. For each block it prefers a live peer with the freshest checkpoint and the
-lowest measured round trip (pings are cached); when a peer times out or refuses, it bans
-that peer for a while and retries the block on another replica.
+`RemoteBlocks` is a block runner (see `swarm.model.diffusion.BlockRunner`) whose blocks live on
+other peers. For each block it takes the best-ranked checkpoint (agreement among hosts, then
+plausibility, then freshness: `swarm.p2p.choice.rank`) that a reachable host serves, and among
+its hosts the one with the lowest measured round trip (pings are cached). Each request names
+that checkpoint. When a peer times out or refuses, it bans that peer for a while and retries
+the block on another replica; some requests are checked against other replicas of the same
+checkpoint (`swarm.serving.cross_check`), and a replica the majority contradicts is banned.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -19,10 +23,13 @@ from hivemind.proto import runtime_pb2
 
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
+from swarm.p2p.choice import rank
 from swarm.p2p.directory import Host, SwarmDirectory
 from swarm.p2p.messages import DenoiseRequest, PeerInfo, refusal
 from swarm.p2p.network import EventLoopThread
-from swarm.p2p.transfer import ask_info, owns_record
+from swarm.p2p.pings import timed_info
+from swarm.p2p.transfer import owns_record
+from swarm.serving.cross_check import Answer, CrossCheckPolicy, CrossCheckStats, agree, majority
 from swarm.serving.server import DenoiseServicer
 
 logger = logging.getLogger(__name__)
@@ -30,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RemoteBlocks:
-    """A block runner over the swarm, with failover and bans; counts its network round trips."""
+    """A block runner over the swarm, with failover, bans and cross-checks; counts its round trips."""
 
     directory: SwarmDirectory
     p2p: P2P
@@ -39,41 +46,86 @@ class RemoteBlocks:
     request_timeout: float = 30.0
     ping_timeout: float = 5.0
     ban_seconds: float = 60.0
+    cross_check: CrossCheckPolicy = field(default_factory=CrossCheckPolicy)
+    checks: CrossCheckStats = field(default_factory=CrossCheckStats)
     round_trips: int = 0
-    _banned_until: dict[str, float] = field(default_factory=dict)
     hop_seconds: dict[int, list[float]] = field(default_factory=dict)  # per block, each answered request
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    _banned_until: dict[str, float] = field(default_factory=dict)
     _rtt: dict[tuple[str, bytes], float] = field(default_factory=dict)
-    _chosen: dict[int, Host] = field(default_factory=dict)
+    _chosen: dict[int, tuple[Host, list[Host]]] = field(default_factory=dict)  # block: (host, the others of its checkpoint)
+    _checked: set[str] = field(default_factory=set)  # replicas whose answers were checked at least once
 
-    def __call__(self, block: int, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor):
+    def __call__(self, block: int, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor) -> Answer:
         """Run block `block`'s steps on some replica: (z, logits); SwarmError when none answers."""
-        want_logits = block == self.config.n_blocks - 1
         while True:
             host = self.choose(block)
             try:
                 started = time.perf_counter()
-                z_out, logits = self.loop.run(self._denoise(host, prefix, z, sigmas, want_logits), self.request_timeout)
+                answer = self._ask(host, prefix, z, sigmas)
                 self.hop_seconds.setdefault(block, []).append(time.perf_counter() - started)
                 self.round_trips += 1
-                return z_out, logits
             except Exception as error:  # timeout, vanished peer, refusal, garbage: try another replica
-                logger.warning("block %d on %s failed (%s); banning it for %.0fs", block, host.peer_id, error, self.ban_seconds)
-                self._banned_until[host.peer_id] = time.monotonic() + self.ban_seconds
-                self._chosen.pop(block, None)
+                self._ban(host, f"failed ({error})")
+                continue
+            if host.peer_id not in self._checked or self.rng.random() < self.cross_check.fraction:
+                answer = self._checked_answer(block, host, answer, prefix, z, sigmas)
+            return answer
 
     def choose(self, block: int) -> Host:
         """The replica this runner uses for a block now."""
         chosen = self._chosen.get(block)
-        if chosen is not None and not self._banned(chosen.peer_id):
-            return chosen
-        listed = [h for h in self.directory.hosts(block) if not self._banned(h.peer_id)]
-        candidates = [h for h in listed if self.round_trip(h) < float("inf")]  # reachable, and own their record
-        if not candidates:
-            raise SwarmError(f"no live peer serves block {block}")
-        freshest = max(_checkpoint_step(h) for h in candidates)
-        fresh = [h for h in candidates if _checkpoint_step(h) == freshest]
-        self._chosen[block] = min(fresh, key=lambda h: self.round_trip(h))
-        return self._chosen[block]
+        if chosen is not None and not self._banned(chosen[0].peer_id):
+            return chosen[0]
+        hosts = [h for h in self.directory.hosts(block) if not self._banned(h.peer_id)]
+        groups = [list(c.hosts) for c in rank(hosts, self.config)] + [[h for h in hosts if not h.announcement.checkpoint]]
+        for group in groups:
+            reachable = [h for h in group if self.round_trip(h) < float("inf")]  # they answer, and own their record
+            if reachable:
+                best = min(reachable, key=self.round_trip)
+                self._chosen[block] = best, [h for h in reachable if h is not best]
+                return best
+        raise SwarmError(f"no live peer serves block {block}")
+
+    def _checked_answer(self, block: int, host: Host, answer: Answer, prefix, z, sigmas) -> Answer:
+        """`answer`, or the majority's when other replicas of the same checkpoint answer otherwise."""
+        started = time.perf_counter()
+        self._checked.add(host.peer_id)
+        self.checks.requests_checked += 1
+        answers = {host.peer_id: answer}
+        for witness in [w for w in self._chosen[block][1] if not self._banned(w.peer_id)][: self.cross_check.witnesses]:
+            try:
+                self.checks.extra_requests += 1
+                answers[witness.peer_id] = self._ask(witness, prefix, z, sigmas)
+            except Exception as error:
+                logger.info("cross-check of block %d: witness %s did not answer (%s)", block, witness.peer_id, error)
+                continue
+            if len(answers) == 2 and agree(answer, answers[witness.peer_id], z, self.cross_check.tolerance):
+                break  # the first witness confirms it
+        answer = self._verdict(block, host, answers, z)
+        self.checks.seconds += time.perf_counter() - started
+        return answer
+
+    def _verdict(self, block: int, host: Host, answers: dict[str, Answer], z: torch.Tensor) -> Answer:
+        if len(answers) == 1 or all(agree(answers[host.peer_id], a, z, self.cross_check.tolerance) for a in answers.values()):
+            return answers[host.peer_id]
+        self.checks.disagreements += 1
+        winner, contradicted = majority(answers, z, self.cross_check.tolerance)
+        if winner is None:
+            self.checks.undecided += 1
+            logger.warning("block %d: replicas %s answer one request differently, and no majority decides",
+                           block, sorted(answers))  # fmt: skip
+            return answers[host.peer_id]
+        for peer_id in contradicted:
+            self.checks.banned += 1
+            self._ban(next(h for h in [host, *self._chosen[block][1]] if h.peer_id == peer_id), "contradicted by the majority")
+        return answers[winner]
+
+    def _ban(self, host: Host, why: str) -> None:
+        logger.warning("block %d on %s %s; banning it for %.0fs", host.block, host.peer_id, why, self.ban_seconds)
+        self._banned_until[host.peer_id] = time.monotonic() + self.ban_seconds
+        if (chosen := self._chosen.get(host.block)) is not None and chosen[0].peer_id == host.peer_id:
+            del self._chosen[host.block]
 
     def _banned(self, peer_id: str) -> bool:
         return self._banned_until.get(peer_id, 0.0) > time.monotonic()
@@ -98,19 +150,18 @@ class RemoteBlocks:
         return self.loop.run(self._ask_info(peer_id), self.ping_timeout + 1)[0]
 
     async def _ask_info(self, peer_id: str) -> tuple[float, PeerInfo | None]:
-        """(seconds, the peer's info), or (inf, None) if it does not answer in time or in form."""
-        started = time.perf_counter()
-        try:
-            info = await ask_info(self.p2p, peer_id, self.ping_timeout)
-        except Exception:  # vanished, too slow, or a reply that is not a PeerInfo
-            return float("inf"), None
-        return time.perf_counter() - started, info
+        return await timed_info(self.p2p, peer_id, self.ping_timeout)
 
-    async def _denoise(self, host: Host, prefix, z, sigmas, want_logits: bool):
+    def _ask(self, host: Host, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor) -> Answer:
+        want_logits = host.block == self.config.n_blocks - 1
+        return self.loop.run(self._denoise(host, prefix, z, sigmas, want_logits), self.request_timeout)
+
+    async def _denoise(self, host: Host, prefix, z, sigmas, want_logits: bool) -> Answer:
         stub = DenoiseServicer.get_stub(self.p2p, PeerID.from_base58(host.peer_id))
+        checkpoint = host.announcement.checkpoint.sha256 if host.announcement.checkpoint else ""
         request = runtime_pb2.ExpertRequest(
             tensors=[serialize_torch_tensor(t) for t in (prefix.long(), z.float(), sigmas.float())],
-            metadata=DenoiseRequest(block=host.block, logits=want_logits).encode(),
+            metadata=DenoiseRequest(block=host.block, logits=want_logits, checkpoint=checkpoint).encode(),
         )
         response = await stub.rpc_denoise(request, timeout=self.request_timeout)
         if (error := refusal(response)) is not None:
@@ -118,8 +169,6 @@ class RemoteBlocks:
         outputs = [deserialize_torch_tensor(t) for t in response.tensors]
         if len(outputs) != 1 + want_logits or outputs[0].shape != z.shape or not torch.isfinite(outputs[0]).all():
             raise SwarmError("malformed reply")
+        if want_logits and (outputs[1].shape != (*z.shape[:2], 256) or not torch.isfinite(outputs[1]).all()):
+            raise SwarmError("malformed logits")
         return outputs[0], (outputs[1] if want_logits else None)
-
-
-def _checkpoint_step(host: Host) -> int:
-    return host.announcement.checkpoint.step if host.announcement.checkpoint else -1

@@ -1,13 +1,18 @@
 """One replica's DeMo update: momentum, the payload it shares, and the sign step on what it gathered.
 
 Per parameter: m = beta * m + lr * grad; the top-k DCT coefficients of m per chunk are taken
-out of m (error feedback) and shared; the replica then averages the payloads of every replica
-that arrived in time (its own included, decoded in a fixed order so that replicas that gather
-the same set compute the same update) and steps p -= sign_lr * (sign(mean) + weight_decay * p).
+out of m (error feedback) and shared. The replica then decodes the payloads of every replica
+that arrived in time (its own included) and lets them vote: each payload votes, coordinate by
+coordinate, the sign of its decoded update, and the step goes where most voted (nowhere on a
+tie): p -= sign_lr * (sign(sum of votes) + weight_decay * p). This is signSGD with majority
+vote: one replica's values, however large, weigh one vote, so an honest majority decides
+every coordinate it agrees on. Replicas that gather the same set compute the same update.
 
 Payloads cross the network as bytes (`encode_payload` / `decode_payload`); a payload that does
-not fit this replica's parameters, or holds NaN, Inf, out-of-range indices or an absurd
-norm, is refused with PayloadError and not applied.
+not fit this replica's parameters, or holds NaN, Inf, out-of-range indices or values larger
+than honest ones can be (`max_value_per_lr` learning rates; honest coefficients of
+lr * momentum stay near 1e-7..1e-5 at lr 2e-3 once training settles), is refused with
+PayloadError and not applied.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ from torch import nn
 from swarm.sync.compression import Compressed, decompress, extract, from_bits, keep_per_chunk, to_bits, to_chunks
 
 Payload = dict[str, Compressed]
-MAX_VALUE = 1.0  # coefficients of lr * momentum are ~1e-7..1e-5; anything near 1 is hostile
 
 
 class PayloadError(ValueError):
@@ -40,13 +44,19 @@ class DeMoConfig:
     momentum_decay: float = 0.999
     sign_lr: float = 2e-3
     weight_decay: float = 0.01
+    # the largest coefficient accepted, in units of the peak learning rate: a step adds at most
+    # lr x (clipped gradient norm 1) to a coefficient, and top-k takes out the large ones every step
+    # (seen here: up to 1.3 lr early in training for a tiny block, 0.23 lr for the default one)
+    max_value_per_lr: float = 10.0
 
 
 class DeMoReplica:
     """The DeMo state of one replica of a block: a momentum buffer per parameter."""
 
-    def __init__(self, module: nn.Module, config: DeMoConfig):
+    def __init__(self, module: nn.Module, config: DeMoConfig, lr: float):
+        """`lr`: the peak learning rate the momentum is scaled with (it bounds honest values)."""
         self.config = config
+        self.max_value = config.max_value_per_lr * lr
         self.params = dict(module.named_parameters())
         self.names = list(self.params)  # a parameter's position is its name on the wire
         self.momentum = {name: torch.zeros_like(p) for name, p in self.params.items()}
@@ -64,14 +74,14 @@ class DeMoReplica:
 
     @torch.no_grad()
     def apply(self, payloads: list[Payload]) -> None:
-        """The sign step on the mean of the gathered payloads (given in a fixed order)."""
+        """The sign step on the coordinate-wise majority vote of the gathered payloads."""
         for name, param in self.params.items():
-            parts = [decompress(p[name]) for p in payloads if name in p]
-            if not parts:
+            votes = [decompress(p[name]).sign() for p in payloads if name in p]
+            if not votes:
                 continue
-            mean = torch.stack(parts).mean(dim=0)
+            majority = torch.stack(votes).sum(dim=0).sign()
             param.mul_(1 - self.config.sign_lr * self.config.weight_decay)
-            param.sub_(self.config.sign_lr * mean.sign())
+            param.sub_(self.config.sign_lr * majority)
 
 
 def encode_payload(payload: Payload, value_bits: int) -> bytes:
@@ -119,8 +129,9 @@ def _decode_entry(position: int, bit_array: np.ndarray, offset: int, replica: De
         raise PayloadError(f"{name}: payload is too short for this block") from None
     if indices.max() >= tile[0] * tile[1]:
         raise PayloadError(f"{name}: index out of range")
-    if not torch.isfinite(values.float()).all() or values.float().abs().max() > MAX_VALUE:
-        raise PayloadError(f"{name}: values are not finite or absurdly large")
+    largest = 1.0 if replica.config.value_bits == 1 else replica.max_value  # 1-bit values are signs
+    if not torch.isfinite(values.float()).all() or values.float().abs().max() > largest:
+        raise PayloadError(f"{name}: values are not finite, or larger than honest ones can be")
     return Compressed(param.shape, tile, indices.view(-1, k), values, position), offset
 
 

@@ -148,8 +148,7 @@ class DenseSync:
             self.steps += 1
             for param, grad in zip(self.params, averaged):
                 param.grad = grad
-        with trainer.weights_lock:
-            trainer.optimizer.step()
+        trainer.optimizer.step()
 
 
 class ParameterAveraging:
@@ -171,7 +170,7 @@ class ParameterAveraging:
         averaged = average(self.averager, params, "params", self.timeout)  # only this thread writes params
         if averaged is None:
             return False
-        with torch.no_grad(), self.trainer.weights_lock:
+        with torch.no_grad():
             drift = max((mean - param).abs().max().item() for param, mean in zip(params, averaged))
             for param, mean in zip(params, averaged):
                 param.copy_(mean)

@@ -15,8 +15,10 @@ replica knows the replicas have drifted apart, and the peer pulls them back toge
 averaging parameters (see `swarm.sync.dense`) at the next round. A replica that starts from
 a checkpoint has no previous step in common with the others, so it differs.
 
-A replica that asks for a step the others no longer keep learns their step from the reply
-and jumps its step counter there, so a late joiner enters the exchange at the next step.
+A replica that asks for a step the others no longer keep learns their steps from the replies
+and jumps its step counter ahead, so a late joiner enters the exchange at the next step; but
+only to a step that a majority of the replicas it asked report (a step is a claim: one replica
+claiming step 10^12 moves nobody).
 """
 
 from __future__ import annotations
@@ -98,16 +100,25 @@ class PayloadServicer(ServicerBase):
 
 @dataclass
 class Gathered:
-    """What one step's gathering brought: payloads by peer, and the newest step others reported."""
+    """What one step's gathering brought: payloads by peer, and the newest step each peer that
+    had none for us reported."""
 
+    asked: int = 0
     payloads: dict[str, bytes] = field(default_factory=dict)
     fingerprints: dict[str, bytes] = field(default_factory=dict)
-    newest_step: int = -1
+    reported_steps: dict[str, int] = field(default_factory=dict)
+
+    def majority_step(self) -> int:
+        """The newest step that a strict majority of the replicas asked report having reached
+        (-1 when no majority reports any)."""
+        needed = self.asked // 2 + 1
+        steps = sorted(self.reported_steps.values(), reverse=True)
+        return steps[needed - 1] if len(steps) >= needed else -1
 
 
 async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline: float) -> Gathered:
     """Ask every peer for its step payload at once; keep what arrives before the deadline."""
-    result = Gathered()
+    result = Gathered(asked=len(peer_ids))
     stop_at = time.monotonic() + deadline
     request = runtime_pb2.ExpertRequest(metadata=PayloadRequest(block=block, step=step).encode())
 
@@ -125,7 +136,7 @@ async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline:
             if reply.status == "ok":
                 result.payloads[peer_id], result.fingerprints[peer_id] = reply.payload, reply.fingerprint
                 return
-            result.newest_step = max(result.newest_step, reply.newest_step)
+            result.reported_steps[peer_id] = max(result.reported_steps.get(peer_id, -1), reply.newest_step)
             if reply.status in ("gone", "wrong block"):
                 return
             await asyncio.sleep(RETRY_S)
@@ -184,13 +195,12 @@ class DeMoSync:
             except PayloadError as error:
                 self.refused += 1
                 logger.warning("refused the step %d payload of %s: %s", step, peer_id, error)
-        with trainer.weights_lock:
-            self.replica.apply(payloads)
+        self.replica.apply(payloads)
         self.applied = applied_fingerprint(step, used)
         self.steps += 1
-        if gathered.newest_step > step + 1:
-            logger.info("replicas are at step %d: jumping from %d", gathered.newest_step, step)
-            trainer.step_count = gathered.newest_step - 1  # the trainer adds one after this update
+        if (ahead := gathered.majority_step()) > step + 1:
+            logger.info("a majority of the replicas is at step %d: jumping from %d", ahead, step)
+            trainer.step_count = ahead - 1  # the trainer adds one after this update
 
 
 def applied_fingerprint(step: int, peer_ids: list[str]) -> bytes:

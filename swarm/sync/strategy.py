@@ -22,7 +22,8 @@ class SyncStrategy(Protocol):
     round_seconds: float | None  # how long the last exchange took
 
     def update(self, trainer: Trainer) -> None:
-        """The optimizer step of one training step; writes weights only under `trainer.weights_lock`."""
+        """The optimizer step of one training step (on the trainer's thread, the only one that
+        touches the live weights)."""
 
     def may_have_drifted(self) -> bool:
         """Whether this replica's weights may differ from the others' (then a parameter round is due)."""
@@ -38,8 +39,7 @@ class NoSync:
     round_seconds = None
 
     def update(self, trainer: Trainer) -> None:
-        with trainer.weights_lock:
-            trainer.optimizer.step()
+        trainer.optimizer.step()
 
     def may_have_drifted(self) -> bool:
         return True

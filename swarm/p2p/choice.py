@@ -1,0 +1,199 @@
+"""Which checkpoint of a block to believe: agreement among hosts, plausibility, then measured quality.
+
+What a host announces (a step, a size, a loss) is a claim. A checkpoint is chosen on evidence:
+1. Agreement. Hosts are grouped by the checkpoint they announce (step, sha256, size). DeMo
+   replicas that applied the same payloads are bit-identical, so honest replicas at one step
+   announce one sha256: a checkpoint vouched for by more independent hosts (distinct keys)
+   ranks before one host's claim.
+2. Plausibility. An announced size above what a block of this model weighs is never
+   downloaded. A step far ahead of every other host's (more than twice theirs, plus
+   `STEP_LEAD`) ranks after the plausible ones.
+3. Measurement. The best-ranked candidates (up to `max_candidates`) are downloaded and
+   verified (size, sha256, block, config), then spot-checked: their `denoise_ce` on held-out
+   windows at the block's own noise levels. A candidate is kept only if its loss is within
+   `tolerance` of the best measured candidate's, no worse than a uniform guess, and not far
+   worse than the loss its hosts announced; the first kept in rank order wins.
+
+`swarm-fetch`, a joining peer, the chaos monkey and the generation client all choose
+through here (the generation client ranks hosts without downloading: `rank`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from hivemind.p2p import P2P
+
+from swarm.errors import SwarmError
+from swarm.model.checkpoint import decode_block
+from swarm.model.data import Corpus, load_corpus
+from swarm.model.denoiser import VOCAB_SIZE, Denoiser, ModelConfig
+from swarm.model.evaluate import block_denoise_ce
+from swarm.p2p.directory import Host
+from swarm.p2p.records import CheckpointInfo
+from swarm.p2p.transfer import TransferError, download_verified, max_checkpoint_bytes
+
+logger = logging.getLogger(__name__)
+
+STEP_LEAD = 100  # a checkpoint step beyond 2 x (others' newest step) + this is implausible
+UNIFORM_CE = math.log(VOCAB_SIZE)  # the loss of a block that knows nothing
+SPOT_CHECK_WINDOWS = 32
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One checkpoint of a block and the live hosts that announce it."""
+
+    checkpoint: CheckpointInfo
+    hosts: tuple[Host, ...]
+    plausible: bool
+
+    @property
+    def vouchers(self) -> int:
+        """Independent hosts that announce it: distinct keys (one key is one vote, whatever it names)."""
+        return len({h.owner or h.peer_id.encode() for h in self.hosts})
+
+    def announced_loss(self) -> float | None:
+        """The highest training loss its hosts announce (one host cannot talk it down)."""
+        losses = [h.announcement.loss for h in self.hosts if h.announcement.loss is not None and math.isfinite(h.announcement.loss)]
+        return max(losses) if losses else None
+
+
+def rank(hosts: list[Host], config: ModelConfig) -> list[Candidate]:
+    """The checkpoints `hosts` announce, best first: plausible before implausible, then more
+    vouchers, then the newest step; sizes no block of `config` can have are left out."""
+    groups: dict[CheckpointInfo, list[Host]] = {}
+    largest = max_checkpoint_bytes(config)
+    for host in hosts:
+        info = host.announcement.checkpoint
+        if info is not None and info.size <= largest:
+            groups.setdefault(info, []).append(host)
+    candidates = [Candidate(info, tuple(group), _plausible(info, group, hosts)) for info, group in groups.items()]
+    return sorted(candidates, key=lambda c: (c.plausible, c.vouchers, c.checkpoint.step), reverse=True)
+
+
+def _plausible(info: CheckpointInfo, vouching: list[Host], everyone: list[Host]) -> bool:
+    others = [h.announcement.step for h in everyone if h not in vouching and h.announcement.state != "joining"]
+    return not others or info.step <= 2 * max(others) + STEP_LEAD
+
+
+def hosts_in_rank_order(hosts: list[Host], config: ModelConfig) -> list[Host]:
+    """Hosts by the rank of the checkpoint they announce, best first; hosts that announce none
+    yet (they serve their live weights) come last, and those with an impossible size not at all."""
+    ranked = [host for candidate in rank(hosts, config) for host in candidate.hosts]
+    return ranked + [h for h in hosts if h.announcement.checkpoint is None]
+
+
+@dataclass
+class SpotCheck:
+    """Measures a block's loss on held-out windows at its own noise levels (fixed noise)."""
+
+    windows: torch.Tensor
+    tolerance: float = 0.1  # nats per byte a kept candidate may lose to the best measured one
+    seconds: float = 0.0  # time spent measuring, in all (the defence's cost)
+
+    @classmethod
+    def from_source(cls, source: str | None, config: ModelConfig) -> "SpotCheck":
+        """Held-out windows of a text source (None: the built-in corpus): the swarm's training text."""
+        return cls.from_corpus(load_corpus(source), config)
+
+    @classmethod
+    def from_corpus(cls, corpus: Corpus, config: ModelConfig, count: int = SPOT_CHECK_WINDOWS) -> "SpotCheck":
+        return cls(corpus.windows("validation", config.seq_len).fixed(count))
+
+    def measure(self, denoiser: Denoiser, config: ModelConfig, block: int) -> float:
+        started = time.perf_counter()
+        loss = block_denoise_ce(denoiser, config, block, self.windows)
+        self.seconds += time.perf_counter() - started
+        return loss
+
+
+@dataclass
+class Measured:
+    """A candidate that downloaded and verified, with its spot-check loss."""
+
+    candidate: Candidate
+    data: bytes
+    host: Host  # the host its bytes came from
+    loss: float
+
+
+@dataclass
+class Choice:
+    """The chosen checkpoint of a block, and every candidate measured on the way."""
+
+    data: bytes
+    checkpoint: CheckpointInfo
+    loss: float
+    chosen: Measured | None  # None: the caller's own checkpoint won
+    measured: list[Measured] = field(default_factory=list)
+
+    @property
+    def host(self) -> Host | None:
+        return self.chosen.host if self.chosen else None
+
+
+async def choose_checkpoint(
+    p2p: P2P,
+    hosts: list[Host],
+    config: ModelConfig,
+    block: int,
+    spot_check: SpotCheck,
+    own: tuple[bytes, CheckpointInfo] | None = None,
+    max_candidates: int = 3,
+    show_progress: bool = True,
+) -> Choice:
+    """The checkpoint of `block` to believe (see the module docstring); `own` is a checkpoint the
+    caller already trusts (its own file), measured beside the others. SwarmError if none passes."""
+    candidates = rank(hosts, config)
+    logger.info("block %d: %d hosts announce %d checkpoints (steps %s); measuring up to %d", block, len(hosts),
+                len(candidates), [c.checkpoint.step for c in candidates], max_candidates)  # fmt: skip
+    measured = []
+    for candidate in candidates[:max_candidates]:
+        if (m := await _measure(p2p, candidate, config, block, spot_check, show_progress)) is not None:
+            measured.append(m)
+    own_loss = spot_check.measure(decode_block(own[0], config, block)[0], config, block) if own else None
+    best = min([m.loss for m in measured] + ([own_loss] if own_loss is not None else []), default=None)
+    believable = [m for m in measured if _believable(m, best, spot_check.tolerance)]  # logs every rejection
+    for m in believable:
+        if own is None or m.candidate.checkpoint.step > own[1].step:
+            return Choice(m.data, m.candidate.checkpoint, m.loss, m, measured)
+    if own is not None:
+        return Choice(own[0], own[1], own_loss, None, measured)
+    raise SwarmError(f"block {block}: no checkpoint verified and passed the spot check ({len(measured)} measured, "
+                     f"{len(hosts)} hosts)")  # fmt: skip
+
+
+async def _measure(p2p: P2P, candidate: Candidate, config: ModelConfig, block: int, spot_check: SpotCheck,
+                   show_progress: bool) -> Measured | None:  # fmt: skip
+    """The candidate downloaded (from the first of its hosts that serves it verified) and measured."""
+    for host in candidate.hosts:
+        try:
+            data, denoiser = await download_verified(p2p, host, config, block, show_progress)
+        except (TransferError, SwarmError) as error:
+            logger.warning("block %d: %s; trying the next host", block, error)
+            continue
+        return Measured(candidate, data, host, spot_check.measure(denoiser, config, block))
+    return None
+
+
+def _believable(m: Measured, best: float, tolerance: float) -> bool:
+    """Close to the best measured loss, better than knowing nothing, and near what its hosts announce."""
+    announced = m.candidate.announced_loss()
+    checks = {
+        f"loss {m.loss:.3f} is more than {tolerance} above the best candidate's {best:.3f}": m.loss > best + tolerance,
+        f"loss {m.loss:.3f} is worse than a uniform guess": m.loss > UNIFORM_CE + 0.5,
+        f"loss {m.loss:.3f} is far above the {announced} its hosts announce": (
+            announced is not None and m.loss > 2 * announced + 1.5
+        ),
+    }
+    for reason, failed in checks.items():
+        if failed:
+            logger.warning("block %d: rejected the step %d checkpoint of %s: %s", m.host.block,
+                           m.candidate.checkpoint.step, m.host.peer_id, reason)  # fmt: skip
+            return False
+    return True

@@ -1,0 +1,139 @@
+"""The health page: its state over a DHT holding hostile records, and the page itself in headless
+Chromium over a tiny swarm of real processes (skipped where no browser can be driven)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import socket
+
+import conftest
+import hivemind
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from helpers import assert_one_line_error, run_command
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.utils import get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
+from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
+
+from swarm.health import browser
+from swarm.health.app import Board, build_app
+from swarm.health.state import SwarmMonitor
+from swarm.model.denoiser import ModelConfig
+from swarm.p2p.directory import SwarmDirectory
+from swarm.p2p.messages import PeerInfo
+from swarm.p2p.network import EventLoopThread
+from swarm.p2p.records import MAX_PINGS, BlockAnnouncement, CheckpointInfo, Ping, block_key, parse_record
+from swarm.p2p.transfer import BlockServicer
+
+# a public name as a stranger might write it: markup that would run if the page pasted it as HTML
+HOSTILE = "<script>pwned=1</script><img src=x onerror=pwned=2>"
+HOSTILE_VERSION = "<img src=x onerror=pwned=3>"  # versions are shorter
+RECORD_LIFETIME_S = 3.0  # 3 announce periods of FAST_PEER's 1 s
+POLL_PERIOD_S = 1.0
+CHECKPOINT = CheckpointInfo(step=3, sha256="ab" * 32, size=100)
+
+
+def test_the_state_skips_malformed_records_and_keeps_what_peers_wrote_as_data(tmp_path):
+    """A DHT node without our validator (an old or hostile one) holds a good entry, an impostor's,
+    one with hostile strings and numbers, and two malformed ones: the state counts the malformed
+    ones as skipped, verifies only the good host, and serves the rest as inert JSON."""
+    key = RSAPrivateKey()
+    owner = RSASignatureValidator(key).local_public_key
+    dht = hivemind.DHT(start=True, record_validators=[RSASignatureValidator(key)])
+    asker = hivemind.DHT(start=True, initial_peers=dht.get_visible_maddrs())  # libp2p cannot call itself
+    loop = EventLoopThread()
+    p2p, asking_p2p = loop.run(dht.replicate_p2p(), 30), loop.run(asker.replicate_p2p(), 30)
+    try:
+        me = dht.peer_id.to_base58()
+        loop.run(BlockServicer(0, None, lambda: PeerInfo(block=0, owner=owner)).add_p2p_handlers(p2p), 30)
+        expiration, key0 = get_dht_time() + 60, block_key("health", 0)
+        good = BlockAnnouncement(peer_id=me, state="serving", step=3, checkpoint=CHECKPOINT, loss=2.5,
+                                 pings=(Ping(peer_id="nobody", seconds=0.01),))  # fmt: skip
+        hostile = BlockAnnouncement(peer_id="nobody", state="training", step=1, public_name=HOSTILE, version=HOSTILE_VERSION,
+                                    loss=float("nan"), throughput=float("inf"), checkpoint_time=float("-inf"))  # fmt: skip
+        entries = {owner: good.model_dump(), b"impostor": good.model_dump(), b"stranger": hostile.model_dump(),
+                   b"malformed": {"peer_id": "x", "state": "hacking", "step": -1}, b"junk": b"junk"}  # fmt: skip
+        for subkey, value in entries.items():
+            assert dht.store(key0, value, expiration, subkey=subkey)
+        directory = SwarmDirectory(dht, "health", key)
+        state = SwarmMonitor(directory, asking_p2p, loop.run, ModelConfig(**conftest.TINY), 5.0).collect()
+    finally:
+        loop.close(p2p, asking_p2p)
+        asker.shutdown()
+        dht.shutdown()
+
+    assert [b["skipped"] for b in state["blocks"]] == [2, 0]
+    assert (state["status"], state["missing_blocks"]) == ("broken", [1])  # block 1 has no host at all
+    rows = {(r["peer_id"], r["public_name"], r["verified"], r["problem"]) for r in state["hosts"]}
+    assert rows == {(me, "", True, None), (me, "", False, "answers under another key than its record's"),
+                    ("nobody", HOSTILE, False, "does not answer")}  # fmt: skip
+    stranger = next(r for r in state["hosts"] if r["peer_id"] == "nobody")
+    assert (stranger["loss"], stranger["throughput"], stranger["checkpoint_age_s"]) == (None, None, None)
+    assert state["pings"] == [{"from": me, "to": "nobody", "seconds": 0.01}]
+    assert [s["peer_id"] for s in state["loss_history"]["0"]] == [me]  # the NaN loss is not plotted
+
+    served = asyncio.run(fetch_page_and_state(state))
+    assert json.loads(served["state"]) == json.loads(json.dumps(state))
+    assert "script-src 'self'" in served["csp"] and HOSTILE not in served["page"]
+
+
+async def fetch_page_and_state(state: dict) -> dict:
+    """The page and the API as the real server serves them (aiohttp on 127.0.0.1)."""
+    async with TestClient(TestServer(build_app(Board(state)), host="127.0.0.1")) as http:
+        page = await http.get("/", timeout=30)
+        api = await http.get("/api/v1/state", timeout=30)
+        assert page.status == api.status == 200
+        return {"page": await page.text(), "csp": page.headers["Content-Security-Policy"], "state": await api.text()}
+
+
+def test_announced_round_trips_are_bounded_and_strict():
+    good = {"peer_id": "p", "state": "training", "step": 1}
+    assert parse_record(BlockAnnouncement, {**good, "pings": [{"peer_id": "q", "seconds": 0.5}]}).pings[0].seconds == 0.5
+    too_many = [{"peer_id": f"q{i}", "seconds": 0.1} for i in range(MAX_PINGS + 1)]
+    for pings in (too_many, [{"peer_id": "q", "seconds": float("nan")}], [{"peer_id": "q", "seconds": "0.1"}],
+                  [{"peer_id": "", "seconds": 0.1}], [{"peer_id": "q", "seconds": -1.0}], {"q": 0.1}):  # fmt: skip
+        assert parse_record(BlockAnnouncement, {**good, "pings": pings}) is None, pings
+
+
+def test_swarm_health_refuses_bad_options_with_one_line(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        assert_one_line_error(run_command("swarm-health", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--port", port,
+                                          cwd=tmp_path), "cannot listen on 127.0.0.1:" + port)  # fmt: skip
+    assert_one_line_error(run_command("swarm-health", "--port", "0", cwd=tmp_path), "--initial-peers is required")
+
+
+@pytest.mark.skipif(browser.missing() is not None, reason=str(browser.missing()))
+def test_the_page_turns_a_block_broken_without_reload_and_runs_no_peer_script(tmp_path):
+    # the page's CSP forbids eval, so waits go through locators, never JS strings
+    from playwright.sync_api import expect
+
+    with tiny_swarm(tmp_path, "healthpage", {"a": "0"}) as (local, peers, client):
+        local.start_peer("b", "1", [*FAST_PEER, "--public-name", HOSTILE])
+        serving = lambda: any(h.announcement.state == "serving" for h in client.directory.hosts(1))  # noqa: E731
+        wait_for(serving, 90, "block 1 served")
+        url = local.start_health(["--poll-period", str(POLL_PERIOD_S)])
+        with browser.headless_chromium() as chromium:
+            page = chromium.new_page()
+            dialogs = []
+            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+            page.goto(url, timeout=30_000)
+            page.evaluate("window.sameDocument = true")  # gone if the page ever reloads
+            expect(page.locator("#model-status")).to_have_text("healthy", timeout=30_000)
+            expect(page.locator("#hosts td.block")).to_have_text(["0: healthy", "1: healthy"])
+            expect(page.locator('tr[data-block="1"] td.name')).to_have_text(HOSTILE)  # shown as text
+            expect(page.locator("figure[data-block] svg")).to_have_count(2)  # a loss plot per block
+            announced = page.locator("#pings tbody td").filter(has_text=re.compile(r"\d"))
+            expect(announced).to_have_count(2, timeout=30_000)  # a's round trip to b and b's to a
+
+            local.stop(peers["a"], signal.SIGKILL)
+            within = 1000 * (RECORD_LIFETIME_S + 2 * POLL_PERIOD_S + 5)  # 5 s of slack for a busy machine
+            expect(page.locator("#model-status")).to_have_text("broken", timeout=within)
+            expect(page.locator("#missing")).to_have_text(re.compile("block 0$"))
+            expect(page.locator("#hosts td.block")).to_have_text(["0: broken", "1: healthy"])
+            assert page.evaluate("window.sameDocument") is True
+            assert page.evaluate("window.pwned") is None and page.locator("img").count() == 0 and not dialogs

@@ -1,0 +1,137 @@
+"""Lying peers in a real swarm: none of them takes over a block, the model record, or generation.
+
+One tiny swarm: peer a hosts block 0; b1 and b2 host block 1 with the same checkpoint (b2
+starts from b1's). Each test adds a liar (see swarm.lab.attacks) and checks what honest
+fetches, joiners and generation clients end up with.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hivemind.utils import get_dht_time
+from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
+
+from swarm.lab.attacks import (
+    STEP_LIE,
+    HostileNode,
+    TricklingDownloads,
+    WrongAnswers,
+    checkpoint_of,
+    garbage_block,
+    plant_checkpoint,
+)
+from swarm.model.checkpoint import load_model_folder
+from swarm.model.denoiser import ModelConfig
+from swarm.model.diffusion import local_runner
+from swarm.model.generate import continue_text
+from swarm.p2p.records import CheckpointInfo, ModelRecord, model_key
+from swarm.p2p.transfer import BlockServicer
+from swarm.serving.cross_check import CrossCheckPolicy
+from swarm.serving.remote import RemoteBlocks
+
+SWARM = "trusttest"
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    with tiny_swarm(tmp_path_factory.mktemp("trust"), SWARM, {"a": "0", "b1": "1"}) as (local, peers, client):
+        peers["b2"] = local.start_peer("b2", "1", FAST_PEER)
+        wait_for(lambda: len(serving(client, 1)) == 2, 60, "b2 serving b1's checkpoint")
+        fetched = local.run("swarm-fetch", "--out", "honest", "--data", local.data)
+        assert fetched.returncode == 0, fetched.stderr
+        yield local, client, load_model_folder(local.workdir / "honest")
+
+
+def serving(client, block: int) -> list:
+    return [h for h in client.directory.hosts(block) if h.announcement.state == "serving"]
+
+
+def honest_checkpoint(client) -> CheckpointInfo:
+    checkpoints = {h.announcement.checkpoint for h in serving(client, 1) if h.announcement.public_name in ("b1", "b2")}
+    assert len(checkpoints) == 1, checkpoints  # b2 started from b1's checkpoint: they vouch for one
+    return checkpoints.pop()
+
+
+def fetch_manifest(local, out: str) -> tuple[dict, str]:
+    result = local.run("swarm-fetch", "--out", out, "--data", local.data, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((local.workdir / out / "manifest.json").read_text()), result.stderr
+
+
+def test_a_step_liar_with_a_garbage_block_is_not_fetched_joined_or_served(swarm):
+    local, client, _ = swarm
+    config, honest = client.directory.read_model(), honest_checkpoint(client)
+    plant_checkpoint(local.workdir / "liar", garbage_block(config, 1), config, 1, STEP_LIE, SWARM)
+    liar = local.start_peer("liar", "1", ["--max-steps", "1", "--announce-period", "1"])
+    wait_for(lambda: [h for h in serving(client, 1) if h.announcement.step == STEP_LIE], 60, "the liar announcing")
+    try:
+        manifest, log = fetch_manifest(local, "after-step-lie")
+        assert manifest["blocks"]["1"]["sha256"] == honest.sha256, manifest
+        assert "rejected the step 999999 checkpoint" in log, log[-3000:]  # measured, and found out
+
+        joiner = local.start_peer("c", "1", FAST_PEER)
+        c = wait_for(lambda: [h for h in client.directory.hosts(1) if h.announcement.public_name == "c"
+                              and h.announcement.state != "joining"], 60, "the joiner")[0]  # fmt: skip
+        assert c.announcement.checkpoint == honest, c.announcement
+        local.stop(joiner)
+
+        runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=10)
+        assert runner.choose(1).announcement.public_name in ("b1", "b2")
+    finally:
+        local.stop(liar)
+
+
+def test_an_oversized_trickling_announcement_is_never_downloaded(swarm):
+    local, client, _ = swarm
+    honest = honest_checkpoint(client)
+    with HostileNode(SWARM, local.initial_peers) as node:
+        node.serve(TricklingDownloads(1, lambda: node.info(1)))
+        huge = CheckpointInfo(step=honest.step + 1, sha256="ab" * 32, size=2**33)  # newer, and heavy
+        node.announce(1, **checkpoint_of(huge))
+        manifest, _ = fetch_manifest(local, "after-trickle")  # would trickle for hours if tried
+    assert manifest["blocks"]["1"]["sha256"] == honest.sha256
+
+
+def test_a_hijacked_model_record_is_ignored_by_whoever_holds_the_join_line(swarm):
+    local, client, _ = swarm
+    real = client.directory.read_model()
+    other = ModelConfig(**{**real.to_dict(), "n_blocks": 1, "n_layers": 2})
+    with HostileNode(SWARM, local.initial_peers) as node:
+        assert node.directory.publish_model(other, lifetime_s=600)  # under its own key: the DHT takes it
+        unowned = ModelRecord(config=other.to_dict(), config_hash=other.hash()).model_dump()
+        assert not node.dht.store(model_key(SWARM), unowned, get_dht_time() + 600)  # without one: refused
+        status = local.run("swarm-status", "--json")
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["config_hash"] == real.hash()
+        assert "competing model record" in status.stderr
+        assert client.directory.read_model() == real
+
+
+def test_a_replica_answering_wrongly_is_outvoted_and_banned(swarm):
+    local, client, model = swarm
+    honest = honest_checkpoint(client)
+    config = model.config
+    with HostileNode(SWARM, local.initial_peers) as node:
+        node.serve(BlockServicer(1, None, lambda: node.info(1)), WrongAnswers(config, 1, honest.sha256))
+        node.announce(1, state="serving", **checkpoint_of(honest))  # vouches for the honest checkpoint
+        wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(1)}, 30, "the liar's record")
+        runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=10,
+                              cross_check=CrossCheckPolicy(fraction=0.0))  # fmt: skip
+        liar = next(h for h in client.directory.hosts(1) if h.peer_id == node.peer_id)
+        runner._rtt[liar.peer_id, liar.owner] = 0.0  # the harness: the liar is the one that answers fastest
+        text = b"".join(continue_text(runner, config, b"The quick brown", 24, steps_per_block=2, seed=3))
+    expected = b"".join(continue_text(local_runner(model.denoiser_for_block, config), config, b"The quick brown", 24,
+                                      steps_per_block=2, seed=3))  # fmt: skip
+    assert text == expected
+    assert runner.checks.banned == 1 and runner.checks.disagreements == 1, runner.checks
+    assert runner.choose(1).peer_id != node.peer_id
+
+
+def test_the_join_line_is_what_every_command_takes(swarm):
+    local, _, _ = swarm
+    assert local.join_args[:2] == ["--swarm", SWARM] and local.creator is not None
+    for command, extra in (("swarm-status", []), ("swarm-generate", ["--max-bytes", "4", "hi"])):
+        result = local.run(command, *extra)
+        assert result.returncode == 0, (command, result.stderr[-2000:])
