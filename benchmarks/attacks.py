@@ -4,7 +4,8 @@ training end up with when one peer lies (the liars are in swarm/lab/attacks.py).
 Part 1, on one trained swarm (a small model, two replicas per block, DeMo sync, separate
 processes on 127.0.0.1), one attack at a time, the liar removed after each:
 - step lie, garbage block: a peer serving a blown-up block stamped with step 999999;
-- step lie, poisoned block: a block trained on shuffled bytes, stamped one save ahead;
+- step lie, poisoned block: a block 0 trained on text whose characters were shuffled, stamped
+  one save ahead;
 - oversized announcement: a record announcing a newer checkpoint of 8 GiB, served a byte a second;
 - model-record hijack: another valid config written under `S.model` by a stranger's key;
 - wrong answers: a peer vouching for the honest checkpoint and answering denoise requests wrongly.
@@ -85,6 +86,10 @@ def trained_swarm(args, local: LocalSwarm, client: SwarmClient) -> None:
             local.start_peer(f"b{block}r{replica}", str(block), peer_options(args, args.steps, 2))
     wait_for(lambda: all(len(hosts_of(client, b)) == 2 for b in range(SMALL["n_blocks"])), args.timeout,
              "every replica to finish", interval=2.0)  # fmt: skip
+    # a third host of block 1 that starts from the checkpoint the others agree on: replicas of
+    # one checkpoint, which a generation client can check against each other
+    local.start_peer("b1copy", "1", peer_options(args, args.steps, 1))
+    wait_for(lambda: len(hosts_of(client, 1)) == 3, args.timeout, "the copy of block 1", interval=2.0)
 
 
 def fetch(local: LocalSwarm, name: str, windows) -> dict:
@@ -129,18 +134,21 @@ def generation(client: SwarmClient, config: ModelConfig, reference, liar: str | 
 
 
 def attack_step_lie(args, local, client, config, folder: Path, poisoned: bool) -> dict:
-    name = "poisoned-liar" if poisoned else "garbage-liar"
-    honest_step = max(h.announcement.checkpoint.step for h in hosts_of(client, 1))
+    """A garbage block 1 stamped 999999, or a poisoned block 0 (the high-noise block, where what
+    the prefix says matters most) stamped one save ahead of the honest replicas."""
+    name, block = ("poisoned-liar", 0) if poisoned else ("garbage-liar", 1)
+    honest_step = max(h.announcement.checkpoint.step for h in hosts_of(client, block))
     if poisoned:
-        block, step = poisoned_block(config, 1, None, folder, args.steps), honest_step + args.save_every
+        denoiser, step = poisoned_block(config, block, None, folder, args.steps), honest_step + args.save_every
     else:
-        block, step = garbage_block(config, 1), STEP_LIE
-    plant_checkpoint(local.workdir / name, block, config, 1, step, local.swarm)
-    liar = local.start_peer(name, "1", ["--max-steps", "1", "--announce-period", "1"])
+        denoiser, step = garbage_block(config, block), STEP_LIE
+    plant_checkpoint(local.workdir / name, denoiser, config, block, step, local.swarm)
+    liar = local.start_peer(name, str(block), ["--max-steps", "1", "--announce-period", "1"])
     try:
-        wait_for(lambda: [h for h in hosts_of(client, 1) if h.announcement.step == step], 120, f"{name} announcing")
-        return {"liar_step": step, "fetch": fetch(local, name + "-fetch", args.windows),
-                "joiner": joiner_start(local, client, 1, name + "-joiner"), "liar_alive": liar.process.poll() is None}
+        wait_for(lambda: [h for h in hosts_of(client, block) if h.announcement.step == step], 120, f"{name} announcing")
+        return {"block": block, "liar_step": step, "fetch": fetch(local, name + "-fetch", args.windows),
+                "joiner": joiner_start(local, client, block, name + "-joiner"),
+                "liar_alive": liar.process.poll() is None}  # fmt: skip
     finally:
         local.stop(liar)
 
@@ -163,7 +171,8 @@ def attack_hijack(args, local, client, config) -> dict:
 
 
 def attack_wrong_answers(args, local, client, config, reference) -> dict:
-    honest = hosts_of(client, 1)[0].announcement.checkpoint
+    announced = [h.announcement.checkpoint for h in hosts_of(client, 1)]
+    honest = max(announced, key=announced.count)  # the checkpoint most hosts vouch for
     with HostileNode(local.swarm, local.initial_peers) as node:
         node.serve(BlockServicer(1, None, lambda: node.info(1)), WrongAnswers(config, 1, honest.sha256))
         node.announce(1, state="serving", **checkpoint_of(honest))
@@ -172,10 +181,15 @@ def attack_wrong_answers(args, local, client, config, reference) -> dict:
                 "fetch": fetch(local, "wrong-answers-fetch", args.windows)}
 
 
+def write_config(workdir: Path) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "small.json"
+    path.write_text(json.dumps(SMALL))
+    return path
+
+
 def part_one(args, workdir: Path) -> dict:
-    config_path = workdir / "small.json"
-    config_path.write_text(json.dumps(SMALL))
-    config = ModelConfig(**SMALL)
+    config_path, config = write_config(workdir), ModelConfig(**SMALL)
     with LocalSwarm(workdir, swarm="attacks", config_path=str(config_path)) as local:
         local.start_bootstrap(refresh_period=2)
         with local.client() as client:
@@ -205,12 +219,14 @@ def part_one(args, workdir: Path) -> dict:
 
 
 def training_run(args, workdir: Path, value_bits: int, attack: str | None) -> dict:
-    """Block 0 trained by three replicas: three honest ones, or two and a hostile one."""
-    config_path = workdir / "small.json"
-    config_path.write_text(json.dumps(SMALL))
+    """Block 0 trained by three replicas: three honest ones, or two and a hostile one (or, for
+    "alone", two honest replicas and nobody else: the best any defence can keep of three)."""
+    config_path = write_config(workdir)
     config = ModelConfig(**SMALL)
     honest_names = ["h0", "h1"] if attack else ["h0", "h1", "h2"]
-    options = peer_options(args, args.train_steps, 3) + ["--value-bits", str(value_bits)]
+    if attack == "alone":
+        attack = None
+    options = peer_options(args, args.train_steps, len(honest_names) + bool(attack)) + ["--value-bits", str(value_bits)]
     with LocalSwarm(workdir, swarm="training", config_path=str(config_path)) as local:
         local.start_bootstrap(refresh_period=2)
         hostile = HostileNode(local.swarm, local.initial_peers) if attack else contextlib.nullcontext()
@@ -218,7 +234,8 @@ def training_run(args, workdir: Path, value_bits: int, attack: str | None) -> di
             if attack == "lying-replies":
                 node.serve(LyingSyncReplies(0))
             elif attack:
-                node.serve(HostileReplica(node, config, 0, DeMoConfig(value_bits=value_bits), 2e-3, attack))
+                windows = load_corpus(None).windows("train", config.seq_len)
+                node.serve(HostileReplica(node, config, 0, DeMoConfig(value_bits=value_bits), 2e-3, attack, windows))
             if attack:
                 node.announce(0, lifetime_s=3600)
             started = time.monotonic()
@@ -234,7 +251,7 @@ def training_run(args, workdir: Path, value_bits: int, attack: str | None) -> di
         blocks = [load_block(local.workdir / n / f"block_0_step_{steps}.safetensors", config, 0)[0] for n in honest_names
                   if (local.workdir / n / f"block_0_step_{steps}.safetensors").exists()]  # fmt: skip
     losses = [block_denoise_ce(b, config, 0, args.windows) for b in blocks]
-    return {"attack": attack or "none", "value_bits": value_bits, "honest_replicas": len(honest_names),
+    return {"attack": attack or ("two honest alone" if len(honest_names) == 2 else "none"), "value_bits": value_bits, "honest_replicas": len(honest_names),
             "finished": len(blocks), "validation_loss": statistics.mean(losses) if losses else None,
             "validation_loss_per_replica": losses, "honest_crashed": crashed, "hung": hung, "seconds": seconds}  # fmt: skip
 
@@ -242,7 +259,7 @@ def training_run(args, workdir: Path, value_bits: int, attack: str | None) -> di
 def part_two(args, workdir: Path) -> dict:
     runs = {}
     for bits in (16, 1):
-        for attack in (None, "negated", "max-values", "random-signs") + (("lying-replies",) if bits == 16 else ()):
+        for attack in (None, "alone", "negated", "max-values", "random-signs") + (("lying-replies",) if bits == 16 else ()):
             name = f"{attack or 'clean'}_{bits}bit"
             logger.info("training run: %s", name)
             runs[name] = training_run(args, workdir / name, bits, attack)

@@ -72,6 +72,12 @@ def measure(client: SwarmClient, lengths: list[int], repeats: int, steps_per_blo
             runs["single_pass"].append(single_pass(runner, config, length, steps_per_block))
             runs["autoregressive"].append(autoregressive(loop, p2p, stage_peers, config, length))
         result["lengths"][str(length)] = summarize(runs)
+    single_pass_seconds = sum(sum(t) for t in runner.hop_seconds.values())
+    result["defences"] = {  # what checking replicas against each other cost the single-pass runs
+        "cross_check": vars(runner.checks),
+        "extra_requests_per_request": runner.checks.extra_requests / max(1, runner.round_trips),
+        "cross_check_seconds_over_request_seconds": runner.checks.seconds / max(1e-9, single_pass_seconds),
+    }
     return result
 
 
@@ -99,6 +105,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps-per-block", type=int, default=1)
+    parser.add_argument("--replicas", type=int, default=2, help="peers per block (replicas cross-check each other)")
     parser.add_argument("--out", default="benchmarks/results/serve")
     args = parser.parse_args()
     setup_logging()
@@ -111,15 +118,27 @@ def main() -> None:
     print(json.dumps(result, indent=2))
 
 
+def start_replicas(args, local: LocalSwarm, client: SwarmClient) -> None:
+    """`--replicas` serving peers per block: the first trains 2 steps, the others start from its
+    checkpoint, so that a block's replicas announce one checkpoint and can check each other."""
+    n_blocks = client.directory.wait_for_model(30).n_blocks
+    extra = ["--max-steps", "2", "--save-every", "2", "--announce-period", "2", "--serve-ar-stage"]
+    for replica in range(args.replicas):
+        for block in range(n_blocks):
+            local.start_peer(f"peer{block}r{replica}", str(block), extra)
+
+        def served() -> bool:
+            hosts = client.directory.all_hosts(n_blocks)
+            return all(sum(h.announcement.state == "serving" for h in hs) > replica for hs in hosts.values())
+
+        wait_for(served, 300, f"{replica + 1} serving replicas per block")
+
+
 def run_client(args, local: LocalSwarm, initial_peers: list[str], start_peers: bool) -> dict:
     """Join as a client; on a local swarm first start one serving peer per block and wait for them."""
     with SwarmClient(args.swarm, NetworkOptions(initial_peers=initial_peers)) as client:
         if start_peers:
-            n_blocks = client.directory.wait_for_model(30).n_blocks
-            for block in range(n_blocks):
-                extra = ["--max-steps", "2", "--save-every", "2", "--announce-period", "2", "--serve-ar-stage"]
-                local.start_peer(f"peer{block}", str(block), extra)
-            wait_for(lambda: client.directory.every_block_served(n_blocks), 300, "every block served")
+            start_replicas(args, local, client)
         return measure(client, args.lengths, args.repeats, args.steps_per_block)
 
 

@@ -15,6 +15,7 @@ from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import SwarmDirectory
 from swarm.p2p.network import load_or_create_key, start_dht, stop_child, visible_maddrs
+from swarm.p2p.reachability import serve_reachability
 
 logger = logging.getLogger("bootstrap")
 
@@ -40,7 +41,9 @@ def bootstrap_command(new_swarm, config_path, creator_key, refresh_period, **kwa
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # after the DHT's process was forked: it keeps the defaults
         signal.signal(sig, lambda *_: stopping.set())
+    loop = p2p = None
     try:
+        loop, p2p = serve_reachability(dht)  # joining peers ask it to dial them back; its daemon relays for those behind NAT
         directory = SwarmDirectory(dht, swarm, key, creator, network.dht_timeout)
         join = join_line(swarm, directory.fingerprint if new_swarm else creator, visible_maddrs(dht))
         sys.stdout.write(join + "\n")
@@ -50,6 +53,8 @@ def bootstrap_command(new_swarm, config_path, creator_key, refresh_period, **kwa
             refresh(directory, config, refresh_period)
             stopping.wait(refresh_period)
     finally:
+        if loop is not None:
+            loop.close(p2p)
         stop_child(dht, dht.shutdown)
         logger.info("bootstrap stopped")
 

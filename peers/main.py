@@ -6,8 +6,9 @@ import click
 
 from swarm.cli.console import run_command
 from swarm.cli.options import network_options, swarm_options
-from swarm.peer import Peer, PeerConfig
+from swarm.peer import SYNC_MODES, Peer, PeerConfig
 from swarm.sync.decoupled_momentum import DeMoConfig
+from swarm.sync.pseudo_gradient import COMPRESSIONS, OuterConfig
 
 
 @click.command("swarm-peer")
@@ -23,9 +24,11 @@ from swarm.sync.decoupled_momentum import DeMoConfig
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True)
 @click.option("--serve-ar-stage", is_flag=True, hidden=True, help="Also serve an autoregressive stage (benchmarks).")
-@click.option("--sync", type=click.Choice(["demo", "dense", "none"]), default="demo", show_default=True,
-              help="demo: DeMo exchange with the block's other replicas; dense: all-reduce of full fp32 "
-              "gradients (the baseline); none: AdamW alone.")
+@click.option("--sync", type=click.Choice(SYNC_MODES), default="demo", show_default=True,
+              help="demo: DeMo exchange with the block's other replicas, every step in lockstep; demo-overlap: "
+              "the same, each step's exchange overlapped with the next step's compute; outer: --outer-steps local "
+              "AdamW steps, then one compressed exchange; dense: all-reduce of full fp32 gradients (the baseline); "
+              "none: AdamW alone.")
 @click.option("--sync-deadline", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
               help="Seconds a step waits for the other replicas.")
 @click.option("--wait-for-replicas", type=click.IntRange(min=1), default=1, show_default=True,
@@ -39,13 +42,29 @@ from swarm.sync.decoupled_momentum import DeMoConfig
 @click.option("--momentum-decay", type=click.FloatRange(0, 1, max_open=True), default=0.999, show_default=True)
 @click.option("--sign-lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True,
               help="DeMo: the sign step's learning rate.")
+@click.option("--outer-steps", type=click.IntRange(min=1), default=OuterConfig.steps, show_default=True,
+              help="outer: local steps between outer steps (H).")
+@click.option("--outer-compression", type=click.Choice(COMPRESSIONS), default=OuterConfig.compression, show_default=True,
+              help="outer: top-k of each chunk's DCT, of the raw change, or none (every value, float32).")
+@click.option("--outer-top-k", type=click.IntRange(min=1), default=OuterConfig.top_k, show_default=True,
+              help="outer: kept per 64x64 chunk.")
+@click.option("--outer-value-bits", type=click.Choice(["2", "1"]), default=str(OuterConfig.value_bits), show_default=True,
+              help="outer: sign and one of two sizes per chunk, or sign and one size.")
+@click.option("--outer-lr", type=click.FloatRange(min=0, min_open=True), default=OuterConfig.outer_lr, show_default=True,
+              help="outer: the outer step's learning rate.")
+@click.option("--reachability", type=click.Choice(["auto", "direct", "relayed"]), default="auto", show_default=True,
+              help="auto: ask the initial peers to dial back, and behind NAT (nobody can) be reached through their "
+              "relays, in DHT client mode; direct or relayed: skip the check.")
 @click.option("--expect-config-hash", default=None,
               help="Refuse to join unless the swarm's model config hash starts with this (see swarm-status).")
-def peer_command(top_k, value_bits, momentum_decay, sign_lr, **kwargs):
+def peer_command(top_k, value_bits, momentum_decay, sign_lr, outer_steps, outer_compression, outer_top_k,
+                 outer_value_bits, outer_lr, **kwargs):
     """Join a swarm and train one block of its model."""
     network = network_options(kwargs)
     de_mo = DeMoConfig(top_k=top_k, value_bits=int(value_bits), momentum_decay=momentum_decay, sign_lr=sign_lr)
-    Peer(PeerConfig(network=network, de_mo=de_mo, **kwargs)).run()
+    outer = OuterConfig(steps=outer_steps, compression=outer_compression, top_k=outer_top_k,
+                        value_bits=int(outer_value_bits), outer_lr=outer_lr)  # fmt: skip
+    Peer(PeerConfig(network=network, de_mo=de_mo, outer=outer, **kwargs)).run()
 
 
 def main() -> None:

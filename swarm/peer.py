@@ -27,7 +27,6 @@ Threads and processes, and who may touch the weights:
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import threading
@@ -43,22 +42,27 @@ from swarm import __version__
 from swarm.errors import SwarmError
 from swarm.model.autoregressive import ByteTransformer
 from swarm.model.checkpoint import decode_block
-from swarm.model.data import load_corpus
+from swarm.model.data import ByteWindows, load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.train import TrainConfig, Trainer, block_trainer
+from swarm.p2p import reachability
 from swarm.p2p.choice import SpotCheck, choose_checkpoint
 from swarm.p2p.directory import DHTUnavailable, SwarmDirectory, least_hosted_block
 from swarm.p2p.messages import PeerInfo
 from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht, stop_child
 from swarm.p2p.pings import NeighbourPings
-from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, PeerState, check_swarm_name
+from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, PeerState, Reached, check_swarm_name
 from swarm.p2p.store import CheckpointStore
 from swarm.p2p.transfer import BlockServicer
 from swarm.serving.ar_pipeline import StageServicer
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica
 from swarm.sync.dense import DenseSync, ParameterAveraging, block_averager, trainable
-from swarm.sync.exchange import DeMoSync, PayloadServicer
+from swarm.sync.exchange import Exchange, PayloadServicer
+from swarm.sync.lockstep import DeMoSync
+from swarm.sync.outer import OuterSync
+from swarm.sync.overlap import DeMoOverlapSync
+from swarm.sync.pseudo_gradient import OuterConfig, OuterReplica
 from swarm.sync.strategy import NoSync, SyncStrategy
 from swarm.waiting import wait_for
 
@@ -88,14 +92,18 @@ class PeerConfig:
     lr: float = 2e-3
     join_timeout: float = 30.0
     serve_ar_stage: bool = False  # also serve a stage of the autoregressive pipeline (serving benchmark)
-    sync: str = "demo"  # "demo": DeMo exchange; "dense": all-reduce of full gradients; "none": alone
+    # "demo": DeMo exchange in lockstep; "demo-overlap": DeMo, exchange overlapped with the next step;
+    # "outer": H local steps, then a compressed pseudo-gradient; "dense": all-reduce of full gradients; "none": alone
+    sync: str = "demo"
     sync_deadline: float = 5.0  # seconds a step waits for the other replicas
     wait_for_replicas: int = 1  # start once this many replicas (itself included) are seen; also the group size
     average_every: int = 100  # average parameters with the other replicas every this many steps (0: never)
     expect_config_hash: str | None = None  # refuse a swarm whose model config hash differs (a prefix will do)
     creator: str | None = None  # fingerprint of the swarm creator's key: the only model record believed
-    de_mo: DeMoConfig = field(default_factory=DeMoConfig)  # the DeMo optimizer's settings (--sync demo)
+    de_mo: DeMoConfig = field(default_factory=DeMoConfig)  # the DeMo optimizer's settings (--sync demo, demo-overlap)
+    outer: OuterConfig = field(default_factory=OuterConfig)  # the outer step's settings (--sync outer)
     network: NetworkOptions = field(default_factory=NetworkOptions)
+    reachability: str = "auto"  # "auto": ask the initial peers to dial back; "direct"; "relayed" (behind NAT)
 
     def checked(self) -> "PeerConfig":
         check_swarm_name(self.swarm)
@@ -103,14 +111,30 @@ class PeerConfig:
             raise SwarmError(f"--block must be 'auto' or a block index, not {self.block!r}")
         if self.announce_period <= 0 or self.save_every <= 0:
             raise SwarmError("--announce-period and --save-every must be positive")
-        if self.sync not in ("demo", "dense", "none"):
-            raise SwarmError(f"--sync must be 'demo', 'dense' or 'none', not {self.sync!r}")
+        if self.sync not in SYNC_MODES:
+            raise SwarmError(f"--sync must be one of {', '.join(SYNC_MODES)}, not {self.sync!r}")
+        if self.sync == "outer" and self.save_every % self.outer.steps != 0:
+            raise SwarmError("--save-every must be a multiple of --outer-steps: replicas hold the same weights "
+                             "only at the end of an outer round")
         if self.average_every < 0:
             raise SwarmError("--average-every must be 0 (never) or a number of steps")
+        if self.reachability not in ("auto", "direct", "relayed"):
+            raise SwarmError(f"--reachability must be 'auto', 'direct' or 'relayed', not {self.reachability!r}")
         return self
 
 
+def replica_trainer(
+    config: ModelConfig, block: int, windows: ByteWindows, train: TrainConfig, peer_id: str, device: str = "cpu"
+) -> Trainer:
+    """Block `block`'s trainer as the replica `peer_id` runs it: the block's start weights, and
+    batches of its own (drawn from a stream seeded by its peer id)."""
+    trainer = block_trainer(config, block, windows, train, device)
+    trainer.generator.manual_seed(int(peer_id.encode().hex(), 16) % 2**63)
+    return trainer
+
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SYNC_MODES = ("demo", "demo-overlap", "outer", "dense", "none")
 
 
 def _default_stop_signals() -> None:
@@ -137,8 +161,8 @@ class Peer:
         self.checkpoint: CheckpointInfo | None = None
         self.checkpoint_time: float | None = None
         self.state: PeerState = "joining"
-        self._replica_ids: list[str] = []
-        self._replicas_read_at = -math.inf
+        self.reached: Reached = "direct"
+        self._replica_ids: list[str] = []  # read from the DHT by the announcer thread, never by the trainer's
         self.announcer: threading.Thread | None = None
         self.averager = None  # hivemind's averager (a child process), for --sync dense and parameter rounds
         self.parameter_averaging: ParameterAveraging | None = None
@@ -162,8 +186,12 @@ class Peer:
             self._leave()
 
     def _join(self) -> None:
-        self.dht = start_dht(self.config.swarm, self.config.network, self.private_key)
+        network = reachability.plan(self.config.network, self.config.reachability)  # before announcing anything
+        self.dht = start_dht(self.config.swarm, network, self.private_key)
         self.peer_id = self.dht.peer_id.to_base58()
+        if network.relayed:
+            self.reached = "relayed"
+            logger.info("behind NAT: reachable through %s", ", ".join(reachability.require_circuit(self.dht)))
         self.directory = SwarmDirectory(self.dht, self.config.swarm, self.private_key, self.config.creator,
                                         self.config.network.dht_timeout)  # fmt: skip
         self.model_config = self.directory.wait_for_model(self.config.join_timeout)
@@ -184,8 +212,7 @@ class Peer:
         train_config = TrainConfig(
             steps=self.config.max_steps or 100_000, batch_size=self.config.batch_size, lr=self.config.lr
         )
-        self.trainer = block_trainer(self.model_config, self.block, windows, train_config, self.config.device)
-        self.trainer.generator.manual_seed(int(self.peer_id.encode().hex(), 16) % 2**63)  # own batches per replica
+        self.trainer = replica_trainer(self.model_config, self.block, windows, train_config, self.peer_id, self.config.device)
         self.denoise_service = DenoiseServicer(self.model_config, self.block)
         self._load_start_state()
         self.denoise_service.serve(self.trainer.module, self.checkpoint.sha256 if self.checkpoint else "")
@@ -202,6 +229,7 @@ class Peer:
         servicers = [
             BlockServicer(self.block, self.store, self.info),
             self.denoise_service,
+            reachability.ReachabilityServicer(self.p2p, public=self.reached == "direct"),
         ]
         servicers += self._set_up_sync(module)
         if self.config.serve_ar_stage:
@@ -220,31 +248,36 @@ class Peer:
             self.averager = block_averager(self.dht, prefix, trainable(module), group, self.config.sync_deadline)
         if self.config.average_every:
             self.parameter_averaging = ParameterAveraging(self.trainer, self.averager, self.config.average_every, timeout)
-        services = []
         if self.config.sync == "dense":
             self.sync = DenseSync(self.trainer, self.averager, timeout)
-        elif self.config.sync == "demo":
-            payloads = PayloadServicer(self.block, self.config.sync_deadline)
-            replica = DeMoReplica(module, self.config.de_mo, self.config.lr)
-            self.sync = DeMoSync(replica, payloads, self.p2p, self.loop, self.peer_id, self.replica_ids)
-            services.append(payloads)
+        if self.config.sync not in ("demo", "demo-overlap", "outer"):
+            self.trainer.update = self.sync.update
+            return []
+        payloads = PayloadServicer(self.block, self.config.sync_deadline)
+        exchange = Exchange(payloads, self.p2p, self.loop, self.peer_id, self.replica_ids)
+        if self.config.sync == "outer":
+            self.sync = OuterSync(OuterReplica(module, self.config.outer, self.config.lr), exchange)
+        else:
+            overlapped = self.config.sync == "demo-overlap"
+            self.sync = (DeMoOverlapSync if overlapped else DeMoSync)(DeMoReplica(module, self.config.de_mo, self.config.lr), exchange)
         self.trainer.update = self.sync.update
-        return services
+        return [payloads]
 
     def replica_ids(self) -> list[str]:
-        """The other peers training this block (read from the DHT at most once per announce period)."""
-        now = time.monotonic()
-        if now - self._replicas_read_at >= self.config.announce_period:
-            self._replicas_read_at = now
-            try:
-                hosts = self.directory.hosts(self.block)
-            except DHTUnavailable as error:  # a slow DHT: keep the replicas we knew, ask again next period
-                logger.warning("block %d: %s; keeping the %d replicas known", self.block, error, len(self._replica_ids))
-                return self._replica_ids
-            self._replica_ids = sorted(
-                h.peer_id for h in hosts if h.peer_id != self.peer_id and h.announcement.state in ("joining", "training")
-            )
+        """The other peers training this block, as last read (a DHT read takes a round trip or more:
+        the trainer's thread never waits for one)."""
         return self._replica_ids
+
+    def _read_replicas(self) -> None:
+        """Read the other replicas of the block from the DHT (once per announce period, by the announcer)."""
+        try:
+            hosts = self.directory.hosts(self.block)
+        except DHTUnavailable as error:  # a slow DHT: keep the replicas we knew, ask again next period
+            logger.warning("block %d: %s; keeping the %d replicas known", self.block, error, len(self._replica_ids))
+            return
+        self._replica_ids = sorted(
+            h.peer_id for h in hosts if h.peer_id != self.peer_id and h.announcement.state in ("joining", "training")
+        )
 
     def _read_dht(self, read: Callable[[], T], what: str) -> T:
         """A DHT read needed to join, retried while the DHT is slow, up to the join timeout."""
@@ -263,10 +296,11 @@ class Peer:
     def _wait_for_replicas(self) -> None:
         """Hold the first step until `wait_for_replicas` replicas are up, so they start in step."""
         deadline = time.monotonic() + self.config.join_timeout
+        self._read_replicas()
         while len(self.replica_ids()) + 1 < self.config.wait_for_replicas and time.monotonic() < deadline:
-            self._replicas_read_at = -math.inf
             if self.stopping.wait(0.5):
                 return
+            self._read_replicas()
 
     def _choose_block(self, config: ModelConfig) -> int:
         if self.config.block == "auto":
@@ -315,6 +349,7 @@ class Peer:
             self._keep_replicas_together()
             if self.trainer.step_count % self.config.save_every == 0:
                 self._save()
+        self.sync.finish(self.trainer)
         self._save()
         if self.stopping.is_set():
             return
@@ -327,6 +362,7 @@ class Peer:
         while not self.stopping.wait(self.config.announce_period):
             try:
                 self._announce()
+                self._read_replicas()
                 self.pings.start_round()  # in the background: its figures go into the next announcement
             except Exception as error:  # a DHT hiccup: the next period tries again
                 logger.warning("block %d: announcing failed: %s", self.block, error)
@@ -370,11 +406,13 @@ class Peer:
             public_name=self.config.public_name,
             checkpoint_time=self.checkpoint_time,
             sync_steps=sync.steps,
-            sync_bytes_sent=sync.bytes_sent,
+            sync_bytes_sent=sync.bytes_sent + (self.averager.bytes_sent if self.averager is not None else 0),
             sync_bytes_received=sync.bytes_received,
             sync_round_s=sync.round_seconds,
+            compute_utilisation=self.trainer.utilisation(sync.wait_seconds) if self.trainer else None,
             drift=averaging.drift if averaging else None,
             pings=self.pings.latest if self.pings else (),
+            reached=self.reached,
         )
 
     def _announce(self, wait: bool = False) -> None:

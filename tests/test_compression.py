@@ -9,12 +9,14 @@ from swarm.sync.compression import (
     dct,
     decompress,
     extract,
+    from_bits,
     from_chunks,
     idct,
     keep_per_chunk,
-    pack_bits,
+    pack_message,
+    to_bits,
     to_chunks,
-    unpack_bits,
+    unpack_message,
 )
 
 
@@ -67,9 +69,10 @@ def test_one_bit_error_feedback_removes_the_kept_components():
 
 def test_bit_packing_round_trips_and_counts_bytes():
     values = torch.randint(0, 4096, (1000,))
-    data = pack_bits(values, 12)
-    assert len(data) == 1500
-    assert torch.equal(unpack_bits(data, 12, 1000), values)
+    data = pack_message({"v": 12}, [to_bits(values, 12)])
+    (bits,), bit_array = unpack_message(data, ("v",))
+    assert bits == 12 and len(bit_array) == 12_000  # 1,500 bytes
+    assert torch.equal(from_bits(bit_array, 0, 12, 1000)[0], values)
     compressed = compress(torch.randn(64, 64), top_k=8)
     assert compressed.payload_bytes(16) == 8 * (12 + 16) // 8
 

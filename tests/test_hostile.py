@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from swarm_helpers import tiny_swarm, wait_for
 
 from swarm.lab.attacks import HostileNode, HostileReplica, LyingSyncReplies
+from swarm.model.data import load_corpus
 from swarm.sync.decoupled_momentum import DeMoConfig
 
 HONEST = ["--sync", "demo", "--wait-for-replicas", "3", "--max-steps", "8", "--save-every", "8",
@@ -27,7 +28,8 @@ def test_a_hostile_replica_cannot_poison_or_derail_honest_ones(tmp_path, attack)
         config = client.directory.read_model()
         with HostileNode("hostilesync", local.initial_peers) as node:
             if attack == "nan payloads":
-                node.serve(HostileReplica(node, config, 0, DeMoConfig(), 2e-3, "nan"))
+                windows = load_corpus(local.data).windows("train", config.seq_len)
+                node.serve(HostileReplica(node, config, 0, DeMoConfig(), 2e-3, "nan", windows))
             else:
                 node.serve(LyingSyncReplies(0))
             node.announce(0, lifetime_s=300)

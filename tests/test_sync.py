@@ -1,4 +1,4 @@
-"""Replica sync between real peer processes: identical replicas, and no hang on a dead one."""
+"""Replica sync between real peer processes: identical replicas, outer steps, no hang on a dead one."""
 
 from __future__ import annotations
 
@@ -6,8 +6,13 @@ import signal
 import time
 
 import pytest
+import torch
 from safetensors.torch import load_file
 from swarm_helpers import tiny_swarm, wait_for
+
+from swarm.model.data import load_corpus
+from swarm.model.train import TrainConfig
+from swarm.peer import replica_trainer
 
 SYNC = ["--sync", "demo", "--wait-for-replicas", "2", "--save-every", "50", "--announce-period", "1"]
 
@@ -86,20 +91,94 @@ def test_parameter_averaging_pulls_independent_replicas_together(tmp_path):
     assert apart < 1e-5
 
 
-def test_a_demo_replica_that_misses_steps_is_averaged_back_in(tmp_path):
-    with tiny_swarm(tmp_path, "syncpause", {"b": "1"}) as (local, _, client):
+@pytest.mark.parametrize("mode", ["demo", "outer"])
+def test_a_replica_that_misses_steps_is_averaged_back_in(tmp_path, mode):
+    """A laptop that dozes: r1 steps on without r2 (for less than r2's record lives, 3 s: r1 keeps
+    waiting for it every step or outer round, and r2 comes back within the payloads r1 keeps), so
+    the fingerprints differ and the next parameter round pulls them back together."""
+    steps, options = {
+        "demo": (100, ["--average-every", "25"]),
+        "outer": (200, ["--sync", "outer", "--outer-steps", "5", "--average-every", "50"]),
+    }[mode]
+    with tiny_swarm(tmp_path, f"syncpause{mode}", {"b": "1"}) as (local, _, client):
         directory = client.directory
-        extra = [*SYNC, "--sync-deadline", "1", "--max-steps", "100", "--average-every", "25"]
+        extra = [*SYNC, "--sync-deadline", "1", "--max-steps", str(steps), *options]
         local.start_peer("r1", "0", extra)
         sleeper = local.start_peer("r2", "0", extra)
-        wait_for(lambda: any(h.announcement.step >= 3 for h in directory.hosts(0)), 120, "replicas stepping")
-        # a laptop that dozes: r1 steps on without it (for less than r2's record lives, 3 s: r1 keeps
-        # waiting for it every step, and r2 comes back within the payloads r1 keeps)
+        wait_for(lambda: any(h.announcement.sync_steps >= 1 for h in directory.hosts(0)), 120, "replicas exchanging")
         sleeper.process.send_signal(signal.SIGSTOP)
         time.sleep(1.5)
         sleeper.process.send_signal(signal.SIGCONT)
         r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 150, "replicas to finish"), key=lambda a: a.public_name)
         drift = max(r1.drift or 0.0, r2.drift or 0.0)
         assert drift > 1e-4  # measured at the round that pulled them back together
-        first, second = final_checkpoint(local, "r1", 100), final_checkpoint(local, "r2", 100)
+        # from there on both applied the same updates to the averaged weights, which hivemind's
+        # all-reduce leaves equal up to float32 rounding (each adds the mean's delta to its own value)
+        first, second = final_checkpoint(local, "r1", steps), final_checkpoint(local, "r2", steps)
         assert max((first[k] - second[k]).abs().max().item() for k in first) < drift / 10
+        # the parameter round is sync traffic too: a 2-replica all-reduce sends half the parameters
+        # and half the averages back, 4 bytes each, far more than this tiny model's payloads
+        params = sum(t.numel() for t in first.values())
+        assert r1.sync_bytes_sent >= 4 * params and r2.sync_bytes_sent >= 4 * params
+
+
+def test_overlapped_replicas_stay_identical(tmp_path):
+    """Each step's set is applied one step late (the last one when training stops), the same on both."""
+    with tiny_swarm(tmp_path, "syncoverlap", {"b": "1"}) as (local, _, client):
+        extra = [*SYNC, "--sync", "demo-overlap", "--max-steps", "12", "--sync-deadline", "20", "--average-every", "4"]
+        local.start_peer("r1", "0", extra)
+        local.start_peer("r2", "0", extra)
+        r1, r2 = sorted(wait_for(lambda: finished(client.directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
+        assert r1.sync_steps == r2.sync_steps == 12
+        assert r1.drift is None and r2.drift is None  # they applied the same sets: no round was needed
+        assert 0 < r1.compute_utilisation <= 1 and 0 < r2.compute_utilisation <= 1
+        first, second = final_checkpoint(local, "r1", 12), final_checkpoint(local, "r2", 12)
+        differing = [k for k in first if not torch.equal(first[k], second[k])]
+        assert not differing, differing
+        assert "refused" not in local.started[-1].log() + local.started[-2].log()
+
+
+def test_outer_steps_of_one_step_without_compression_are_parameter_averaging(tmp_path):
+    """H = 1, float32 changes, two replicas: each outer step sets both to the mean of their weights
+    after their AdamW steps. Replayed here: the same trainers (same start, same batches, as the
+    peers' ids seed them), with plain averaging after every step."""
+    steps = 6
+    with tiny_swarm(tmp_path, "syncouter", {"b": "1"}) as (local, _, client):
+        extra = [*SYNC, "--sync", "outer", "--outer-steps", "1", "--outer-compression", "none",
+                 "--max-steps", str(steps), "--sync-deadline", "20", "--average-every", "0"]  # fmt: skip
+        local.start_peer("r1", "0", extra)
+        local.start_peer("r2", "0", extra)
+        records = sorted(wait_for(lambda: finished(client.directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
+        config = client.directory.read_model()
+        peers = [final_checkpoint(local, name, steps) for name in ("r1", "r2")]
+    assert [r.sync_steps for r in records] == [steps, steps]
+    windows = load_corpus(local.data).windows("train", config.seq_len)
+    replicas = [replica_trainer(config, 0, windows, TrainConfig(steps=steps), r.peer_id) for r in records]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the peers compute: the same sums in the same order
+    try:
+        apart = replay_with_averaging(replicas, steps)
+    finally:
+        torch.set_num_threads(threads)
+    averaged = replicas[0].module.state_dict()
+    assert apart > 1e-4  # each step alone takes the replicas apart (in warm-up: lr / 30 at step 0)
+    for weights in peers:
+        assert max((weights[k] - averaged[k]).abs().max().item() for k in averaged) < 1e-6
+
+
+def replay_with_averaging(replicas: list, steps: int) -> float:
+    """Train the replicas in step, averaging their weights after each step; how far apart one step
+    took them. The mean is written as an outer step computes it, the common start less the mean
+    change (the same value in exact arithmetic, and the same float32 roundings)."""
+    apart = 0.0
+    for _ in range(steps):
+        starts = [p.detach().clone() for p in replicas[0].module.parameters()]
+        for trainer in replicas:
+            trainer.step()
+        with torch.no_grad():
+            for start, pair in zip(starts, zip(*(t.module.parameters() for t in replicas))):
+                apart = max(apart, (pair[0] - pair[1]).abs().max().item())
+                mean = start - torch.stack([start - param for param in pair]).mean(dim=0)
+                for param in pair:
+                    param.copy_(mean)
+    return apart

@@ -1,8 +1,14 @@
-"""Checkpoint transfer over real hivemind P2P on 127.0.0.1, and tolerant reading of records."""
+"""Checkpoint transfer over real hivemind P2P on 127.0.0.1, and tolerant reading of records.
+
+Hosts are real DHT nodes (each its own process and libp2p daemon) driven from this process
+(`swarm.lab.hosting.CheckpointHost`); a client joins them as `swarm-fetch` would.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import random
 
 import hivemind
 import pytest
@@ -11,97 +17,145 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
 from swarm.errors import SwarmError
-from swarm.lab.attacks import TricklingDownloads
+from swarm.lab.attacks import CorruptChunks, TricklingDownloads
+from swarm.lab.hosting import CheckpointHost
 from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import ModelConfig, build_block
+from swarm.p2p.chunks import CHUNK_BYTES, MAX_COPIES, ChunkPlan
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import Host, SwarmDirectory
-from swarm.p2p.messages import DownloadHeader, DownloadRequest, PayloadReply, PayloadRequest, PeerInfo
-from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht
+from swarm.p2p.download import download, fetch_verified
+from swarm.p2p.messages import DownloadHeader, DownloadRequest, PayloadReply, PayloadRequest
+from swarm.p2p.network import NetworkOptions
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, block_key
-from swarm.p2p.store import CheckpointStore
-from swarm.p2p.transfer import (
-    DOWNLOADS_PER_PEER,
-    BlockServicer,
-    TransferError,
-    download,
-    fetch_verified,
-    max_checkpoint_bytes,
-)
+from swarm.p2p.transfer import DOWNLOADS_PER_PEER, BlockServicer, TransferError, max_checkpoint_bytes
 from swarm.sync.exchange import POLLS_PER_PEER, PayloadServicer
 
-
-class Loop(EventLoopThread):
-    """An event loop thread that shuts down, when closed, the P2P handles made through it."""
-
-    def __init__(self):
-        super().__init__()
-        self.handles = []
-
-    def p2p(self, dht):
-        self.handles.append(self.run(dht.replicate_p2p(), 30))
-        return self.handles[-1]
+SWARM = "transfer"
+PAYLOAD = random.Random(0).randbytes(24 * CHUNK_BYTES)  # a run of 2 chunks for each of 12 streams
 
 
 @pytest.fixture
-def loop():
-    loop = Loop()
-    yield loop
-    loop.close(*loop.handles)
+def start(tmp_path, tiny_config):
+    """`start(name, servicer=BlockServicer)`: a CheckpointHost of block 0 on 127.0.0.1; all are closed after the test."""
+    started = []
+
+    def start_host(name: str, servicer=BlockServicer) -> CheckpointHost:
+        started.append(CheckpointHost(tmp_path / name, SWARM, servicer=servicer, config=tiny_config))
+        return started[-1]
+
+    yield start_host
+    for host in started:
+        host.close()
 
 
-def serve(loop, tmp_path, name, config, step):
-    """A real DHT node whose P2P handle serves a checkpoint store holding block 0 at `step`."""
-    dht = start_dht("transfer", NetworkOptions())
-    store = CheckpointStore(tmp_path / name, config, block=0, swarm="transfer")
-    info = store.save(build_block(config, 0), step)
-    p2p = loop.p2p(dht)
-    owner = RSASignatureValidator().local_public_key  # this process's key: it signs nothing here
-    loop.run(BlockServicer(0, store, lambda: PeerInfo(block=0, owner=owner)).add_p2p_handlers(p2p), 30)
-    return dht, store, info
+def client_of(*nodes: CheckpointHost) -> SwarmClient:
+    return SwarmClient(SWARM, NetworkOptions(initial_peers=[m for node in nodes for m in node.maddrs]))
 
 
-def host(dht, info: CheckpointInfo) -> Host:
-    announcement = BlockAnnouncement(peer_id=dht.peer_id.to_base58(), state="training", step=info.step, checkpoint=info)
-    return Host(block=0, announcement=announcement, expires_at=get_dht_time() + 60)
+def fetch(nodes: list[CheckpointHost], info: CheckpointInfo, **options):
+    """The payload downloaded from `nodes`, all announcing `info`."""
+    with client_of(*nodes) as client:
+        return client.run(download(client.p2p, [node.host(info) for node in nodes], show_progress=False, **options), 120)
 
 
-def test_fetch_moves_past_lying_and_vanished_replicas_to_one_that_verifies(tmp_path, tiny_config, loop, caplog):
-    tampered_dht, tampered_store, tampered_info = serve(loop, tmp_path, "tampered", tiny_config, 9)
-    path = tampered_store.path_for(9)
+def messages(caplog) -> str:
+    return " ".join(r.getMessage() for r in caplog.records)
+
+
+def test_a_checkpoint_comes_from_every_host_that_vouches_for_it(start):
+    nodes = [start(f"h{i}") for i in range(3)]
+    info = [node.put(PAYLOAD, 5) for node in nodes][0]
+    got = fetch(nodes, info)
+    assert got.data == PAYLOAD
+    assert set(got.served) == {node.peer_id for node in nodes}, got.served  # each host served a share
+    assert not got.dropped, got.dropped
+
+
+def test_a_host_serving_corrupt_chunks_is_named_dropped_and_the_rest_comes_from_the_others(start, caplog):
+    corrupt, *honest = start("corrupt", CorruptChunks), start("h0"), start("h1")
+    info = [node.put(PAYLOAD, 5) for node in (corrupt, *honest)][0]
+    got = fetch([corrupt, *honest], info)
+    assert got.data == PAYLOAD
+    assert "sent chunk" in got.dropped[corrupt.peer_id] and "does not match" in got.dropped[corrupt.peer_id], got.dropped
+    assert corrupt.peer_id in messages(caplog)  # named where the operator looks
+    assert set(got.served) == {node.peer_id for node in honest}
+    assert corrupt.servicer.sent <= 2  # one run of its first stream: the others waited for a chunk that verifies
+
+
+def test_a_forged_chunk_list_cannot_make_bad_bytes_pass(start, caplog):
+    forgers = [start(f"f{i}", functools.partial(CorruptChunks, forge_list=True)) for i in range(2)]
+    honest = [start(f"h{i}") for i in range(2)]
+    info = [node.put(PAYLOAD, 5) for node in forgers + honest][0]
+    # alone, a forger's chunks all match the list it gave: the sha256 of the whole does not
+    with pytest.raises(TransferError, match="does not match its announced sha256"):
+        fetch(forgers[:1], info)
+    # a forging majority's list is tried first, fails the whole, and the honest host's list serves
+    got = fetch([*forgers, honest[0]], info)
+    assert got.data == PAYLOAD
+    assert set(got.dropped) == {f.peer_id for f in forgers} and set(got.served) == {honest[0].peer_id}
+    # an outvoted forger is never asked for a chunk
+    got = fetch([forgers[0], *honest], info)
+    assert got.data == PAYLOAD and not got.dropped, got.dropped
+    assert f"peer {forgers[0].peer_id} reports another chunk list" in messages(caplog)
+
+
+def test_a_chunk_plan_hands_out_long_runs_first_then_halves_and_last_chunks():
+    plan = ChunkPlan(count=16, streams=4)
+    runs = [plan.claim(stream) for stream in "abcdef"]
+    assert [(r.next, r.end) for r in runs] == [(0, 4), (4, 7), (7, 10), (10, 12), (12, 13), (13, 14)]
+    plan.release("f")  # its stream stopped before fetching: chunk 13 is free again
+    assert (plan.claim("f").next, plan.runs["f"].end) == (13, 14)
+    assert (plan.claim("g").next, plan.runs["g"].end) == (14, 15) and plan.claim("h").next == 15
+    stolen = plan.claim("i")  # nothing is unclaimed: the back half of the longest run
+    assert (stolen.next, stolen.end, plan.runs["a"].end) == (2, 4, 2)
+    for stream, run in list(plan.runs.items()):
+        for index in range(run.next, run.end - 1):
+            plan.received(stream, index)  # every run down to its last chunk
+    copies = [plan.claim(f"copy{n}") for n in range(len(plan.runs) * MAX_COPIES)]
+    assert all(copy is not None and copy.left == 1 for copy in copies[: len(copies) // 2])
+    assert copies[-1] is None  # no chunk is fetched by more than MAX_COPIES streams at once
+    for stream, run in list(plan.runs.items()):
+        if run.left:
+            plan.received(stream, run.next)
+    assert plan.complete
+
+
+def test_fetch_moves_past_lying_and_vanished_replicas_to_one_that_verifies(start, tiny_config, caplog):
+    tampered = start("tampered")
+    tampered_info = tampered.store.save(build_block(tiny_config, 0), 9)
+    path = tampered.store.path_for(9)
     data = bytearray(path.read_bytes())
     data[-10:] = bytes(10)  # same size, other bytes: the announced sha256 no longer holds
     path.write_bytes(bytes(data))
-    short_dht, _, short_info = serve(loop, tmp_path, "short", tiny_config, 8)
-    gone_dht, _, gone_info = serve(loop, tmp_path, "gone", tiny_config, 7)
-    good_dht, good_store, good_info = serve(loop, tmp_path, "good", tiny_config, 5)
+    short = start("short")
+    short_info = short.store.save(build_block(tiny_config, 0), 8)
+    gone = start("gone")
+    gone_info = gone.store.save(build_block(tiny_config, 0), 7)
+    good = start("good")
+    good_info = good.store.save(build_block(tiny_config, 0), 5)
     unservable = good_info.model_copy(update={"sha256": "0" * 64, "step": 10})  # a hash it cannot serve
-    impostor = Host(0, host(good_dht, good_info).announcement, get_dht_time() + 60, owner=b"someone else's key")
+    impostor = Host(0, good.host(good_info).announcement, get_dht_time() + 60, owner=b"someone else's key")
     hosts = [
-        host(good_dht, unservable),
+        good.host(unservable),
         impostor,  # a record naming the good peer, written under another key
-        host(tampered_dht, tampered_info),
-        host(short_dht, short_info.model_copy(update={"size": short_info.size - 100})),  # sends more than announced
-        host(gone_dht, gone_info),
-        host(good_dht, good_info),
+        tampered.host(tampered_info),
+        short.host(short_info.model_copy(update={"size": short_info.size - 100})),  # holds more than announced
+        gone.host(gone_info),
+        good.host(good_info),
     ]
-    gone_dht.shutdown()
-    live = [str(m) for dht in (tampered_dht, short_dht, good_dht) for m in dht.get_visible_maddrs()]
-    try:
-        with SwarmClient("transfer", NetworkOptions(initial_peers=live)) as client:
-            received, chosen = client.run(fetch_verified(client.p2p, hosts, tiny_config, 0, show_progress=False), 120)
-            with pytest.raises(SwarmError, match="no replica"):
-                client.run(fetch_verified(client.p2p, hosts[:-1], tiny_config, 0, show_progress=False), 120)
-        assert chosen.peer_id == good_dht.peer_id.to_base58()
-        assert received == good_store.path_for(5).read_bytes()
-        messages = " ".join(r.getMessage() for r in caplog.records)
-        assert "does not match its announced sha256" in messages
-        assert "more than the announced" in messages
-        assert "no checkpoint of block 0 with sha256 000000000000" in messages
-        assert "does not own the record that names it" in messages
-    finally:
-        for dht in (tampered_dht, short_dht, good_dht):
-            dht.shutdown()
+    gone.close()
+    with client_of(tampered, short, good) as client:
+        received, chosen = client.run(fetch_verified(client.p2p, hosts, tiny_config, 0, show_progress=False), 120)
+        with pytest.raises(SwarmError, match="no replica"):
+            client.run(fetch_verified(client.p2p, hosts[:-1], tiny_config, 0, show_progress=False), 120)
+    assert chosen.peer_id == good.peer_id
+    assert received == good.store.path_for(5).read_bytes()
+    logged = messages(caplog)
+    assert "does not match its announced sha256" in logged
+    assert "more than the announced" in logged
+    assert "no checkpoint of block 0 with sha256 000000000000" in logged
+    assert "does not own the record that names it" in logged
 
 
 def test_readers_skip_entries_that_break_the_schema():
@@ -121,67 +175,48 @@ def test_readers_skip_entries_that_break_the_schema():
         dht.shutdown()
 
 
-def test_a_stream_that_goes_quiet_is_given_up_whatever_its_size(tmp_path, tiny_config, loop):
-    """The record announces a plausible size; the host sends a header and then nothing."""
-    quiet = start_dht("transfer", NetworkOptions())
-    loop.run(TricklingDownloads(0, lambda: PeerInfo(block=0, owner=b""), every_s=3600).add_p2p_handlers(loop.p2p(quiet)), 30)
+def test_a_stream_that_goes_quiet_is_given_up_whatever_its_size(start, tiny_config):
+    """The record announces a plausible size; the host lists it, sends a header and then nothing."""
     info = CheckpointInfo(step=3, sha256="cd" * 32, size=max_checkpoint_bytes(tiny_config))
-    try:
-        with SwarmClient("transfer", NetworkOptions(initial_peers=[str(m) for m in quiet.get_visible_maddrs()])) as client:
-            with pytest.raises(TransferError, match="sent nothing for 1s"):
-                client.run(download(client.p2p, host(quiet, info), show_progress=False, inactivity_timeout=1.0), 60)
-    finally:
-        quiet.shutdown()
+    quiet = start("quiet", lambda block, store, peer_info: TricklingDownloads(block, peer_info, every_s=3600, size=info.size))
+    with pytest.raises(TransferError, match="sent nothing for 1s"):
+        fetch([quiet], info, inactivity_timeout=1.0)
 
 
-def test_a_checkpoint_of_another_block_or_model_is_refused_though_its_hash_matches(tmp_path, tiny_config, loop, caplog):
+def test_a_checkpoint_of_another_block_or_model_is_refused_though_its_hash_matches(start, tiny_config, caplog):
     other_model = ModelConfig(**{**tiny_config.to_dict(), "codebook_seed": 1})
     wrong = {"block": encode_block(build_block(tiny_config, 1), tiny_config, 1, 5),
              "model": encode_block(build_block(other_model, 0), other_model, 0, 5)}  # fmt: skip
-    hosts, dhts = [], []
-    for name, data in wrong.items():
-        dht, store, _ = serve(loop, tmp_path, name, tiny_config, 4)
-        store.path_for(5).write_bytes(data)  # its record tells the truth about these bytes
-        hosts.append(host(dht, store.info(store.path_for(5))))
-        dhts.append(dht)
-    try:
-        live = [str(m) for dht in dhts for m in dht.get_visible_maddrs()]
-        with SwarmClient("transfer", NetworkOptions(initial_peers=live)) as client:
-            with pytest.raises(SwarmError, match="no replica"):
-                client.run(fetch_verified(client.p2p, hosts, tiny_config, 0, show_progress=False), 60)
-        messages = " ".join(r.getMessage() for r in caplog.records)
-        assert "holds block 1, not block 0" in messages and "different model config" in messages
-    finally:
-        for dht in dhts:
-            dht.shutdown()
+    nodes = [start(name) for name in wrong]
+    hosts = [node.host(node.put(data, 5)) for node, data in zip(nodes, wrong.values())]  # records tell the truth about these bytes
+    with client_of(*nodes) as client:
+        with pytest.raises(SwarmError, match="no replica"):
+            client.run(fetch_verified(client.p2p, hosts, tiny_config, 0, show_progress=False), 60)
+    logged = messages(caplog)
+    assert "holds block 1, not block 0" in logged and "different model config" in logged
 
 
-def test_one_peer_may_hold_only_a_few_downloads_and_sync_polls_at_once(tmp_path, tiny_config, loop):
-    dht, store, _ = serve(loop, tmp_path, "busy", tiny_config, 4)
-    store.path_for(6).write_bytes(bytes(64 * 1024**2))  # large enough that a stream stays open while unread
-    big = store.info(store.path_for(6))
-    payloads = PayloadServicer(block=0, deadline=3.0)
-    loop.run(payloads.add_p2p_handlers(loop.handles[-1]), 30)
-    try:
-        with SwarmClient("transfer", NetworkOptions(initial_peers=[str(m) for m in dht.get_visible_maddrs()])) as client:
-            blocks = BlockServicer.get_stub(client.p2p, dht.peer_id)
-            request = runtime_pb2.ExpertRequest(metadata=DownloadRequest(block=0, sha256=big.sha256).encode())
+def test_one_peer_may_hold_only_a_few_downloads_and_sync_polls_at_once(start):
+    node = start("busy")
+    big = node.put(bytes(64 * 1024**2), 6)  # large enough that a stream stays open while unread
+    node.serve(PayloadServicer(block=0, deadline=3.0))
+    with client_of(node) as client:
+        blocks = BlockServicer.get_stub(client.p2p, node.dht.peer_id)
+        request = runtime_pb2.ExpertRequest(metadata=DownloadRequest(block=0, sha256=big.sha256).encode())
 
-            async def open_streams(count: int) -> list[DownloadHeader]:
-                streams = [await blocks.rpc_download(request) for _ in range(count)]
-                return [DownloadHeader.decode((await anext(s)).metadata) for s in streams]
+        async def open_streams(count: int) -> list[DownloadHeader]:
+            streams = [await blocks.rpc_download(request) for _ in range(count)]
+            return [DownloadHeader.decode((await anext(s)).metadata) for s in streams]
 
-            headers = client.run(open_streams(DOWNLOADS_PER_PEER + 1), 60)
-            busy = ["busy" in h.error for h in headers]
-            assert any(busy) and not all(busy), headers  # one stream too many is turned away at once
+        headers = client.run(open_streams(DOWNLOADS_PER_PEER + 1), 60)
+        busy = ["busy" in h.error and h.busy for h in headers]
+        assert any(busy) and not all(busy), headers  # one stream too many is turned away at once
 
-            polls = PayloadServicer.get_stub(client.p2p, dht.peer_id)
-            poll = runtime_pb2.ExpertRequest(metadata=PayloadRequest(block=0, step=5).encode())
+        polls = PayloadServicer.get_stub(client.p2p, node.dht.peer_id)
+        poll = runtime_pb2.ExpertRequest(metadata=PayloadRequest(block=0, step=5).encode())
 
-            async def poll_at_once(count: int) -> list[str]:
-                replies = await asyncio.gather(*(polls.rpc_payload(poll, timeout=30) for _ in range(count)))
-                return sorted(PayloadReply.decode(r.metadata).status for r in replies)
+        async def poll_at_once(count: int) -> list[str]:
+            replies = await asyncio.gather(*(polls.rpc_payload(poll, timeout=30) for _ in range(count)))
+            return sorted(PayloadReply.decode(r.metadata).status for r in replies)
 
-            assert client.run(poll_at_once(POLLS_PER_PEER + 1), 60) == ["busy", "not yet", "not yet"]
-    finally:
-        dht.shutdown()
+        assert client.run(poll_at_once(POLLS_PER_PEER + 1), 60) == ["busy", "not yet", "not yet"]

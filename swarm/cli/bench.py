@@ -23,7 +23,8 @@ from swarm.cli.options import swarm_client, swarm_options
 from swarm.model.generate import continue_text
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import Host
-from swarm.p2p.transfer import TransferError, download
+from swarm.p2p.download import download
+from swarm.p2p.transfer import TransferError
 from swarm.serving.ar_pipeline import generate_autoregressive
 from swarm.serving.remote import RemoteBlocks
 
@@ -71,11 +72,11 @@ def _spread(values: list[float]) -> dict:
 
 
 def _download_rate(client: SwarmClient, host: Host) -> dict:
-    """The rate of the whole download (owner check and stream set-up included), and of the
-    transfer alone (from the stream's header to its last byte)."""
+    """The rate of the whole download from this one host (owner check, chunk list and stream set-up
+    included), and of the transfer alone (from the first stream's header to the last byte)."""
     started, timings = time.perf_counter(), {}
     try:
-        data = client.run(download(client.p2p, host, show_progress=False, timings=timings), 600)
+        data = client.run(download(client.p2p, [host], show_progress=False, timings=timings), 600).data
     except (TransferError, TimeoutError) as error:
         return {"error": str(error)}
     ended = time.perf_counter()

@@ -138,7 +138,7 @@ class SwarmMonitor:
             "step": a.step, "loss": finite(a.loss), "throughput": finite(a.throughput),
             "checkpoint_step": a.checkpoint.step if a.checkpoint else None,
             "checkpoint_age_s": now - checkpoint_time if checkpoint_time is not None else None,
-            "reached": getattr(a, "reached", None) or "direct",  # issue 13 adds "relayed"
+            "reached": a.reached,  # "relayed": behind NAT, through circuit relays
             "sync_bytes_sent": a.sync_bytes_sent, "sync_bytes_received": a.sync_bytes_received,
             "drift": finite(a.drift), "version": a.version, "rtt_s": finite(answer[0]) if answer else None,
             "verified": why is None, "problem": why, "expires_in_s": finite(host.expires_at - get_dht_time()),

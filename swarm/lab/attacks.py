@@ -4,13 +4,15 @@ with the project's own code, or with a few lines around hivemind.
 - a step liar: a `swarm-peer` whose checkpoint folder holds a garbage block (weights blown up)
   or a poisoned one (trained on shuffled bytes) stamped with a step of its choosing
   (`plant_checkpoint`);
-- `HostileNode`: a real DHT node in this process under its own key, which announces what it
-  likes and answers P2P calls with the servicers below:
-  - `TricklingDownloads`: a checkpoint stream that announces a size and sends a byte now and then;
+- `HostileNode`: a real DHT node in this process under its own key (swarm/lab/hosting.py), which
+  announces what it likes and answers P2P calls with the servicers below:
+  - `TricklingDownloads`: checkpoint streams that announce a size and send a byte now and then;
+  - `CorruptChunks`: a host of an honest checkpoint that changes a byte of every chunk it sends,
+    with the honest chunk list or one forged to match what it sends;
   - `WrongAnswers`: remote denoising that answers for the checkpoint it claims, wrongly;
   - `LyingSyncReplies`: sync replies that are garbage, off-schema, or claim a step far ahead;
-  - `HostileReplica`: a DeMo replica that sends, each step, a payload made from an honest one:
-    negated, at the largest values allowed, or random signs.
+  - `HostileReplica`: a DeMo replica that trains like an honest one and sends, each step, its
+    own update negated, at the largest values allowed against it, with random signs, or NaN.
 """
 
 from __future__ import annotations
@@ -26,16 +28,16 @@ import msgpack
 import torch
 from hivemind.p2p import P2PContext
 from hivemind.proto import runtime_pb2
-from hivemind.utils.crypto import RSAPrivateKey
 
+from swarm.lab.hosting import InProcessNode
 from swarm.model.checkpoint import save_block
-from swarm.model.data import Corpus, load_corpus
+from swarm.model.data import ByteWindows, Corpus, load_corpus
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block
 from swarm.model.train import TrainConfig, block_trainer
-from swarm.p2p.directory import SwarmDirectory
-from swarm.p2p.messages import DownloadHeader, PayloadReply, PayloadRequest, PeerInfo
-from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht, stop_child
+from swarm.p2p.chunks import CHUNK_BYTES, HASH_BYTES, chunk_count, chunk_hashes
+from swarm.p2p.messages import ChunkListReply, DownloadHeader, PayloadReply, PayloadRequest, PeerInfo
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo
+from swarm.p2p.store import CheckpointStore
 from swarm.p2p.transfer import BlockServicer
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica, decode_payload, encode_payload
@@ -54,16 +56,17 @@ def garbage_block(config: ModelConfig, block: int, scale: float = 50.0) -> Denoi
 
 
 def shuffled_corpus(source: str | None, folder: Path) -> Corpus:
-    """A corpus with the bytes of every paragraph of `source` shuffled: right statistics, no language."""
+    """A corpus with the characters of every paragraph of `source` shuffled (characters, not bytes,
+    so that it stays UTF-8): the right letter statistics, no language."""
     corpus, rng = load_corpus(source), random.Random(0)
     paragraphs = []
     for stream in (corpus.train, corpus.validation):
-        for paragraph in bytes(stream.tolist()).split(b"\n\n"):
-            shuffled = bytearray(paragraph)
-            rng.shuffle(shuffled)
-            paragraphs.append(bytes(shuffled))
+        for paragraph in stream.numpy().tobytes().decode("utf-8", errors="ignore").split("\n\n"):
+            characters = list(paragraph)
+            rng.shuffle(characters)
+            paragraphs.append("".join(characters))
     path = folder / "shuffled.txt"
-    path.write_bytes(b"\n\n".join(p for p in paragraphs if p))
+    path.write_text("\n\n".join(p for p in paragraphs if p.strip()), encoding="utf-8")
     return load_corpus(str(path))
 
 
@@ -83,35 +86,13 @@ def plant_checkpoint(folder: Path, denoiser: Denoiser, config: ModelConfig, bloc
     return path
 
 
-class HostileNode:
-    """A DHT node in this process, under a key of its own, with a P2P handle for its servicers."""
-
-    def __init__(self, swarm: str, initial_peers: list[str]):
-        self.swarm, self.key = swarm, RSAPrivateKey()
-        self.dht = start_dht(swarm, NetworkOptions(initial_peers=list(initial_peers)), self.key)
-        self.loop = EventLoopThread(name="hostile-loop")
-        self.p2p = self.loop.run(self.dht.replicate_p2p(), 30)
-        self.directory = SwarmDirectory(self.dht, swarm, self.key)
-        self.peer_id = self.dht.peer_id.to_base58()
-
-    def __enter__(self) -> "HostileNode":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.loop.close(self.p2p)
-        stop_child(self.dht, self.dht.shutdown)
-
-    def serve(self, *servicers) -> None:
-        for servicer in servicers:
-            self.loop.run(servicer.add_p2p_handlers(self.p2p), 30)
+class HostileNode(InProcessNode):
+    """A DHT node in this process, under a key of its own, that announces what it likes."""
 
     def announce(self, block: int, lifetime_s: float = 600.0, **fields) -> None:
         """Write (signed, under its own key) an announcement for `block` with the given fields."""
         announcement = BlockAnnouncement(peer_id=self.peer_id, **{"state": "training", "step": 0, **fields})
         assert self.directory.announce(block, announcement, lifetime_s, wait=True), "the DHT refused the record"
-
-    def info(self, block: int) -> PeerInfo:
-        return PeerInfo(block=block, owner=self.directory.owner_subkey)
 
 
 class _Impersonating:
@@ -126,19 +107,51 @@ class _Impersonating:
 
 
 class TricklingDownloads(_Impersonating, BlockServicer):
-    """Answers every download with the header of a huge file and then one byte per `every_s`."""
+    """Lists a file of `size` bytes (a huge one by default) for any checkpoint it is asked for, and
+    answers every download with its header and then one byte per `every_s`."""
 
     imitates = BlockServicer
 
-    def __init__(self, block: int, info: Callable[[], PeerInfo], every_s: float = 1.0):
+    def __init__(self, block: int, info: Callable[[], PeerInfo], every_s: float = 1.0, size: int = 2**33):
         super().__init__(block, store=None, info=info)
-        self.every_s = every_s
+        self.every_s, self.size = every_s, size
 
-    async def rpc_download(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> AsyncIterator:
-        yield runtime_pb2.ExpertResponse(metadata=DownloadHeader(size=2**33).encode())
+    async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        hashes = bytes(HASH_BYTES * chunk_count(self.size))
+        return runtime_pb2.ExpertResponse(metadata=ChunkListReply(size=self.size, hashes=hashes).encode())
+
+    async def rpc_download(
+        self, request: runtime_pb2.ExpertRequest, context: P2PContext
+    ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
+        yield runtime_pb2.ExpertResponse(metadata=DownloadHeader(size=self.size).encode())
         while True:
             await asyncio.sleep(self.every_s)
             yield runtime_pb2.ExpertResponse(metadata=b"\0")
+
+
+class CorruptChunks(_Impersonating, BlockServicer):
+    """Serves the checkpoints in its store (honest ones, which its record may vouch for) with the
+    first byte of every chunk flipped. Its chunk list is the honest one, or with `forge_list` the
+    list of the bytes it sends, so that each chunk matches the list it gave: then only the other
+    hosts' lists and the sha256 of the whole give it away."""
+
+    imitates = BlockServicer
+
+    def __init__(self, block: int, store: CheckpointStore, info: Callable[[], PeerInfo], forge_list: bool = False):
+        super().__init__(block, store, info)
+        self.forge_list = forge_list
+        self.sent = 0  # chunks it sent: what a downloader let it cost
+
+    def _chunk(self, index: int, data: bytes) -> bytes:
+        self.sent += 1
+        return bytes([data[0] ^ 0xFF]) + data[1:]
+
+    def _chunk_list_of(self, path: Path) -> bytes:
+        if not self.forge_list:
+            return super()._chunk_list_of(path)
+        data = bytearray(path.read_bytes())
+        data[::CHUNK_BYTES] = bytes(b ^ 0xFF for b in data[::CHUNK_BYTES])  # what _chunk sends
+        return chunk_hashes(bytes(data))
 
 
 class WrongAnswers(_Impersonating, DenoiseServicer):
@@ -170,31 +183,54 @@ class LyingSyncReplies(_Impersonating, PayloadServicer):
 
 
 class HostileReplica(_Impersonating, PayloadServicer):
-    """A DeMo replica that, asked for step t, fetches an honest replica's step-t payload and sends
-    it back perturbed (`mode`: "negated", "max-values" or "random-signs", as large as allowed; or
-    "nan", which no honest check lets through)."""
+    """A replica that trains as an honest one does (its own batches, its own DeMo momentum, the
+    gathered updates applied) but sends, each step, its own update perturbed (`mode`): negated,
+    at the largest values allowed against its own direction, or with random signs; or NaN,
+    which no honest check lets through. It answers step t once it has computed it."""
 
     imitates = PayloadServicer
     MODES = ("negated", "max-values", "random-signs", "nan")
+    KEEP = 8  # steps answered for late askers
 
-    def __init__(self, node: HostileNode, config: ModelConfig, block: int, de_mo: DeMoConfig, lr: float, mode: str):
+    def __init__(self, node: HostileNode, config: ModelConfig, block: int, de_mo: DeMoConfig, lr: float,
+                 mode: str, windows: ByteWindows):  # fmt: skip
         super().__init__(block, deadline=5.0)
         assert mode in self.MODES, mode
         self.node, self.mode = node, mode
-        self.replica = DeMoReplica(build_block(config, block), de_mo, lr)
+        self.trainer = block_trainer(config, block, windows, TrainConfig(lr=lr, steps=100_000, batch_size=16, seed=11))
+        self.replica = DeMoReplica(self.trainer.module, de_mo, lr)
         self.rng = torch.Generator().manual_seed(0)
+        self.sent: dict[int, bytes] = {}
+        self._stepping = asyncio.Lock()
 
     async def _payload(self, request: runtime_pb2.ExpertRequest) -> PayloadReply:
         step = PayloadRequest.decode(request.metadata).step
-        hosts = await asyncio.get_running_loop().run_in_executor(None, self.node.directory.hosts, self.block)
-        honest = [h.peer_id for h in hosts if h.peer_id != self.node.peer_id]
-        gathered = await gather(self.node.p2p, self.block, step, honest, self.deadline)
-        if not gathered.payloads:
-            return PayloadReply(status="not yet", newest_step=step)
-        honest = decode_payload(next(iter(gathered.payloads.values())), self.replica)
-        bits = self.replica.config.value_bits
-        return PayloadReply(status="ok", payload=encode_payload(dict(self._perturbed(honest)), bits),
-                            fingerprint=b"hostile!", newest_step=step)  # fmt: skip
+        async with self._stepping:
+            if step not in self.sent:
+                await self._take_step(step)
+        return PayloadReply(status="ok", payload=self.sent[step], fingerprint=b"hostile!", newest_step=step)
+
+    async def _take_step(self, step: int) -> None:
+        """Compute its own update of `step`, keep the perturbed one to send, then learn from the
+        honest replicas' updates of that step and its own true one, as an honest replica would."""
+        loop = asyncio.get_running_loop()
+        own = await loop.run_in_executor(None, self._own_payload, step)
+        self.sent[step] = encode_payload(dict(self._perturbed(own)), self.replica.config.value_bits)
+        for old in [s for s in self.sent if s <= step - self.KEEP]:
+            del self.sent[old]
+        hosts = await loop.run_in_executor(None, self.node.directory.hosts, self.block)
+        others = [h.peer_id for h in hosts if h.peer_id != self.node.peer_id]
+        gathered = await gather(self.node.p2p, self.block, step, others, self.deadline)
+        honest = [decode_payload(data, self.replica) for _, data in sorted(gathered.payloads.items())]
+        await loop.run_in_executor(None, self.replica.apply, [*honest, own])
+
+    def _own_payload(self, step: int) -> dict:
+        trainer = self.trainer
+        window = trainer.windows.sample(trainer.config.batch_size, trainer.generator)
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.loss_fn(window, trainer.generator).backward()
+        torch.nn.utils.clip_grad_norm_(trainer.module.parameters(), trainer.config.grad_clip)
+        return self.replica.make_payload(trainer.config.lr_at(step))
 
     def _perturbed(self, payload: dict) -> Iterator:
         largest = 0.95 * (1.0 if self.replica.config.value_bits == 1 else self.replica.max_value)
@@ -207,7 +243,8 @@ class HostileReplica(_Impersonating, PayloadServicer):
             elif self.mode == "nan":
                 values = torch.full_like(values, float("nan"))
             else:
-                values = (torch.randint(0, 2, values.shape, generator=self.rng) * 2 - 1).float() * values.abs().clamp(min=1e-8)
+                signs = torch.randint(0, 2, values.shape, generator=self.rng) * 2 - 1
+                values = signs.float() * values.abs().clamp(min=1e-8)
             yield name, dataclasses.replace(sent, values=values.to(sent.values.dtype))
 
 

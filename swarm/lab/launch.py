@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swarm.errors import SwarmError
-from swarm.lab.netlab import NetLab
+from swarm.lab.netlab import NetLab, Node
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.network import NetworkOptions
 
@@ -141,9 +141,14 @@ class LocalSwarm:
         argv = self._placed(host, [*command, *self.join_args, *args])
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.workdir, env=self._env())
 
-    def client(self) -> SwarmClient:
-        """A client of this swarm in this process (on 127.0.0.1: not for a swarm inside a lab)."""
-        return SwarmClient(self.swarm, NetworkOptions(initial_peers=list(self.initial_peers)), self.creator)
+    def client(self, host: str = "client") -> SwarmClient:
+        """A client of this swarm in this process; in a lab, its DHT and libp2p daemon run on the
+        node `host` (this process talks to them through a unix socket)."""
+        if self.lab is None:
+            return SwarmClient(self.swarm, NetworkOptions(initial_peers=list(self.initial_peers)), self.creator)
+        node = self.lab.nodes.get(host) or self.lab.add_node(host)
+        network = NetworkOptions(initial_peers=list(self.initial_peers), host_maddrs=[f"/ip4/{node.address}/tcp/0"])
+        return _ClientOnNode(self.swarm, network, self.creator, node)
 
     def check_running(self) -> None:
         """SwarmError naming a started process that has exited (with the end of its log)."""
@@ -177,6 +182,18 @@ class LocalSwarm:
         for handle in reversed(self.started):
             self.stop(handle)
             _kill_group(handle.process.pid)  # children a killed process left behind (its DHT, p2pd)
+
+
+class _ClientOnNode(SwarmClient):
+    """A SwarmClient whose DHT process (and the daemon it starts) are forked on a lab node."""
+
+    def __init__(self, swarm: str, network: NetworkOptions, creator: str | None, node: Node):
+        super().__init__(swarm, network, creator)
+        self.node = node
+
+    def __enter__(self) -> SwarmClient:
+        with self.node.inside():
+            return super().__enter__()
 
 
 def _kill_group(pid: int) -> None:

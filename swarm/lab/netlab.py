@@ -14,8 +14,18 @@ download with `tbf` qdiscs, and `start_delays()` delays every packet the router 
 the one-way delay between the two nodes' regions, with an NFQUEUE rule and the
 `swarm.lab.delayd` daemon (`tc netem` is missing on some kernels; where present it would do).
 
-Needs root and `ip` (iproute2); delays also need `iptables` and the NetfilterQueue package.
-`available()` says why not where something is missing.
+Behind NAT: `add_nat(region)` makes a home router for a region, a node on the lab's router
+(its one public address) that masquerades what its home nodes send and forwards nothing
+inbound that they did not start (`symmetric=True`: a new random port per connection, as a
+symmetric NAT does); `add_node(..., behind=nat)` puts a node on that router's home network
+(192.168.<j>.2, router .1), which the lab's router has no route to. A lab with NAT needs its
+"internet" on public-looking addresses (`NetLab(subnet=PUBLIC_SUBNET)`): libp2p drops
+private (RFC 1918) relay addresses when it builds circuit addresses, so a relay on 10.x
+gives a NATed peer none (checked: 11.x works, 10.x does not). The range is never routed
+outside: the root namespace has no address or route into the lab.
+
+Needs root and `ip` (iproute2); delays and NAT also need `iptables`, delays the
+NetfilterQueue package. `available()` says why not where something is missing.
 """
 
 from __future__ import annotations
@@ -23,12 +33,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import ipaddress
 import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -38,14 +50,17 @@ from swarm.errors import SwarmError
 logger = logging.getLogger(__name__)
 
 SUBNET = "10.231"  # nodes get 10.231.<i>.2, the router 10.231.<i>.1
+PUBLIC_SUBNET = "11.231"  # public-looking, for labs with NAT (see above); used only inside the lab
+HOME_SUBNET = "192.168"  # a node behind NAT gets 192.168.<j>.2, its home router 192.168.<j>.1
 CLONE_NEWNET = 0x40000000  # setns(2): the fd names a network namespace
 
 
-def available(delays: bool = False) -> str | None:
-    """None if namespaces (and, with `delays`, emulated delays) can be made here, else why not."""
+def available(delays: bool = False, nat: bool = False) -> str | None:
+    """None if namespaces (and, with `delays`, emulated delays; with `nat`, home routers) can be
+    made here, else why not."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    for command in ("ip", "tc") + (("iptables",) if delays else ()):
+    for command in ("ip", "tc") + (("iptables",) if delays or nat else ()):
         if not shutil.which(command):
             return f"emulated networks need the '{command}' command"
     if delays and importlib.util.find_spec("netfilterqueue") is None:
@@ -68,6 +83,7 @@ class Node:
     address: str
     router_link: str  # the veth end inside the router namespace
     region: str = "local"
+    gateway: str | None = None  # the namespace router_link is in: a home router's, or None for the lab's router
 
     def exec_prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.namespace]
@@ -118,6 +134,7 @@ class NetLab:
     """Namespaces named `<prefix>-...`; use as a context manager so teardown always runs."""
 
     prefix: str = "bsw"
+    subnet: str = SUBNET  # the "internet" side; PUBLIC_SUBNET where some region sits behind NAT
     nodes: dict[str, Node] = field(default_factory=dict)
 
     @property
@@ -139,23 +156,48 @@ class NetLab:
     def router_exec(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return sh("ip", "netns", "exec", self.router, *args, check=check)
 
-    def add_node(self, name: str, region: str = "local") -> Node:
+    def add_node(self, name: str, region: str = "local", behind: Node | None = None) -> Node:
+        """A node on the lab's router, or on the home network of the NAT router `behind` (add_nat)."""
         index = len(self.nodes) + 1
         namespace, router_link = f"{self.prefix}-{name}", f"{self.prefix}{index}"
+        gateway = behind.namespace if behind else self.router
+        network = f"{HOME_SUBNET}.{self._homes(behind) + 1}" if behind else f"{self.subnet}.{index}"
         sh("ip", "netns", "add", namespace)
-        sh("ip", "link", "add", router_link, "netns", self.router, "type", "veth", "peer", "name", "eth0", "netns", namespace)
-        node = Node(namespace, f"{SUBNET}.{index}.2", router_link, region)
-        self.router_exec("ip", "addr", "add", f"{SUBNET}.{index}.1/24", "dev", router_link)
-        self.router_exec("ip", "link", "set", router_link, "up")
+        sh("ip", "link", "add", router_link, "netns", gateway, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+        node = Node(namespace, f"{network}.2", router_link, region, behind.namespace if behind else None)
+        for args in (["addr", "add", f"{network}.1/24", "dev", router_link], ["link", "set", router_link, "up"]):
+            sh("ip", "netns", "exec", gateway, "ip", *args)
         for args in (["link", "set", "lo", "up"], ["addr", "add", f"{node.address}/24", "dev", "eth0"],
-                     ["link", "set", "eth0", "up"], ["route", "add", "default", "via", f"{SUBNET}.{index}.1"]):
+                     ["link", "set", "eth0", "up"], ["route", "add", "default", "via", f"{network}.1"]):
             sh(*node.exec_prefix(), "ip", *args)
         self.nodes[name] = node
         return node
 
+    def _homes(self, nat: Node) -> int:
+        return sum(node.gateway == nat.namespace for node in self.nodes.values())
+
+    def add_nat(self, region: str, symmetric: bool = False) -> Node:
+        """A home router for `region`, as a node on the lab's router (its public address): it
+        masquerades what its home nodes send (`symmetric`: from a new random port for every
+        connection) and drops every inbound connection they did not open. Nodes go behind it
+        with `add_node(name, region, behind=<this>)`; it runs no program of ours."""
+        if reason := available(nat=True):
+            raise SwarmError(reason)
+        if ipaddress.ip_address(f"{self.subnet}.0.1").is_private:
+            raise SwarmError(f"a lab with NAT needs public-looking addresses: NetLab(subnet=PUBLIC_SUBNET), not {self.subnet}")
+        nat = self.add_node(f"nat-{region}", region)
+        masquerade = ["--random-fully"] if symmetric else []
+        for args in (["sysctl", "-qw", "net.ipv4.ip_forward=1"],
+                     ["iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "eth0", "-j", "MASQUERADE", *masquerade],
+                     ["iptables", "-A", "FORWARD", "-i", "eth0", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED",
+                      "-j", "ACCEPT"],
+                     ["iptables", "-A", "FORWARD", "-i", "eth0", "-j", "DROP"]):  # fmt: skip
+            sh(*nat.exec_prefix(), *args)
+        return nat
+
     def cap(self, node: Node, up_mbit: float | None, down_mbit: float | None) -> None:
         """Limit what `node` sends (its eth0) and receives (the router's link to it) with tbf."""
-        for rate, where in ((up_mbit, node.exec_prefix()), (down_mbit, ["ip", "netns", "exec", self.router])):
+        for rate, where in ((up_mbit, node.exec_prefix()), (down_mbit, ["ip", "netns", "exec", node.gateway or self.router])):
             if rate:
                 device = "eth0" if where == node.exec_prefix() else node.router_link
                 burst = max(32_000, int(rate * 1e6 / 8 / 250))  # 4 ms of traffic, at least 32 kB
@@ -167,9 +209,10 @@ class NetLab:
         first, then the rule that feeds it (with --queue-bypass: no daemon, no delay, no loss)."""
         if reason := available(delays=True):
             raise SwarmError(reason)
+        on_router = [node for node in self.nodes.values() if node.gateway is None]  # a home router stands for its home
         delays = {
             f"{a.router_link}>{b.router_link}": one_way_s(a.region, b.region)
-            for a in self.nodes.values() for b in self.nodes.values() if a is not b
+            for a in on_router for b in on_router if a is not b
         }  # fmt: skip
         daemon = subprocess.Popen(
             ["ip", "netns", "exec", self.router, sys.executable, "-m", "swarm.lab.delayd", "--queue", str(queue),
@@ -184,13 +227,32 @@ class NetLab:
         listed = sh("ip", "netns", "list", check=False).stdout.split("\n")
         return [line.split()[0] for line in listed if line.startswith(f"{self.prefix}-")]
 
+    def pids(self) -> list[int]:
+        """Every process that runs in one of the lab's namespaces."""
+        return [int(pid) for namespace in self.namespaces() for pid in sh("ip", "netns", "pids", namespace, check=False).stdout.split()]
+
     def teardown(self) -> None:
-        """Kill every process in the lab's namespaces, then delete them (their links go with them)."""
+        """Kill every process in the lab's namespaces, then delete them (their links, addresses
+        and iptables rules go with them)."""
+        killed = self.pids()
+        for pid in killed:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        _wait_gone(killed, TEARDOWN_WAIT_S)
         for namespace in self.namespaces():
-            for pid in sh("ip", "netns", "pids", namespace, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), 9)
-                except ProcessLookupError:
-                    pass
             sh("ip", "netns", "delete", namespace, check=False)
         self.nodes.clear()
+
+
+TEARDOWN_WAIT_S = 10.0  # killed processes, orphans among them, until their parent (often init) has reaped them
+
+
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    """Wait until no process of `pids` exists any more (a killed one lingers until it is reaped)."""
+    deadline = time.monotonic() + timeout
+    while (left := [pid for pid in pids if os.path.exists(f"/proc/{pid}")]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        logger.warning("processes %s of a torn-down lab were not reaped within %.0fs", left, timeout)

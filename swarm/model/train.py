@@ -63,6 +63,11 @@ class Trainer:
     step_seconds: list[float] = field(default_factory=list)
     # replaces the AdamW step (replica sync)
     update: Callable[["Trainer"], None] | None = None
+    # seconds in forward, backward and update, in all (a sync update's waits on other replicas
+    # included: the strategy knows those), and the clock at the first step's start and last step's end
+    compute_seconds: float = 0.0
+    first_step_at: float | None = None
+    last_step_at: float | None = None
 
     def __post_init__(self) -> None:
         self.optimizer = torch.optim.AdamW(
@@ -73,10 +78,13 @@ class Trainer:
 
     def step(self) -> float:
         started = time.perf_counter()
+        if self.first_step_at is None:
+            self.first_step_at = started
         self.module.train()
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.lr_at(self.step_count)
         window = self.windows.sample(self.config.batch_size, self.generator).to(self.device)
+        computing = time.perf_counter()
         loss = self.loss_fn(window, self.generator)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -85,10 +93,19 @@ class Trainer:
             self.update(self)
         else:
             self.optimizer.step()
+        self.last_step_at = time.perf_counter()
+        self.compute_seconds += self.last_step_at - computing
         self.step_count += 1
         self.losses.append(loss.item())
         self.step_seconds.append(time.perf_counter() - started)
         return self.losses[-1]
+
+    def utilisation(self, waited: float) -> float | None:
+        """Time computing (forward, backward, update less `waited`, what the update spent waiting
+        on others) over wall time since the first step began; None before a step."""
+        if self.first_step_at is None or self.last_step_at is None or self.last_step_at <= self.first_step_at:
+            return None
+        return min(1.0, max(0.0, (self.compute_seconds - waited) / (self.last_step_at - self.first_step_at)))
 
 
 def diffusion_loss_fn(denoiser: Denoiser, block: int | None) -> LossFn:

@@ -8,8 +8,9 @@ What a host announces (a step, a size, a loss) is a claim. A checkpoint is chose
 2. Plausibility. An announced size above what a block of this model weighs is never
    downloaded. A step far ahead of every other host's (more than twice theirs, plus
    `STEP_LEAD`) ranks after the plausible ones.
-3. Measurement. The best-ranked candidates (up to `max_candidates`) are downloaded and
-   verified (size, sha256, block, config), then spot-checked: their `denoise_ce` on held-out
+3. Measurement. The best-ranked candidates (up to `max_candidates`) are downloaded, each from
+   all of its hosts at once (download.py: every chunk checked on arrival, a host that lies is
+   dropped), and verified (size, sha256, block, config), then spot-checked: their `denoise_ce` on held-out
    windows at the block's own noise levels. A candidate is kept only if its loss is within
    `tolerance` of the best measured candidate's, no worse than a uniform guess, and not far
    worse than the loss its hosts announced; the first kept in rank order wins.
@@ -34,8 +35,9 @@ from swarm.model.data import Corpus, load_corpus
 from swarm.model.denoiser import VOCAB_SIZE, Denoiser, ModelConfig
 from swarm.model.evaluate import block_denoise_ce
 from swarm.p2p.directory import Host
+from swarm.p2p.download import download_verified, independent
 from swarm.p2p.records import CheckpointInfo
-from swarm.p2p.transfer import TransferError, download_verified, max_checkpoint_bytes
+from swarm.p2p.transfer import TransferError, max_checkpoint_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ class Candidate:
     @property
     def vouchers(self) -> int:
         """Independent hosts that announce it: distinct keys (one key is one vote, whatever it names)."""
-        return len({h.owner or h.peer_id.encode() for h in self.hosts})
+        return independent(self.hosts)
 
     def announced_loss(self) -> float | None:
         """The highest training loss its hosts announce (one host cannot talk it down)."""
@@ -118,7 +120,7 @@ class Measured:
 
     candidate: Candidate
     data: bytes
-    host: Host  # the host its bytes came from
+    host: Host  # the host that served most of its bytes
     loss: float
 
 
@@ -170,15 +172,13 @@ async def choose_checkpoint(
 
 async def _measure(p2p: P2P, candidate: Candidate, config: ModelConfig, block: int, spot_check: SpotCheck,
                    show_progress: bool) -> Measured | None:  # fmt: skip
-    """The candidate downloaded (from the first of its hosts that serves it verified) and measured."""
-    for host in candidate.hosts:
-        try:
-            data, denoiser = await download_verified(p2p, host, config, block, show_progress)
-        except (TransferError, SwarmError) as error:
-            logger.warning("block %d: %s; trying the next host", block, error)
-            continue
-        return Measured(candidate, data, host, spot_check.measure(denoiser, config, block))
-    return None
+    """The candidate downloaded (from all of its hosts at once), verified and measured; None if none served it."""
+    try:
+        downloaded, denoiser = await download_verified(p2p, list(candidate.hosts), config, block, show_progress)
+    except (TransferError, SwarmError) as error:
+        logger.warning("block %d: %s; trying the next candidate", block, error)
+        return None
+    return Measured(candidate, downloaded.data, downloaded.host, spot_check.measure(denoiser, config, block))
 
 
 def _believable(m: Measured, best: float, tolerance: float) -> bool:

@@ -21,6 +21,7 @@ import msgpack
 from hivemind.proto import runtime_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from swarm.p2p.chunks import HASH_BYTES, MAX_CHUNKS
 from swarm.p2p.records import MAX_BLOCKS, BlockAnnouncement
 
 MAX_MESSAGE_BYTES = 4 * 1024**2  # hivemind's own cap on one message
@@ -63,6 +64,7 @@ class Message(BaseModel):
 
 BlockIndex = Annotated[int, Field(ge=0, lt=MAX_BLOCKS)]
 Step = Annotated[int, Field(ge=0, le=MAX_STEP)]
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
 class PeerInfo(Message):
@@ -75,17 +77,39 @@ class PeerInfo(Message):
 
 
 class DownloadRequest(Message):
-    """Ask a host for the checkpoint of `block` whose bytes hash to `sha256`."""
+    """Ask a host for `chunks` chunks, from `first_chunk` on, of the checkpoint of `block` whose
+    bytes hash to `sha256` (by default all of it; see chunks.py)."""
 
     block: BlockIndex
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256: Sha256
+    first_chunk: int = Field(default=0, ge=0, lt=MAX_CHUNKS)
+    chunks: int = Field(default=MAX_CHUNKS, ge=1, le=MAX_CHUNKS)
 
 
 class DownloadHeader(Message):
-    """The first message of a download stream: the size that follows, or why not."""
+    """The first message of a download stream: the size of the whole file, or why not (`busy`:
+    the asker has as many downloads open here as it may; ask again in a moment)."""
 
     size: int = Field(default=0, ge=0, le=2**34)
     error: str = Field(default="", max_length=MAX_ERROR_CHARS)
+    busy: bool = False
+
+
+class ChunkListRequest(Message):
+    """Ask a host for the chunk list of the checkpoint of `block` whose bytes hash to `sha256`."""
+
+    block: BlockIndex
+    sha256: Sha256
+
+
+class ChunkListReply(Message):
+    """A host's chunk list: the file's size and the sha256 of each chunk (a claim: see
+    download.py for why it is believed), or why not."""
+
+    size: int = Field(default=0, ge=0, le=2**34)
+    hashes: bytes = Field(default=b"", max_length=MAX_CHUNKS * HASH_BYTES)
+    error: str = Field(default="", max_length=MAX_ERROR_CHARS)
+    busy: bool = False
 
 
 class PayloadRequest(Message):
@@ -120,6 +144,35 @@ class StageRequest(Message):
     """What goes beside the input tensor of an autoregressive pipeline stage."""
 
     stage: BlockIndex
+
+
+class DialBackRequest(Message):
+    """Ask a peer on the public side to dial the asker back on these ports of the address it sees
+    the request come from (see swarm/p2p/reachability.py)."""
+
+    ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(min_length=1, max_length=4)
+
+
+DialBackStatus = Literal["reachable", "unreachable", "cannot tell"]
+
+
+class DialBackReply(Message):
+    """Whether a libp2p listener answered at the asker's address (`address`: what was dialed)."""
+
+    status: DialBackStatus
+    address: str = Field(default="", max_length=64)
+    error: str = Field(default="", max_length=MAX_ERROR_CHARS)
+
+
+class DialMeRequest(Message):
+    """Ask a peer reached only through a relay to open a direct connection back to the asker."""
+
+
+class DialMeReply(Message):
+    """"dialing": it will dial once the asker closes the relayed connection; "direct": it already
+    has a direct connection to the asker; "busy": it is dialing the asker already."""
+
+    status: Literal["dialing", "direct", "busy"]
 
 
 class ErrorReply(Message):

@@ -8,13 +8,14 @@ gives the calling process an event loop thread for its P2P handlers and calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 import psutil
 from cryptography.hazmat.primitives import serialization
@@ -61,6 +62,7 @@ class NetworkOptions:
     client_mode: bool = False  # for a peer behind NAT: makes requests, serves none over the DHT
     use_relay: bool = True
     use_auto_relay: bool = False  # look for relays to become reachable behind NAT
+    relayed: bool = False  # behind NAT: DHT client mode, reachable through the initial peers' relays (reachability.py)
     start_timeout: float = DHT_START_TIMEOUT_S
     dht_timeout: float = DHT_CALL_TIMEOUT_S  # seconds one DHT get or store may take
 
@@ -105,6 +107,9 @@ def start_dht(swarm: str, options: NetworkOptions, private_key: RSAPrivateKey | 
     if options.identity_path:
         ensure_identity(options.identity_path)
     validators = [RSASignatureValidator(private_key), SwarmRecordValidator(swarm)]
+    relays = {"client_mode": options.client_mode, "use_relay": options.use_relay, "use_auto_relay": options.use_auto_relay}
+    if options.relayed:  # behind NAT: the initial peers as its relays (reachability.py)
+        relays.update(client_mode=True, use_auto_relay=True, trusted_relays=options.initial_peers, force_reachability="private")
     dht = DHT(
         initial_peers=options.initial_peers or None,
         start=False,
@@ -112,18 +117,47 @@ def start_dht(swarm: str, options: NetworkOptions, private_key: RSAPrivateKey | 
         host_maddrs=options.host_maddrs,
         announce_maddrs=options.announce_maddrs or None,
         identity_path=options.identity_path,
-        client_mode=options.client_mode,
-        use_relay=options.use_relay,
-        use_auto_relay=options.use_auto_relay,
         startup_timeout=options.start_timeout,
+        **relays,
     )
     try:
-        dht.run_in_background(await_ready=True, timeout=options.start_timeout)
+        with daemon_flags():
+            dht.run_in_background(await_ready=True, timeout=options.start_timeout)
     except Exception as error:
         _stop(dht)
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise SwarmError(f"could not join the DHT (initial peers {options.initial_peers or 'none'}): {reason}") from None
     return dht
+
+
+@contextlib.contextmanager
+def daemon_flags() -> Iterator[None]:
+    """Give the libp2p daemons started inside the block (the DHT's: forked with the patch in
+    place) two p2pd flags that hivemind 1.1.12's `P2P.create` does not expose:
+    - relayService=0: p2pd otherwise runs two relay services, its own (4 GiB, 30 min per
+      circuit) once AutoNAT finds the node public, and go-libp2p's default one (128 KiB each
+      way, 2 min per circuit) from the start; whichever starts later takes over the protocol
+      and forgets the other's reservations (NO_RESERVATION). With it, one relay with
+      go-libp2p's limits: enough to set up a direct connection (reachability.py), never a
+      free pipe for strangers' bulk;
+    - relayDiscovery=0, for a daemon given trusted relays (behind NAT): p2pd then takes them as
+      static relays and reserves a slot at once, where autorelay's discovery waits 3 minutes
+      for 4 candidates (p2pd refuses autorelay with neither, so the others keep the default)."""
+    with _DAEMON_FLAGS_LOCK:  # a class attribute patched by two threads at once would stay patched
+        make_args = P2P._make_process_args
+
+        def with_flags(*args, **kwargs) -> list[str]:
+            flags = {"relayService": False, **({"relayDiscovery": False} if "trustedRelays" in kwargs else {})}
+            return make_args(*args, **kwargs, **flags)
+
+        P2P._make_process_args = staticmethod(with_flags)
+        try:
+            yield
+        finally:
+            P2P._make_process_args = staticmethod(make_args)
+
+
+_DAEMON_FLAGS_LOCK = threading.Lock()
 
 
 def _stop(dht: DHT) -> None:

@@ -35,6 +35,7 @@ MAX_PINGS = 8  # round trips one announcement may carry
 MAX_PING_S = 60.0
 SWARM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PeerState = Literal["joining", "training", "serving", "leaving"]
+Reached = Literal["direct", "relayed"]
 
 
 def check_swarm_name(swarm: str) -> str:
@@ -84,14 +85,17 @@ class BlockAnnouncement(_Record):
     version: str = Field(default="", max_length=32)
     public_name: str = Field(default="", max_length=64)
     checkpoint_time: float | None = None  # unix time the checkpoint was saved
-    sync_steps: int = Field(default=0, ge=0)  # steps exchanged with other replicas (DeMo)
-    sync_bytes_sent: int = Field(default=0, ge=0)  # payload bytes served to other replicas, in all
-    sync_bytes_received: int = Field(default=0, ge=0)  # payload bytes gathered from them, in all (DeMo)
+    sync_steps: int = Field(default=0, ge=0)  # steps (outer: rounds) exchanged with other replicas
+    sync_bytes_sent: int = Field(default=0, ge=0)  # every byte sent to other replicas for sync, in all
+    sync_bytes_received: int = Field(default=0, ge=0)  # bytes of the payload exchange received, in all
     sync_round_s: float | None = Field(default=None, ge=0)  # seconds the last exchange with the replicas took
+    # time in forward, backward and optimizer (less waits on other replicas) / wall time since the first step
+    compute_utilisation: float | None = Field(default=None, ge=0, le=1)
     drift: float | None = Field(default=None, ge=0)  # max |param - replicas' mean| the last averaging round found
     # round trips to a few peers of this block and its neighbours (a tuple keeps the record hashable;
     # lax only so that a list read back from msgpack is taken: each Ping is strict)
     pings: tuple[Ping, ...] = Field(default=(), max_length=MAX_PINGS, strict=False)
+    reached: Reached = "direct"  # "relayed": behind NAT, through circuit relays (a claim: callers measure, reachability.py)
 
 
 class ModelRecord(_Record):

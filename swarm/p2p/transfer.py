@@ -1,88 +1,147 @@
-"""Block checkpoints between peers: a peer's P2P service (`rpc_info`, `rpc_download`) and the download.
+"""Block checkpoints between peers: a peer's P2P service, and the calls a downloader makes to one host.
 
-The service streams a checkpoint file in chunks (hivemind messages are capped at 4 MiB): the
-request's metadata is a `DownloadRequest`, the first response's metadata a `DownloadHeader`
-(the size, or why not), and each later response carries one chunk of the file's bytes.
+The service (`BlockServicer`) answers three calls:
+- `rpc_info`: what the peer hosts and the key its records are signed with (also the ping);
+- `rpc_chunk_list` (unary): the checkpoint's size and the sha256 of each of its chunks
+  (`ChunkListRequest` in, `ChunkListReply` out; chunks.py);
+- `rpc_download` (a stream): a run of the checkpoint's chunks. The request's metadata is a
+  `DownloadRequest` (which checkpoint, which chunks), the first response's a `DownloadHeader`
+  (the file's size, or why not), and the later responses carry the run's bytes, one chunk each
+  (hivemind messages are capped at 4 MiB).
+Each caller may hold `DOWNLOADS_PER_PEER` of these at once: enough streams to fill a long fat
+link (one stream moves at most its libp2p window per round trip), few enough that one caller
+cannot take a host's uplink from the rest.
 
-The receiver never trusts the sender: it stops reading past the announced size, and
-checks size and sha256 against the DHT record before a byte is kept.
+A downloader believes none of it: download.py checks the list against the other hosts and the
+record, every chunk against the list, and the whole against the record's sha256.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator  # hivemind tells a streaming handler by typing's AsyncIterator
 
 import torch
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
-from tqdm import tqdm
 
-from swarm.errors import SwarmError
-from swarm.model.checkpoint import decode_block
-from swarm.model.denoiser import Denoiser, ModelConfig, build_block
+from swarm.model.denoiser import ModelConfig, build_block
+from swarm.p2p.chunks import CHUNK_BYTES, MAX_CHUNKS, ChunkList, chunk_count, chunk_hashes
 from swarm.p2p.directory import Host
 from swarm.p2p.limits import Busy, PerPeerLimit
-from swarm.p2p.messages import DownloadHeader, DownloadRequest, MessageError, PeerInfo
+from swarm.p2p.messages import (
+    ChunkListReply,
+    ChunkListRequest,
+    DownloadHeader,
+    DownloadRequest,
+    MessageError,
+    PeerInfo,
+)
 from swarm.p2p.records import CheckpointInfo
 from swarm.p2p.store import CheckpointStore
 
 logger = logging.getLogger(__name__)
 
-CHUNK_BYTES = 1 << 20
-DOWNLOADS_PER_PEER = 2  # checkpoint streams one peer may have open here at once
+DOWNLOADS_PER_PEER = 4  # chunk streams (and list requests) one peer may have open here at once
 FIRST_BYTE_TIMEOUT_S = 15.0
 INACTIVITY_TIMEOUT_S = 15.0  # a stream that sends nothing for this long is given up, whatever its size
 SLOWEST_RATE_BYTES_S = 128 * 1024  # a download slower than this on average (1 Mbit/s) is given up
 HEADER_SLACK_BYTES = 256 * 1024  # a block file's safetensors header and metadata stay far below this
+BUSY_RETRIES = 5  # a stream refused as busy is asked again this many times (a closed one frees its slot a moment later)
+BUSY_WAIT_S = 0.2
+LISTS_KEPT = 4  # chunk lists a service keeps computed (a peer serves its newest checkpoints)
 
 
 class TransferError(Exception):
     """A download that failed or did not match its record: try another replica."""
 
 
+class HostFailed(TransferError):
+    """One host of a download failed or lied: drop it, fetch its chunks elsewhere."""
+
+
 class BlockServicer(ServicerBase):
-    """A peer's P2P handlers: `rpc_info` (what it hosts; also the ping) and `rpc_download`."""
+    """A peer's P2P handlers: `rpc_info`, `rpc_chunk_list` and `rpc_download` (see the module docstring)."""
 
     def __init__(self, block: int, store: CheckpointStore, info: Callable[[], PeerInfo]):
         self.block, self.store, self._info = block, store, info
         self.limit = PerPeerLimit(DOWNLOADS_PER_PEER)
+        self._lists: OrderedDict[tuple, bytes] = OrderedDict()
 
     async def rpc_info(self, request: runtime_pb2.ExpertUID, context: P2PContext) -> runtime_pb2.ExpertInfo:
         return runtime_pb2.ExpertInfo(serialized_info=self._info().encode())
+
+    async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        try:
+            with self.limit.admit(context):
+                asked = ChunkListRequest.decode(request.metadata)
+                path = self._path(asked.block, asked.sha256)
+                size = path.stat().st_size
+                if chunk_count(size) > MAX_CHUNKS:
+                    raise LookupError(f"a checkpoint of {size} bytes is more than a chunk list can describe")
+                reply = ChunkListReply(size=size, hashes=await self._hashes(path))
+        except Busy as error:
+            reply = ChunkListReply(error=str(error), busy=True)
+        except (MessageError, LookupError, OSError) as error:
+            reply = ChunkListReply(error=str(error))
+        return runtime_pb2.ExpertResponse(metadata=reply.encode())
 
     async def rpc_download(
         self, request: runtime_pb2.ExpertRequest, context: P2PContext
     ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
         try:
             asked = DownloadRequest.decode(request.metadata)
-        except MessageError as error:
+            path = self._path(asked.block, asked.sha256)
+        except (MessageError, LookupError) as error:
             yield _header(DownloadHeader(error=str(error)))
-            return
-        path = self.store.find(asked.sha256) if asked.block == self.block else None
-        if path is None:
-            yield _header(DownloadHeader(error=f"no checkpoint of block {asked.block} with sha256 {asked.sha256[:12]}"))
             return
         try:
             with self.limit.admit(context):
-                async for message in _stream_file(path):
+                async for message in self._stream_run(path, asked.first_chunk, asked.chunks):
                     yield message
         except Busy as error:
-            yield _header(DownloadHeader(error=str(error)))
+            yield _header(DownloadHeader(error=str(error), busy=True))
 
+    def _path(self, block: int, sha256: str) -> Path:
+        path = self.store.find(sha256) if block == self.block else None
+        if path is None:
+            raise LookupError(f"no checkpoint of block {block} with sha256 {sha256[:12]}")
+        return path
 
-async def _stream_file(path: Path) -> AsyncIterator[runtime_pb2.ExpertResponse]:
-    """A header with the size, then the file in chunks."""
-    with open(path, "rb") as f:  # an open file survives a later atomic replace
-        size = f.seek(0, 2)
-        f.seek(0)
-        yield _header(DownloadHeader(size=size))
-        while chunk := f.read(CHUNK_BYTES):
-            yield runtime_pb2.ExpertResponse(metadata=chunk)
+    async def _hashes(self, path: Path) -> bytes:
+        """The chunk list of the file at `path`, computed once per file (in a thread: hashing a
+        large file would stall every other call this peer serves)."""
+        stat = path.stat()
+        key = (path, stat.st_mtime_ns, stat.st_size)
+        if key not in self._lists:
+            self._lists[key] = await asyncio.to_thread(self._chunk_list_of, path)
+            while len(self._lists) > LISTS_KEPT:
+                self._lists.popitem(last=False)
+        return self._lists[key]
+
+    def _chunk_list_of(self, path: Path) -> bytes:
+        return chunk_hashes(path.read_bytes())
+
+    async def _stream_run(self, path: Path, first: int, chunks: int) -> AsyncIterator[runtime_pb2.ExpertResponse]:
+        """A header with the file's size, then chunks first..first+chunks-1 (as many as there are)."""
+        with open(path, "rb") as f:  # an open file survives a later atomic replace
+            size = f.seek(0, 2)
+            if first >= chunk_count(size):
+                yield _header(DownloadHeader(error=f"the checkpoint has no chunk {first}"))
+                return
+            yield _header(DownloadHeader(size=size))
+            for index in range(first, min(first + chunks, chunk_count(size))):
+                f.seek(index * CHUNK_BYTES)
+                yield runtime_pb2.ExpertResponse(metadata=self._chunk(index, f.read(CHUNK_BYTES)))
+
+    def _chunk(self, index: int, data: bytes) -> bytes:
+        """The bytes sent for chunk `index` (a lying servicer changes them: swarm/lab/attacks.py)."""
+        return data
 
 
 def _header(header: DownloadHeader) -> runtime_pb2.ExpertResponse:
@@ -94,43 +153,6 @@ async def ask_info(p2p: P2P, peer_id: str, timeout: float) -> PeerInfo:
     stub = BlockServicer.get_stub(p2p, PeerID.from_base58(peer_id))
     reply = await stub.rpc_info(runtime_pb2.ExpertUID(uid="info"), timeout=timeout)
     return PeerInfo.decode(reply.serialized_info)
-
-
-def max_checkpoint_bytes(config: ModelConfig) -> int:
-    """The most a block checkpoint of this config can weigh: its float32 tensors and a header.
-    An announced size above it is a lie, and is never downloaded."""
-    with torch.device("meta"):
-        tensor_bytes = sum(t.numel() * 4 for t in build_block(config, 0).state_dict().values())
-    return tensor_bytes + HEADER_SLACK_BYTES
-
-
-async def download(
-    p2p: P2P, host: Host, show_progress: bool = True, timings: dict | None = None, inactivity_timeout: float = INACTIVITY_TIMEOUT_S
-) -> bytes:
-    """The checkpoint a host announced, verified against its record; TransferError otherwise.
-
-    Gives up when no byte comes for `inactivity_timeout` seconds, and when the whole takes
-    longer than the announced size allows at the slowest rate we accept (callers bound the
-    announced size first: see `max_checkpoint_bytes`)."""
-    info = host.announcement.checkpoint
-    if info is None:
-        raise TransferError(f"peer {host.peer_id} announces no checkpoint")
-    stub = BlockServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
-    request = runtime_pb2.ExpertRequest(metadata=DownloadRequest(block=host.block, sha256=info.sha256).encode())
-    try:
-        async with asyncio.timeout(FIRST_BYTE_TIMEOUT_S + info.size / SLOWEST_RATE_BYTES_S):
-            await check_owner(p2p, host, FIRST_BYTE_TIMEOUT_S)
-            stream = await asyncio.wait_for(stub.rpc_download(request), FIRST_BYTE_TIMEOUT_S)
-            data = await _receive(stream, info, host, show_progress, timings if timings is not None else {}, inactivity_timeout)
-    except TimeoutError:
-        raise TransferError(f"download from {host.peer_id} timed out") from None
-    except TransferError:
-        raise
-    except Exception as error:  # the peer vanished, refused, or spoke nonsense
-        raise TransferError(f"download from {host.peer_id} failed: {type(error).__name__}: {error}") from None
-    if hashlib.sha256(data).hexdigest() != info.sha256:
-        raise TransferError(f"checkpoint from {host.peer_id} does not match its announced sha256")
-    return data
 
 
 async def check_owner(p2p: P2P, host: Host, timeout: float) -> None:
@@ -146,55 +168,48 @@ def owns_record(info: PeerInfo, host: Host) -> bool:
     return not host.owner or info.owner == host.owner
 
 
-async def _receive(
-    stream, info: CheckpointInfo, host: Host, show_progress: bool, timings: dict, inactivity_timeout: float
-) -> bytes:
-    """The announced bytes after the header; `timings` gets the perf_counter of the header."""
-    header = DownloadHeader.decode((await anext(stream)).metadata)
-    timings["header"] = time.perf_counter()
+def max_checkpoint_bytes(config: ModelConfig) -> int:
+    """The most a block checkpoint of this config can weigh: its float32 tensors and a header.
+    An announced size above it is a lie, and is never downloaded."""
+    with torch.device("meta"):
+        tensor_bytes = sum(t.numel() * 4 for t in build_block(config, 0).state_dict().values())
+    return tensor_bytes + HEADER_SLACK_BYTES
+
+
+async def ask_chunk_list(p2p: P2P, host: Host, info: CheckpointInfo, timeout: float) -> ChunkList:
+    """The chunk list `host` reports for the checkpoint `info`, if it describes a file of the
+    announced size; HostFailed otherwise."""
+    stub = BlockServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
+    request = runtime_pb2.ExpertRequest(metadata=ChunkListRequest(block=host.block, sha256=info.sha256).encode())
+    reply = ChunkListReply.decode((await stub.rpc_chunk_list(request, timeout=timeout)).metadata)
+    if reply.error:
+        raise HostFailed(f"peer {host.peer_id} refused: {reply.error}")
+    if reply.size != info.size:
+        more = "more" if reply.size > info.size else "fewer"
+        raise HostFailed(f"peer {host.peer_id} lists {reply.size} bytes, {more} than the announced {info.size}")
+    try:
+        return ChunkList(reply.size, reply.hashes)
+    except ValueError as error:
+        raise HostFailed(f"peer {host.peer_id}: {error}") from None
+
+
+async def open_run(p2p: P2P, host: Host, request: DownloadRequest, size: int, timings: dict) -> AsyncIterator:
+    """A stream of the chunks `request` asks `host` for, past its header (asked again while the
+    host says busy); HostFailed if the host refuses or announces another size. `timings["header"]`
+    gets the perf_counter of the first header."""
+    stub = BlockServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
+    for attempt in range(BUSY_RETRIES + 1):
+        stream = await asyncio.wait_for(stub.rpc_download(runtime_pb2.ExpertRequest(metadata=request.encode())), FIRST_BYTE_TIMEOUT_S)
+        header = DownloadHeader.decode((await asyncio.wait_for(anext(stream), FIRST_BYTE_TIMEOUT_S)).metadata)
+        if not header.busy:
+            break
+        await stream.aclose()
+        await asyncio.sleep(BUSY_WAIT_S * (attempt + 1))
     if header.error:
-        raise TransferError(f"peer {host.peer_id} refused: {header.error}")
-    received = bytearray()
-    with tqdm(total=info.size, unit="B", unit_scale=True, desc=f"block {host.block}", disable=not show_progress) as bar:
-        while True:
-            try:
-                message = await asyncio.wait_for(anext(stream), inactivity_timeout)
-            except StopAsyncIteration:
-                break
-            except TimeoutError:
-                raise TransferError(f"peer {host.peer_id} sent nothing for {inactivity_timeout:.0f}s") from None
-            received += message.metadata
-            bar.update(len(message.metadata))
-            if len(received) > info.size:
-                raise TransferError(f"peer {host.peer_id} sent more than the announced {info.size} bytes")
-    if len(received) != info.size:
-        raise TransferError(f"peer {host.peer_id} sent {len(received)} bytes, announced {info.size}")
-    return bytes(received)
-
-
-async def download_verified(
-    p2p: P2P, host: Host, config: ModelConfig, block: int, show_progress: bool = True
-) -> tuple[bytes, Denoiser]:
-    """A host's checkpoint that is what its record says and loads as `block` of `config`:
-    (its bytes, the block); TransferError or SwarmError otherwise."""
-    info = host.announcement.checkpoint
-    if info is not None and info.size > max_checkpoint_bytes(config):
-        raise TransferError(f"peer {host.peer_id} announces {info.size} bytes, more than a block of this model weighs")
-    data = await download(p2p, host, show_progress)
-    denoiser, step = decode_block(data, config, block)  # right model, right block, tensors that load
-    if step != info.step:
-        raise TransferError(f"checkpoint from {host.peer_id} holds step {step}, its record says {info.step}")
-    return data, denoiser
-
-
-async def fetch_verified(
-    p2p: P2P, hosts: list[Host], config: ModelConfig, block: int, show_progress: bool = True
-) -> tuple[bytes, Host]:
-    """The first checkpoint among `hosts` (in the given order) that downloads and verifies."""
-    for host in hosts:
-        try:
-            data, _ = await download_verified(p2p, host, config, block, show_progress)
-            return data, host
-        except (TransferError, SwarmError) as error:
-            logger.warning("block %d: %s; trying the next replica", block, error)
-    raise SwarmError(f"block {block}: no replica served a checkpoint that verifies ({len(hosts)} tried)")
+        await stream.aclose()
+        raise HostFailed(f"peer {host.peer_id} refused: {header.error}")
+    if header.size != size:
+        await stream.aclose()
+        raise HostFailed(f"peer {host.peer_id} sends {header.size} bytes, not the announced {size}")
+    timings.setdefault("header", time.perf_counter())
+    return stream

@@ -3,7 +3,8 @@
 `RemoteBlocks` is a block runner (see `swarm.model.diffusion.BlockRunner`) whose blocks live on
 other peers. For each block it takes the best-ranked checkpoint (agreement among hosts, then
 plausibility, then freshness: `swarm.p2p.choice.rank`) that a reachable host serves, and among
-its hosts the one with the lowest measured round trip (pings are cached). Each request names
+its hosts the one with the lowest measured round trip (pings are cached), hosts behind NAT last
+(they are reached by asking them to dial back: `swarm.p2p.reachability.ensure_direct`). Each request names
 that checkpoint. When a peer times out or refuses, it bans that peer for a while and retries
 the block on another replica; some requests are checked against other replicas of the same
 checkpoint (`swarm.serving.cross_check`), and a replica the majority contradicts is banned.
@@ -28,6 +29,7 @@ from swarm.p2p.directory import Host, SwarmDirectory
 from swarm.p2p.messages import DenoiseRequest, PeerInfo, refusal
 from swarm.p2p.network import EventLoopThread
 from swarm.p2p.pings import timed_info
+from swarm.p2p.reachability import ensure_direct
 from swarm.p2p.transfer import owns_record
 from swarm.serving.cross_check import Answer, CrossCheckPolicy, CrossCheckStats, agree, majority
 from swarm.serving.server import DenoiseServicer
@@ -81,8 +83,8 @@ class RemoteBlocks:
         groups = [list(c.hosts) for c in rank(hosts, self.config)] + [[h for h in hosts if not h.announcement.checkpoint]]
         for group in groups:
             reachable = [h for h in group if self.round_trip(h) < float("inf")]  # they answer, and own their record
-            if reachable:
-                best = min(reachable, key=self.round_trip)
+            if reachable:  # at equal freshness, one behind NAT only if no direct one answers
+                best = min(reachable, key=lambda h: (h.announcement.reached == "relayed", self.round_trip(h)))
                 self._chosen[block] = best, [h for h in reachable if h is not best]
                 return best
         raise SwarmError(f"no live peer serves block {block}")
@@ -134,7 +136,8 @@ class RemoteBlocks:
         """Seconds of one P2P ping (rpc_info) to a host, measured once and cached; inf if it fails
         (the peer is then banned for a while) or if the peer does not own the host's record."""
         key = host.peer_id, host.owner  # an impostor's record names the same peer under another key
-        if key not in self._rtt:
+        if key not in self._rtt:  # over the route requests will take: direct, behind NAT once it dialed us back
+            self.loop.run(ensure_direct(self.p2p, host.peer_id, self.ping_timeout), self.ping_timeout + 1)
             rtt, info = self.loop.run(self._ask_info(host.peer_id), self.ping_timeout + 1)
             if info is None:
                 self._banned_until[host.peer_id] = time.monotonic() + self.ban_seconds
@@ -157,6 +160,7 @@ class RemoteBlocks:
         return self.loop.run(self._denoise(host, prefix, z, sigmas, want_logits), self.request_timeout)
 
     async def _denoise(self, host: Host, prefix, z, sigmas, want_logits: bool) -> Answer:
+        await ensure_direct(self.p2p, host.peer_id, self.ping_timeout)  # a relay would cut a request past 128 KiB
         stub = DenoiseServicer.get_stub(self.p2p, PeerID.from_base58(host.peer_id))
         checkpoint = host.announcement.checkpoint.sha256 if host.announcement.checkpoint else ""
         request = runtime_pb2.ExpertRequest(

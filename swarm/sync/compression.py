@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import msgpack
 import numpy as np
 import torch
 
@@ -154,10 +155,31 @@ def from_bits(bit_array: np.ndarray, offset: int, bits: int, count: int) -> tupl
     return torch.from_numpy((chunk << np.arange(bits, dtype=np.int64)).sum(axis=1)), end
 
 
-def pack_bits(values: torch.Tensor, bits: int) -> bytes:
-    """Non-negative integers below 2**bits, packed at `bits` bits each."""
-    return np.packbits(to_bits(values, bits)).tobytes()
+class PayloadError(ValueError):
+    """A payload from another replica that must not be applied."""
 
 
-def unpack_bits(data: bytes, bits: int, count: int) -> torch.Tensor:
-    return from_bits(np.unpackbits(np.frombuffer(data, dtype=np.uint8)), 0, bits, count)[0]
+def index_bits(chunk_elements: int) -> int:
+    """Bits that one position inside a chunk of this many values takes on the wire."""
+    return max(1, math.ceil(math.log2(chunk_elements)))
+
+
+def pack_message(header: dict, streams: list[np.ndarray]) -> bytes:
+    """A payload on the wire: msgpack of the header's fields and "b", the bit streams packed."""
+    packed = np.packbits(np.concatenate(streams)).tobytes() if streams else b""
+    return msgpack.packb({**header, "b": packed})
+
+
+def unpack_message(data: bytes, fields: tuple[str, ...]) -> tuple[list, np.ndarray]:
+    """A peer's payload: its header fields' values and its bit array; PayloadError if malformed."""
+    try:
+        message = msgpack.unpackb(data)
+        return [message[name] for name in fields], np.unpackbits(np.frombuffer(message["b"], dtype=np.uint8))
+    except Exception as error:  # truncated, garbage, wrong types
+        raise PayloadError(f"malformed payload: {type(error).__name__}") from None
+
+
+def check_fully_read(bit_array: np.ndarray, offset: int) -> None:
+    """Only the last byte's padding may follow what was decoded."""
+    if len(bit_array) - offset >= 8:
+        raise PayloadError("payload has trailing data")

@@ -18,21 +18,28 @@ PayloadError and not applied.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
-import msgpack
 import numpy as np
 import torch
 from torch import nn
 
-from swarm.sync.compression import Compressed, decompress, extract, from_bits, keep_per_chunk, to_bits, to_chunks
+from swarm.sync.compression import (
+    Compressed,
+    PayloadError,
+    check_fully_read,
+    decompress,
+    extract,
+    from_bits,
+    index_bits,
+    keep_per_chunk,
+    pack_message,
+    to_bits,
+    to_chunks,
+    unpack_message,
+)
 
 Payload = dict[str, Compressed]
-
-
-class PayloadError(ValueError):
-    """A payload from another replica that must not be applied."""
 
 
 @dataclass
@@ -91,19 +98,13 @@ def encode_payload(payload: Payload, value_bits: int) -> bytes:
     present, streams = [], []
     for c in payload.values():
         present.append(c.position)
-        streams += [to_bits(c.indices, _index_bits(c.tile)), _value_bits_of(c.values, value_bits)]
-    packed = np.packbits(np.concatenate(streams)).tobytes() if streams else b""
-    return msgpack.packb({"v": value_bits, "p": present, "b": packed})
+        streams += [to_bits(c.indices, index_bits(c.tile[0] * c.tile[1])), _value_bits_of(c.values, value_bits)]
+    return pack_message({"v": value_bits, "p": present}, streams)
 
 
 def decode_payload(data: bytes, replica: DeMoReplica) -> Payload:
     """A payload from another replica, checked against this replica's parameters; PayloadError if bad."""
-    try:
-        message = msgpack.unpackb(data)
-        value_bits, present = message["v"], message["p"]
-        bit_array = np.unpackbits(np.frombuffer(message["b"], dtype=np.uint8))
-    except Exception as error:  # truncated, garbage, wrong types
-        raise PayloadError(f"malformed payload: {type(error).__name__}") from None
+    (value_bits, present), bit_array = unpack_message(data, ("v", "p"))
     if value_bits != replica.config.value_bits or len(set(present)) != len(present):
         raise PayloadError(f"payload has value bits {value_bits} or repeats a parameter")
     payload, offset = {}, 0
@@ -112,8 +113,7 @@ def decode_payload(data: bytes, replica: DeMoReplica) -> Payload:
             raise PayloadError(f"payload names parameter #{position}, which this block does not have")
         name = replica.names[position]
         payload[name], offset = _decode_entry(position, bit_array, offset, replica)
-    if len(bit_array) - offset >= 8:
-        raise PayloadError("payload has trailing data")
+    check_fully_read(bit_array, offset)
     return payload
 
 
@@ -123,7 +123,7 @@ def _decode_entry(position: int, bit_array: np.ndarray, offset: int, replica: De
     chunks, tile = to_chunks(param.detach())
     k = keep_per_chunk(replica.config.top_k, tile[0] * tile[1])
     try:
-        indices, offset = from_bits(bit_array, offset, _index_bits(tile), chunks.shape[0] * k)
+        indices, offset = from_bits(bit_array, offset, index_bits(tile[0] * tile[1]), chunks.shape[0] * k)
         values, offset = _read_values(bit_array, offset, replica.config.value_bits, (chunks.shape[0], k))
     except ValueError:
         raise PayloadError(f"{name}: payload is too short for this block") from None
@@ -152,5 +152,3 @@ def _read_values(bit_array: np.ndarray, offset: int, value_bits: int, shape: tup
     return values, offset
 
 
-def _index_bits(tile: tuple[int, int]) -> int:
-    return max(1, math.ceil(math.log2(tile[0] * tile[1])))

@@ -5,8 +5,10 @@ each other on the DHT under a prefix without dots; a second averager in the same
 seen to stop hivemind's matchmaking from forming groups, so there is one, and each round
 says what it averages: replicas whose rounds disagree drop the result):
 - `DenseSync` (`swarm-peer --sync dense`): every step, the replicas average their full fp32
-  gradients, then each takes its own AdamW step. This is the baseline DeMo is measured
-  against; its bytes are counted from the protobuf messages hivemind's all-reduce sends.
+  gradients, then each takes its own AdamW step. This is the baseline every other mode is
+  measured against. `CountingAverager` counts the protobuf messages hivemind's all-reduce
+  sends, for gradient steps and parameter rounds alike; the peer reports that count for
+  every strategy.
 - `ParameterAveraging`: every `every` steps the replicas average their parameters, which
   pulls back replicas that drifted apart by missing steps; the largest change this makes to
   a parameter (the replica's distance from the group's mean) is reported as its drift.
@@ -121,17 +123,16 @@ def average(
 class DenseSync:
     """`--sync dense` (a `SyncStrategy`): average the full gradients, then step AdamW."""
 
-    bytes_received = 0  # hivemind's all-reduce does not tell; it receives about what it sends
+    # all of it goes through the averager, whose bytes the peer counts (for parameter rounds too);
+    # hivemind's all-reduce does not tell what it receives: about what it sends
+    bytes_sent = bytes_received = 0
 
     def __init__(self, trainer: Trainer, averager: CountingAverager, timeout: float):
         self.averager, self.timeout = averager, timeout
         self.params = trainable(trainer.module)
         self.steps = 0  # steps averaged with at least one other replica
         self.round_seconds: float | None = None  # how long the last averaging round took
-
-    @property
-    def bytes_sent(self) -> int:
-        return self.averager.bytes_sent
+        self.wait_seconds = 0.0  # the trainer waits for every round
 
     def may_have_drifted(self) -> bool:
         return True  # averaged gradients differ in rounding between replicas, and a round may fail
@@ -139,11 +140,15 @@ class DenseSync:
     def averaged(self, step: int) -> None:
         pass
 
+    def finish(self, trainer: Trainer) -> None:
+        pass
+
     def update(self, trainer: Trainer) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         started = time.monotonic()
         averaged = average(self.averager, grads, "grads", self.timeout)
         self.round_seconds = time.monotonic() - started
+        self.wait_seconds += self.round_seconds
         if averaged is not None:
             self.steps += 1
             for param, grad in zip(self.params, averaged):

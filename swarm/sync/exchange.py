@@ -1,24 +1,30 @@
-"""The DeMo exchange over P2P: the replicas of one block swap payloads every step.
+"""The payload exchange over P2P, shared by every strategy that swaps payloads (demo, demo-overlap, outer).
 
-Each replica publishes its payload for step t and serves it (`rpc_payload`, a long poll that
-waits for that step's payload up to the deadline); it gathers the other replicas' payloads
-for step t concurrently until `deadline` seconds have passed. A replica whose payload has
-not come by then is left out of the step: nobody waits longer for a slow or dead peer.
-Replies are read through their schema (`PayloadReply`); payloads that fail the checks of
-`decode_payload` are logged and not applied. Every replica decodes the gathered set in
-peer-id order, so replicas that gather the same set stay identical.
+Each replica publishes its payload for a step t (for outer steps: the step that ends a round)
+and serves it (`rpc_payload`, a long poll that waits for that step's payload up to the
+deadline); it gathers the other replicas' payloads for t concurrently until `deadline` seconds
+have passed. A replica whose payload has not come by then is left out of that step: nobody
+waits longer for a slow or dead peer. Replies are read through their schema (`PayloadReply`);
+payloads that fail the strategy's checks are logged and not applied. Every replica decodes
+the gathered set in peer-id order, so replicas that gather the same set stay identical.
 
-With its payload each replica sends a fingerprint (8 bytes) of what it applied the step
-before: the step and the peers whose payloads it used. Replicas that applied the same sets
-since they last agreed hold the same parameters; when a fingerprint differs from its own, a
-replica knows the replicas have drifted apart, and the peer pulls them back together by
-averaging parameters (see `swarm.sync.dense`) at the next round. A replica that starts from
-a checkpoint has no previous step in common with the others, so it differs.
+With its payload each replica sends a fingerprint (8 bytes) of the last set it applied: that
+step and the peers whose payloads it used. Replicas that applied the same sets since they
+last agreed hold the same parameters; when a fingerprint differs from its own, a replica
+knows the replicas have drifted apart, and the peer pulls them back together by averaging
+parameters (see `swarm.sync.dense`) at the next round. A replica that starts from a
+checkpoint has no previous step in common with the others, so it differs.
 
 A replica that asks for a step the others no longer keep learns their steps from the replies
 and jumps its step counter ahead, so a late joiner enters the exchange at the next step; but
 only to a step that a majority of the replicas it asked report (a step is a claim: one replica
 claiming step 10^12 moves nobody).
+
+Bytes are counted as whole messages on both ends: a replica's sent bytes are every reply it
+served and every request that got an answer; its received bytes are every request it was
+sent and every reply it got. `Exchange.start` returns at once (the gather runs on the p2p
+loop), `Exchange.finish` waits for it: a strategy that calls them a step apart overlaps the
+exchange with its compute, and `wait_seconds` holds only what the trainer really waited.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ import asyncio
 import hashlib
 import logging
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, TypeVar
 
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
@@ -37,13 +44,16 @@ from swarm.model.train import Trainer
 from swarm.p2p.limits import Busy, PerPeerLimit
 from swarm.p2p.messages import MessageError, PayloadReply, PayloadRequest
 from swarm.p2p.network import EventLoopThread
-from swarm.sync.decoupled_momentum import DeMoReplica, PayloadError, decode_payload, encode_payload
+from swarm.p2p.reachability import ensure_direct
+from swarm.sync.decoupled_momentum import PayloadError
 
 logger = logging.getLogger(__name__)
 
-KEEP_STEPS = 8  # payloads kept for late askers
+KEEP_PAYLOADS = 8  # own payloads (steps or outer rounds) kept for late askers
 RETRY_S = 0.2  # pause before asking a peer again that could not answer yet
 POLLS_PER_PEER = 2  # long polls one replica may have waiting here at once (it asks one step at a time)
+FINISH_GRACE_S = 5.0  # beyond the deadline, how long waiting for a gather may take before it is given up
+D = TypeVar("D")
 
 
 class PayloadServicer(ServicerBase):
@@ -52,7 +62,8 @@ class PayloadServicer(ServicerBase):
     def __init__(self, block: int, deadline: float):
         self.block, self.deadline = block, deadline
         self.payloads: dict[int, tuple[bytes, bytes]] = {}  # step: (payload, parameter fingerprint)
-        self.bytes_sent = 0
+        self.bytes_sent = 0  # every reply, whole
+        self.bytes_received = 0  # every request, whole
         self._published: dict[int, asyncio.Event] = {}
         self.limit = PerPeerLimit(POLLS_PER_PEER)
 
@@ -60,20 +71,24 @@ class PayloadServicer(ServicerBase):
         return self._published.setdefault(step, asyncio.Event())
 
     def publish(self, step: int, data: bytes, fingerprint: bytes) -> None:
-        """Called on the event loop: make step's payload available and drop old ones."""
+        """Called on the event loop: make step's payload available and drop all but the newest few."""
         self.payloads[step] = data, fingerprint
         self._event(step).set()
-        for old in [s for s in self.payloads if s <= step - KEEP_STEPS]:
+        for old in sorted(self.payloads)[:-KEEP_PAYLOADS]:
             self.payloads.pop(old, None)
+        for old in [s for s in self._published if s < min(self.payloads)]:
             self._published.pop(old, None)
 
     async def rpc_payload(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        self.bytes_received += request.ByteSize()
         try:
             with self.limit.admit(context):
                 reply = await self._payload(request)
         except Busy:
             reply = self._status("busy")
-        return runtime_pb2.ExpertResponse(metadata=reply.encode())
+        response = runtime_pb2.ExpertResponse(metadata=reply.encode())
+        self.bytes_sent += response.ByteSize()
+        return response
 
     def _status(self, status: str) -> PayloadReply:
         return PayloadReply(status=status, newest_step=max(self.payloads, default=-1))
@@ -85,7 +100,7 @@ class PayloadServicer(ServicerBase):
             return self._status("wrong block")
         if asked.block != self.block:
             return self._status("wrong block")
-        if asked.step < max(self.payloads, default=-1) - KEEP_STEPS + 1:
+        if self.payloads and asked.step < min(self.payloads):  # dropped, or from before this replica began
             return self._status("gone")
         try:
             await asyncio.wait_for(self._event(asked.step).wait(), self.deadline)
@@ -94,19 +109,21 @@ class PayloadServicer(ServicerBase):
         if asked.step not in self.payloads:
             return self._status("gone")
         data, fingerprint = self.payloads[asked.step]
-        self.bytes_sent += len(data) + len(fingerprint)
         return PayloadReply(status="ok", payload=data, fingerprint=fingerprint, newest_step=asked.step)
 
 
 @dataclass
 class Gathered:
-    """What one step's gathering brought: payloads by peer, and the newest step each peer that
-    had none for us reported."""
+    """What one step's gathering brought: payloads by peer, the newest step each peer that had
+    none for us reported, the bytes of the calls, and how long it all took."""
 
     asked: int = 0
     payloads: dict[str, bytes] = field(default_factory=dict)
     fingerprints: dict[str, bytes] = field(default_factory=dict)
     reported_steps: dict[str, int] = field(default_factory=dict)
+    bytes_sent: int = 0  # requests that got an answer
+    bytes_received: int = 0  # the answers
+    seconds: float = 0.0
 
     def majority_step(self) -> int:
         """The newest step that a strict majority of the replicas asked report having reached
@@ -115,92 +132,166 @@ class Gathered:
         steps = sorted(self.reported_steps.values(), reverse=True)
         return steps[needed - 1] if len(steps) >= needed else -1
 
+    def take(self, peer_id: str, reply: PayloadReply) -> bool:
+        """Keep what a reply says; True when that peer need not be asked again this step."""
+        if reply.status == "ok":
+            self.payloads[peer_id], self.fingerprints[peer_id] = reply.payload, reply.fingerprint
+            return True
+        self.reported_steps[peer_id] = max(self.reported_steps.get(peer_id, -1), reply.newest_step)
+        return reply.status in ("gone", "wrong block")
+
 
 async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline: float) -> Gathered:
     """Ask every peer for its step payload at once; keep what arrives before the deadline."""
     result = Gathered(asked=len(peer_ids))
-    stop_at = time.monotonic() + deadline
+    started = time.monotonic()
+    stop_at = started + deadline
     request = runtime_pb2.ExpertRequest(metadata=PayloadRequest(block=block, step=step).encode())
 
     async def ask(peer_id: str) -> None:
+        await ensure_direct(p2p, peer_id, deadline)  # a replica behind NAT dials us back (once): relays cut at 128 KiB
         stub = PayloadServicer.get_stub(p2p, PeerID.from_base58(peer_id))
         while (left := stop_at - time.monotonic()) > 0:
             try:
-                reply = PayloadReply.decode((await stub.rpc_payload(request, timeout=left)).metadata)
-            except MessageError as error:
-                logger.warning("step %d: %s sent a malformed reply (%s); left out of this step", step, peer_id, error)
-                return
+                response = await stub.rpc_payload(request, timeout=left)
             except Exception:  # not up yet, gone, or too slow: ask again while time is left
                 await asyncio.sleep(min(RETRY_S, max(0.0, stop_at - time.monotonic())))
                 continue
-            if reply.status == "ok":
-                result.payloads[peer_id], result.fingerprints[peer_id] = reply.payload, reply.fingerprint
+            result.bytes_sent += request.ByteSize()
+            result.bytes_received += response.ByteSize()
+            try:
+                reply = PayloadReply.decode(response.metadata)
+            except MessageError as error:
+                logger.warning("step %d: %s sent a malformed reply (%s); left out of this step", step, peer_id, error)
                 return
-            result.reported_steps[peer_id] = max(result.reported_steps.get(peer_id, -1), reply.newest_step)
-            if reply.status in ("gone", "wrong block"):
+            if result.take(peer_id, reply):
                 return
             await asyncio.sleep(RETRY_S)
 
     await asyncio.gather(*(ask(peer_id) for peer_id in peer_ids))
+    result.seconds = time.monotonic() - started
     return result
 
 
 @dataclass
-class DeMoSync:
-    """`--sync demo`: the trainer's update when the block has replicas (a `SyncStrategy`)."""
+class Round:
+    """One step's exchange in flight: what this replica published, and the gather of the others'."""
 
-    replica: DeMoReplica
+    step: int
+    own: bytes
+    fingerprint: bytes  # what this replica said it applied last, sent with `own`
+    gathering: Future
+
+
+@dataclass
+class Exchange:
+    """One replica's side of the exchange: publish and gather a step, decode the set in order,
+    notice drift, follow a majority that is ahead; and the figures a `SyncStrategy` reports."""
+
     servicer: PayloadServicer
     p2p: P2P
     loop: EventLoopThread
     own_id: str
     replica_ids: Callable[[], list[str]]  # peer ids of the other replicas of the block, now
-    bytes_received: int = 0
+    rounds: int = 0  # steps whose set was applied
     refused: int = 0
-    steps: int = 0
     drifted: bool = False  # some replica applied other payloads than we did since the last averaging
+    wait_seconds: float = 0.0  # how long the trainer waited for gathers, in all
     round_seconds: float | None = None  # how long the last gather took
-    applied: bytes = b"started"  # fingerprint of the payloads applied at the previous step
+    applied: bytes = b"started"  # fingerprint of the last set applied
+    _request_bytes: int = 0
+    _reply_bytes: int = 0
 
     @property
     def bytes_sent(self) -> int:
-        return self.servicer.bytes_sent
+        return self.servicer.bytes_sent + self._request_bytes
 
-    def may_have_drifted(self) -> bool:
-        return self.drifted
+    @property
+    def bytes_received(self) -> int:
+        return self.servicer.bytes_received + self._reply_bytes
+
+    def start(self, step: int, own: bytes) -> Round:
+        """Publish this replica's payload of `step` and start gathering the others' (returns at once)."""
+        deadline = self.servicer.deadline
+        self.loop.loop.call_soon_threadsafe(self.servicer.publish, step, own, self.applied)  # runs before the gather
+        coro = gather(self.p2p, self.servicer.block, step, self.replica_ids(), deadline)
+        return Round(step, own, self.applied, self.loop.submit(asyncio.wait_for(coro, deadline + FINISH_GRACE_S)))
+
+    def finish(self, round_: Round) -> Gathered:
+        """Wait for a round's gather (counted as waiting), count its bytes, and notice drift."""
+        waited_from = time.perf_counter()
+        gathered: Gathered = round_.gathering.result(self.servicer.deadline + 2 * FINISH_GRACE_S)
+        self.wait_seconds += time.perf_counter() - waited_from
+        self.round_seconds = gathered.seconds
+        self._request_bytes += gathered.bytes_sent
+        self._reply_bytes += gathered.bytes_received
+        if any(f != round_.fingerprint for f in gathered.fingerprints.values()) and not self.drifted:
+            logger.info("step %d: another replica applied other payloads than we did: parameters will be averaged", round_.step)
+            self.drifted = True
+        return gathered
+
+    def in_order(self, round_: Round, gathered: Gathered, decode: Callable[[bytes], D]) -> list[D]:
+        """Every payload of the round, own included, decoded in peer-id order; refused ones are
+        logged and left out. The set used becomes this replica's fingerprint."""
+        decoded, used = [], []
+        for peer_id, data in sorted({**gathered.payloads, self.own_id: round_.own}.items()):
+            try:
+                decoded.append(decode(data))
+                used.append(peer_id)
+            except PayloadError as error:
+                self.refused += 1
+                logger.warning("refused the step %d payload of %s: %s", round_.step, peer_id, error)
+        self.applied = applied_fingerprint(round_.step, used)
+        self.rounds += 1
+        return decoded
+
+    def follow_majority(self, gathered: Gathered, trainer: Trainer) -> bool:
+        """Jump the trainer's step ahead to where a majority of the replicas asked is; True if it jumped."""
+        ahead = gathered.majority_step()
+        if ahead <= trainer.step_count + 1:
+            return False
+        logger.info("a majority of the replicas is at step %d: jumping from %d", ahead, trainer.step_count)
+        trainer.step_count = ahead - 1  # the trainer adds one after this update
+        return True
 
     def averaged(self, step: int) -> None:
         """The replicas averaged their parameters at `step`: from here they hold the same again."""
         self.drifted, self.applied = False, applied_fingerprint(step, ["averaged"])
 
-    def update(self, trainer: Trainer) -> None:
-        step = trainer.step_count
-        own = encode_payload(self.replica.make_payload(trainer.config.lr_at(step)), self.replica.config.value_bits)
-        fingerprint = self.applied
-        self.loop.loop.call_soon_threadsafe(self.servicer.publish, step, own, fingerprint)  # before the gather
-        others = self.replica_ids()
-        deadline = self.servicer.deadline
-        started = time.monotonic()
-        gathered = self.loop.run(gather(self.p2p, self.servicer.block, step, others, deadline), deadline + 5)
-        self.round_seconds = time.monotonic() - started
-        self.bytes_received += sum(len(d) + len(gathered.fingerprints[p]) for p, d in gathered.payloads.items())
-        if any(f != fingerprint for f in gathered.fingerprints.values()) and not self.drifted:
-            logger.info("step %d: another replica applied other payloads than we did: parameters will be averaged", step)
-            self.drifted = True
-        payloads, used = [], []
-        for peer_id, data in sorted({**gathered.payloads, self.own_id: own}.items()):
-            try:
-                payloads.append(decode_payload(data, self.replica))
-                used.append(peer_id)
-            except PayloadError as error:
-                self.refused += 1
-                logger.warning("refused the step %d payload of %s: %s", step, peer_id, error)
-        self.replica.apply(payloads)
-        self.applied = applied_fingerprint(step, used)
-        self.steps += 1
-        if (ahead := gathered.majority_step()) > step + 1:
-            logger.info("a majority of the replicas is at step %d: jumping from %d", ahead, step)
-            trainer.step_count = ahead - 1  # the trainer adds one after this update
+
+class Exchanging:
+    """The `SyncStrategy` figures of a strategy that swaps payloads through `self.exchange`."""
+
+    exchange: Exchange
+
+    @property
+    def steps(self) -> int:
+        return self.exchange.rounds
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.exchange.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        return self.exchange.bytes_received
+
+    @property
+    def round_seconds(self) -> float | None:
+        return self.exchange.round_seconds
+
+    @property
+    def wait_seconds(self) -> float:
+        return self.exchange.wait_seconds
+
+    def may_have_drifted(self) -> bool:
+        return self.exchange.drifted
+
+    def averaged(self, step: int) -> None:
+        self.exchange.averaged(step)
+
+    def finish(self, trainer: Trainer) -> None:
+        pass
 
 
 def applied_fingerprint(step: int, peer_ids: list[str]) -> bytes:

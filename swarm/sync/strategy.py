@@ -3,7 +3,13 @@
 A strategy is the trainer's update (it replaces the plain AdamW step) plus the figures the
 peer announces. The peer also runs periodic parameter averaging (`swarm.sync.dense`) and asks
 the strategy whether it is needed: replicas that applied the same updates hold the same
-weights and can skip it.
+weights and can skip it. The strategies: `NoSync` below (`--sync none`), `DenseSync`
+(dense.py, `--sync dense`), `DeMoSync` (lockstep.py, `--sync demo`), `DeMoOverlapSync`
+(overlap.py, `--sync demo-overlap`) and `OuterSync` (outer.py, `--sync outer`).
+
+Bytes: a strategy counts what it sends over its own P2P exchange; what hivemind's averager
+sends (dense gradient steps and every parameter round) is counted by the averager, and the
+peer adds it once, whatever the strategy.
 """
 
 from __future__ import annotations
@@ -16,14 +22,18 @@ from swarm.model.train import Trainer
 class SyncStrategy(Protocol):
     """The update a peer's trainer runs each step, and what it exchanged doing so."""
 
-    steps: int  # steps exchanged with at least one other replica
-    bytes_sent: int  # bytes sent to other replicas for sync, in all
+    steps: int  # steps (or outer rounds) exchanged with at least one other replica
+    bytes_sent: int  # bytes sent to other replicas over the strategy's own exchange, in all
     bytes_received: int  # bytes received from them, in all
     round_seconds: float | None  # how long the last exchange took
+    wait_seconds: float  # how long the trainer's updates waited on other replicas, in all
 
     def update(self, trainer: Trainer) -> None:
         """The optimizer step of one training step (on the trainer's thread, the only one that
         touches the live weights)."""
+
+    def finish(self, trainer: Trainer) -> None:
+        """Training is over: apply whatever is still in flight before the final checkpoint."""
 
     def may_have_drifted(self) -> bool:
         """Whether this replica's weights may differ from the others' (then a parameter round is due)."""
@@ -37,9 +47,13 @@ class NoSync:
 
     steps = bytes_sent = bytes_received = 0
     round_seconds = None
+    wait_seconds = 0.0
 
     def update(self, trainer: Trainer) -> None:
         trainer.optimizer.step()
+
+    def finish(self, trainer: Trainer) -> None:
+        pass
 
     def may_have_drifted(self) -> bool:
         return True

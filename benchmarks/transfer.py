@@ -1,0 +1,294 @@
+"""Many-source checkpoint downloads through emulated links: rate against the joiner's link cap,
+and the cost of a host that serves corrupt chunks.
+
+Every scenario builds its own `NetLab`: a namespace for the joiner and one per host, `tbf` caps
+on their links, and the router's delay line between the joiner's region and the hosts'. Hosts
+are `CheckpointHost`s (real DHT nodes and libp2p daemons, their services driven from this
+process); each download is made by a fresh client in the joiner's namespace (a client-mode
+DHT node and its daemon, as `swarm-fetch` or a joining peer starts), through
+`swarm.p2p.download.download` from every host given, as `choose_checkpoint` does.
+- quarters: a joiner with a downlink of `--downlink` (20 Mbit/s, the home region of
+  regions.yaml) and 4 hosts with an uplink of a quarter of it each, 100 ms round trip (home to
+  eu-west); beside it, the same checkpoint from one of those hosts alone (what a one-source
+  download gives).
+- long-fat: one host and the joiner at 100 Mbit/s, 80 ms round trip (us-east to eu-west).
+- corrupt: 4 hosts with half the joiner's downlink each (so that three of them can still fill
+  it); all honest, against one that flips a byte of every chunk it sends (`CorruptChunks`,
+  the honest chunk list), and one that also forges its list to match. The runs alternate.
+Payloads: the size of the default model's block checkpoint (about 10 MB), and for rates a
+larger one of `--seconds` at the cap: a download pays a fixed start (a new client's libp2p
+connections, the owner check and chunk list round trips, TCP slow start: about 0.5-1 s here)
+that a 10 MB file at 100 Mbit/s (0.8 s) cannot amortize, so the large payload measures the
+rate the streams keep up, and both are reported. A rate is the payload over the wall time of
+`download()` (whole: set-up included) and from the first stream's header to the last byte
+(transfer). Needs root, iptables and NetfilterQueue (see .ci/regions-setup).
+
+    python benchmarks/transfer.py            # about 8 minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import logging
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+from hivemind.utils.mpfuture import MPFuture
+
+from swarm.cli.console import setup_logging
+from swarm.errors import SwarmError
+from swarm.lab import netlab
+from swarm.lab.attacks import CorruptChunks
+from swarm.lab.hosting import CheckpointHost
+from swarm.model.denoiser import ModelConfig
+from swarm.p2p.client import SwarmClient
+from swarm.p2p.download import Downloaded, download
+from swarm.p2p.network import NetworkOptions
+from swarm.p2p.records import CheckpointInfo
+from swarm.p2p.transfer import BlockServicer, max_checkpoint_bytes
+
+logger = logging.getLogger("benchmarks.transfer")
+
+SWARM = "transfer"
+TARGET_OVER_CAP = 0.90
+TARGET_CORRUPT_OVER_CLEAN = 1.1
+DOWNLOAD_TIMEOUT_S = 600.0
+SERVICERS = {"honest": BlockServicer, "corrupt": CorruptChunks, "forged": functools.partial(CorruptChunks, forge_list=True)}
+
+
+class Links:
+    """A lab of one joiner and some hosts (each host its own namespace), capped and delayed."""
+
+    def __init__(self, lab: netlab.NetLab, folder: Path, down_mbit: float, host_up_mbit: list[float], rtt_s: float):
+        self.lab, self.folder, self.down_mbit = lab, folder, down_mbit
+        self.joiner = lab.add_node("joiner", "joiner")
+        lab.cap(self.joiner, None, down_mbit)
+        self.nodes = [lab.add_node(f"h{i}", "hosts") for i in range(len(host_up_mbit))]
+        for node, up in zip(self.nodes, host_up_mbit):
+            lab.cap(node, up, None)
+        lab.start_delays(lambda a, b: 0.0 if a == b else rtt_s / 2)
+        self.hosts: list[CheckpointHost] = []
+
+    def start_hosts(self, kinds: list[str]) -> list[CheckpointHost]:
+        """Hosts of the given kinds ("honest", "corrupt", "forged") on the lab's host nodes, replacing any before."""
+        self.close_hosts()
+        self.hosts = [CheckpointHost(self.folder / f"{node.namespace}-{kind}", SWARM, servicer=SERVICERS[kind], where=node)
+                      for node, kind in zip(self.nodes, kinds)]  # fmt: skip
+        return self.hosts
+
+    def close_hosts(self) -> None:
+        for host in self.hosts:
+            host.close()
+        self.hosts = []
+
+    def hold(self, payload: bytes) -> CheckpointInfo:
+        """Every current host keeps `payload` as a checkpoint (its chunk list is computed on the first request)."""
+        infos = {host.put(payload, step=len(payload)) for host in self.hosts}
+        assert len(infos) == 1, infos
+        return infos.pop()
+
+    def fetch(self, payload: bytes, info: CheckpointInfo, hosts: list[CheckpointHost]) -> dict:
+        """A fresh joiner downloads `payload` (held as `info`) from `hosts`: its figures."""
+        network = NetworkOptions(initial_peers=[m for h in hosts for m in h.maddrs], host_maddrs=[f"/ip4/{self.joiner.address}/tcp/0"])
+        with contextlib.ExitStack() as stack:
+            with self.joiner.inside():
+                client = stack.enter_context(SwarmClient(SWARM, network))
+            timings, started = {}, time.perf_counter()
+            coro = download(client.p2p, [host.host(info) for host in hosts], show_progress=False, timings=timings)
+            got: Downloaded = client.run(coro, DOWNLOAD_TIMEOUT_S)
+            ended = time.perf_counter()
+        assert got.data == payload
+        return {"bytes": len(payload), "hosts": len(hosts), "seconds": ended - started,
+                "mbit_per_s": 8 * len(payload) / (ended - started) / 1e6,
+                "transfer_mbit_per_s": 8 * len(payload) / (ended - timings["header"]) / 1e6,
+                "served_mb": [got.served.get(h.peer_id, 0) / 1e6 for h in hosts],
+                "dropped": {i: got.dropped[h.peer_id] for i, h in enumerate(hosts) if h.peer_id in got.dropped}}  # fmt: skip
+
+
+@contextlib.contextmanager
+def links(folder: Path, down_mbit: float, host_up_mbit: list[float], rtt_s: float) -> Iterator[Links]:
+    with netlab.NetLab("bswxfer") as lab:
+        made = Links(lab, folder, down_mbit, host_up_mbit, rtt_s)
+        try:
+            yield made
+        finally:
+            made.close_hosts()
+
+
+def payload(megabytes: float, seed: int) -> bytes:
+    return random.Random(seed).randbytes(int(megabytes * 1e6))
+
+
+def repeated(measure, repeats: int, what: str) -> dict:
+    """`measure()` `repeats` times: every run, and the median of each figure."""
+    runs = []
+    for i in range(repeats):
+        runs.append(measure())
+        logger.info("%s, run %d: %.2f s, %.1f Mbit/s", what, i + 1, runs[-1]["seconds"], runs[-1]["mbit_per_s"])
+    medians = {k: statistics.median(r[k] for r in runs) for k in ("seconds", "mbit_per_s", "transfer_mbit_per_s")}
+    return {**medians, "bytes": runs[0]["bytes"], "hosts": runs[0]["hosts"], "runs": runs}
+
+
+def with_cap(figures: dict, cap_mbit: float) -> dict:
+    return {**figures, "cap_mbit": cap_mbit, "over_cap": figures["mbit_per_s"] / cap_mbit,
+            "transfer_over_cap": figures["transfer_mbit_per_s"] / cap_mbit}  # fmt: skip
+
+
+def quarters(args, folder: Path, sizes: dict) -> dict:
+    down = args.downlink
+    with links(folder, down, [down / 4] * 4, args.home_rtt_ms / 1000) as lab:
+        hosts = lab.start_hosts(["honest"] * 4)
+        result = {}
+        for name, size_mb in (("default", sizes["default"]), ("large", down * args.seconds / 8)):
+            data = payload(size_mb, seed=1)
+            info = lab.hold(data)
+            result[f"four_hosts_{name}"] = with_cap(repeated(lambda: lab.fetch(data, info, hosts), args.repeats, f"4 hosts, {name}"), down)
+            if name == "default":  # the baseline: what one of them gives alone
+                result["one_host_default"] = with_cap(repeated(lambda: lab.fetch(data, info, hosts[:1]), 1, "1 host, default"), down)
+    return {"downlink_mbit": down, "host_uplink_mbit": down / 4, "rtt_ms": args.home_rtt_ms, **result}
+
+
+def long_fat(args, folder: Path, sizes: dict) -> dict:
+    cap = args.fat_mbit
+    with links(folder, cap, [cap], args.fat_rtt_ms / 1000) as lab:
+        hosts = lab.start_hosts(["honest"])
+        result = {}
+        for name, size_mb in (("default", sizes["default"]), ("large", cap * args.seconds / 8)):
+            data = payload(size_mb, seed=2)
+            info = lab.hold(data)
+            result[f"one_host_{name}"] = with_cap(repeated(lambda: lab.fetch(data, info, hosts), args.repeats, f"long fat link, {name}"), cap)
+    return {"link_mbit": cap, "rtt_ms": args.fat_rtt_ms, **result}
+
+
+def corrupt(args, folder: Path, sizes: dict) -> dict:
+    """Clean, corrupt and forged runs in turn, on the same links with the same payload: 4 honest
+    hosts, or the first of them replaced by a liar."""
+    down = args.downlink
+    data = payload(down * args.seconds / 8, seed=3)
+    runs: dict[str, list[dict]] = {"clean": [], "corrupt": [], "forged": []}
+    with links(folder, down, [down / 2] * 6, args.home_rtt_ms / 1000) as lab:
+        *honest, liar, forger = lab.start_hosts(["honest"] * 4 + ["corrupt", "forged"])
+        info = lab.hold(data)
+        chosen = {"clean": honest, "corrupt": [liar, *honest[1:]], "forged": [forger, *honest[1:]]}
+        for repeat in range(args.repeats):
+            for kind, hosts in chosen.items():
+                sent = getattr(hosts[0].servicer, "sent", 0)
+                runs[kind].append(lab.fetch(data, info, hosts))
+                runs[kind][-1]["chunks_the_first_host_sent"] = getattr(hosts[0].servicer, "sent", 0) - sent
+                logger.info("%s, run %d: %.2f s", kind, repeat + 1, runs[kind][-1]["seconds"])
+    median = {kind: statistics.median(r["seconds"] for r in rs) for kind, rs in runs.items()}
+    return {"downlink_mbit": down, "host_uplink_mbit": down / 2, "rtt_ms": args.home_rtt_ms, "bytes": len(data),
+            "median_seconds": median, "corrupt_over_clean": median["corrupt"] / median["clean"],
+            "forged_over_clean": median["forged"] / median["clean"],
+            "corrupt_host_dropped_every_run": all(0 in r["dropped"] for r in runs["corrupt"]),
+            "liars_served_nothing": all(r["served_mb"][0] == 0 for kind in ("corrupt", "forged") for r in runs[kind]),
+            "runs": runs}  # fmt: skip
+
+
+SCENARIOS = {"quarters": quarters, "long_fat": long_fat, "corrupt": corrupt}
+
+
+def targets(result: dict) -> dict:
+    q, f, c = result.get("quarters"), result.get("long_fat"), result.get("corrupt")
+    checks = {}
+    if q:
+        checks["four_quarter_hosts_over_cap"] = {"value": q["four_hosts_large"]["over_cap"], "target": f">= {TARGET_OVER_CAP}",
+                                                 "holds": q["four_hosts_large"]["over_cap"] >= TARGET_OVER_CAP}  # fmt: skip
+    if f:
+        checks["long_fat_link_over_cap"] = {"value": f["one_host_large"]["over_cap"], "target": f">= {TARGET_OVER_CAP}",
+                                            "holds": f["one_host_large"]["over_cap"] >= TARGET_OVER_CAP}  # fmt: skip
+    if c:
+        holds = c["corrupt_over_clean"] <= TARGET_CORRUPT_OVER_CLEAN and c["corrupt_host_dropped_every_run"]
+        checks["corrupt_over_clean"] = {"value": c["corrupt_over_clean"], "target": f"<= {TARGET_CORRUPT_OVER_CLEAN}, corrupt host dropped",
+                                        "holds": holds}  # fmt: skip
+    return checks
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rates, times) = plt.subplots(1, 2, figsize=(13, 4.5))
+    bars = {}
+    for scenario, prefix in (("quarters", "20 Mbit/s joiner"), ("long_fat", "100 Mbit/s, 80 ms")):
+        for name, figures in result.get(scenario, {}).items():
+            if isinstance(figures, dict) and "over_cap" in figures:
+                bars[f"{prefix}\n{name.replace('_', ' ')}"] = (figures["over_cap"], figures["transfer_over_cap"])
+    labels = list(bars)
+    rates.bar([i - 0.2 for i in range(len(labels))], [v[0] for v in bars.values()], 0.4, label="whole download")
+    rates.bar([i + 0.2 for i in range(len(labels))], [v[1] for v in bars.values()], 0.4, label="transfer")
+    rates.axhline(TARGET_OVER_CAP, color="r", linestyle="--", label=f"target {TARGET_OVER_CAP}")
+    rates.set(title="download rate / the joiner's link cap", xticks=range(len(labels)), ylim=(0, 1.05))
+    rates.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
+    rates.legend(fontsize=8)
+    if "corrupt" in result:
+        runs = result["corrupt"]["runs"]
+        for i, (kind, rs) in enumerate(runs.items()):
+            times.scatter([i] * len(rs), [r["seconds"] for r in rs])
+        times.set(title="4 hosts, one of them lying: download seconds", xticks=range(len(runs)), ylabel="seconds")
+        times.set_xticklabels([f"{k}\n{result['corrupt']['median_seconds'][k]:.1f} s" for k in runs])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
+    parser.add_argument("--downlink", type=float, default=20.0, help="the joiner's downlink, Mbit/s (quarters, corrupt)")
+    parser.add_argument("--home-rtt-ms", type=float, default=100.0, help="round trip joiner-hosts (quarters, corrupt)")
+    parser.add_argument("--fat-mbit", type=float, default=100.0, help="link of the long-fat scenario, Mbit/s")
+    parser.add_argument("--fat-rtt-ms", type=float, default=80.0)
+    parser.add_argument("--seconds", type=float, default=10.0, help="the large payload lasts this long at the cap")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="benchmarks/results/transfer")
+    parser.add_argument("--from-json", default=None, help="only plot and print an earlier transfer.json")
+    args = parser.parse_args()
+    if args.from_json:
+        finish(json.loads(Path(args.from_json).read_text()), Path(args.out))
+        return
+    if reason := netlab.available(delays=True):
+        print(f"transfer.py: error: {reason}", file=sys.stderr)
+        sys.exit(2)
+    setup_logging()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: stop every DHT, remove the lab
+    MPFuture()  # hivemind's shared-memory manager, started outside any namespace the lab tears down
+    sizes = {"default": max_checkpoint_bytes(ModelConfig()) / 1e6}
+    began, result = time.monotonic(), {"config": vars(args), "default_checkpoint_mb": sizes["default"]}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for scenario in args.scenarios:
+                result[scenario] = SCENARIOS[scenario](args, Path(tmp) / scenario, sizes)
+    except SwarmError as error:
+        print(f"transfer.py: error: {error}", file=sys.stderr)
+        sys.exit(1)
+    result["targets"], result["wall_seconds"] = targets(result), time.monotonic() - began
+    finish(result, Path(args.out))
+
+
+def finish(result: dict, out: Path) -> None:
+    """transfer.json, the PNG, and the figures without the single runs on stdout."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "transfer.json").write_text(json.dumps(result, indent=2))
+    plot(result, out / "transfer.png")
+    print(json.dumps(_without_runs(result), indent=2))
+
+
+def _without_runs(value):
+    if isinstance(value, dict):
+        return {k: _without_runs(v) for k, v in value.items() if k != "runs"}
+    return value
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,341 @@
+"""Downloading one checkpoint from every host that vouches for it, each chunk checked on arrival.
+
+The hosts of one checkpoint (the same step, sha256 and size in their records: a `Candidate` of
+choice.py) serve it together, like BitTorrent's or iroh-blobs' many-source downloads:
+1. Every host is asked at once for the key its record is signed with (`rpc_info`: a record
+   cannot borrow another peer's id) and for its chunk list (chunks.py).
+2. The list is a claim. Honest hosts of one file report one list, so hosts are grouped by the
+   list they report, and the list of the most independent hosts (distinct keys) is tried
+   first, with the hosts that report it; the others wait for their turn.
+3. Each host streams runs of chunks (`ChunkPlan` says which) over up to `DOWNLOADS_PER_PEER`
+   streams: one at first, the others once it has sent a chunk that verifies, so a lying host
+   costs about one chunk. Every chunk is checked against the list as it arrives.
+4. A host that sends a chunk the list does not hash to, refuses, sends nothing for
+   `inactivity_timeout`, or sends more than it was asked is dropped (logged with its peer id,
+   and kept in `Downloaded.dropped`); the chunks it had not sent go to the others.
+5. The whole is checked against the record's sha256 (hashed as its chunks come in, in order).
+   If it does not match, the list was a lie of the hosts that reported it: they are dropped and
+   the next list is tried (with the chunks already received that match it). A forged list can
+   cost time, never let bad bytes through.
+The whole gives up (TransferError) when no host is left, or when it takes longer than the
+announced size allows at `SLOWEST_RATE_BYTES_S` (callers bound that size first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from hivemind.p2p import P2P
+from tqdm import tqdm
+
+from swarm.errors import SwarmError
+from swarm.model.checkpoint import decode_block
+from swarm.model.denoiser import Denoiser, ModelConfig
+from swarm.p2p.chunks import ChunkList, ChunkPlan, Run
+from swarm.p2p.directory import Host
+from swarm.p2p.messages import DownloadRequest
+from swarm.p2p.reachability import ensure_direct
+from swarm.p2p.records import CheckpointInfo
+from swarm.p2p.transfer import (
+    DOWNLOADS_PER_PEER,
+    FIRST_BYTE_TIMEOUT_S,
+    INACTIVITY_TIMEOUT_S,
+    SLOWEST_RATE_BYTES_S,
+    HostFailed,
+    TransferError,
+    ask_chunk_list,
+    check_owner,
+    max_checkpoint_bytes,
+    open_run,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def independent(hosts: Sequence[Host]) -> int:
+    """Independent hosts among `hosts`: distinct keys (one key is one vote, whatever peer id it names)."""
+    return len({h.owner or h.peer_id.encode() for h in hosts})
+
+
+@dataclass
+class Downloaded:
+    """A downloaded checkpoint, and who served it: its bytes per peer id, and the hosts dropped
+    on the way with the reason."""
+
+    data: bytes
+    hosts: dict[str, Host]
+    served: Counter = field(default_factory=Counter)
+    dropped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def host(self) -> Host:
+        """The host that served the most of it."""
+        return self.hosts[self.served.most_common(1)[0][0]]
+
+    def drop(self, host: Host, reason: str) -> None:
+        if host.peer_id not in self.dropped:
+            self.dropped[host.peer_id] = reason
+            logger.warning("block %d: dropped a host: %s", host.block, reason)
+
+
+async def download(
+    p2p: P2P,
+    hosts: Sequence[Host],
+    show_progress: bool = True,
+    timings: dict | None = None,
+    inactivity_timeout: float = INACTIVITY_TIMEOUT_S,
+) -> Downloaded:
+    """The checkpoint that `hosts` (all announcing the same one) vouch for, from all of them at
+    once and verified (see the module docstring); TransferError if none serves it.
+    `timings["header"]` gets the perf_counter of the first stream's header."""
+    info = _one_checkpoint(hosts)
+    report = Downloaded(b"", {h.peer_id: h for h in hosts})
+    fetch = _Options(timings if timings is not None else {}, inactivity_timeout)
+    try:
+        async with asyncio.timeout(FIRST_BYTE_TIMEOUT_S + info.size / SLOWEST_RATE_BYTES_S):
+            with tqdm(total=info.size, unit="B", unit_scale=True, desc=f"block {hosts[0].block}", disable=not show_progress) as bar:
+                report.data = await _download(p2p, hosts, info, report, fetch, bar)
+    except TimeoutError:
+        raise TransferError(f"the download of {info.sha256[:12]} from {len(hosts)} host(s) timed out") from None
+    return report
+
+
+def _one_checkpoint(hosts: Sequence[Host]) -> CheckpointInfo:
+    checkpoints = {h.announcement.checkpoint for h in hosts}
+    if len(checkpoints) != 1:
+        raise ValueError("a download takes hosts that announce one and the same checkpoint")
+    if (info := checkpoints.pop()) is None:
+        raise TransferError(f"peer {hosts[0].peer_id} announces no checkpoint")
+    return info
+
+
+@dataclass
+class _Options:
+    timings: dict
+    inactivity_timeout: float
+
+
+async def _download(p2p: P2P, hosts: Sequence[Host], info: CheckpointInfo, report: Downloaded, options: _Options,
+                    bar: tqdm) -> bytes:  # fmt: skip
+    """Each list in turn, most vouched first, until the whole matches the record's sha256."""
+    lists = await asyncio.gather(*(_chunk_list(p2p, host, info, report) for host in hosts))
+    groups: dict[ChunkList, list[Host]] = {}
+    for host, chunk_list in zip(hosts, lists):
+        if chunk_list is not None:
+            groups.setdefault(chunk_list, []).append(host)
+    ranked = sorted(groups.items(), key=lambda item: independent(item[1]), reverse=True)
+    for _, dissenting in ranked[1:]:
+        for host in dissenting:
+            logger.warning("block %d: peer %s reports another chunk list for %s than the %d host(s) of the first "
+                           "list; it is asked only if that list fails", host.block, host.peer_id, info.sha256[:12],
+                           independent(ranked[0][1]))  # fmt: skip
+    have: dict[int, _Chunk] = {}
+    for chunk_list, group in ranked:
+        have = {i: chunk for i, chunk in have.items() if chunk_list.matches(i, chunk.data)}
+        bar.reset()
+        bar.update(sum(len(chunk.data) for chunk in have.values()))
+        fetch = _Fetch(p2p, info, group, chunk_list, have, report, options, bar)
+        have = await fetch.run()
+        if len(have) < chunk_list.count:
+            continue  # every host of this list was dropped
+        if fetch.sha256() == info.sha256:
+            for chunk in have.values():
+                report.served[chunk.source] += len(chunk.data)
+            return b"".join(have[i].data for i in range(chunk_list.count))
+        for host in group:
+            report.drop(host, f"the checkpoint from {host.peer_id} does not match its announced sha256 "
+                              "(its chunk list was a lie)")  # fmt: skip
+    reasons = "; ".join(report.dropped.values()) or "no host answered"
+    raise TransferError(f"no host served the checkpoint {info.sha256[:12]} verified: {reasons}")
+
+
+async def _chunk_list(p2p: P2P, host: Host, info: CheckpointInfo, report: Downloaded) -> ChunkList | None:
+    """The host's chunk list, if it owns its record and its list fits the record; else None (dropped)."""
+    await ensure_direct(p2p, host.peer_id)  # a host behind NAT dials us back: a relay cuts streams at 128 KiB
+    answers = await asyncio.gather(check_owner(p2p, host, FIRST_BYTE_TIMEOUT_S),
+                                   ask_chunk_list(p2p, host, info, FIRST_BYTE_TIMEOUT_S), return_exceptions=True)  # fmt: skip
+    for error in answers:
+        if isinstance(error, TransferError):
+            report.drop(host, str(error))
+            return None
+        if isinstance(error, BaseException):  # the peer vanished, timed out, or spoke nonsense
+            report.drop(host, f"peer {host.peer_id} failed: {type(error).__name__}: {error}")
+            return None
+    return answers[1]
+
+
+class _Chunk(NamedTuple):
+    """A chunk that matched the chunk list, and the peer id of the host it came from."""
+
+    data: bytes
+    source: str
+
+
+class _Fetch:
+    """One pass over one chunk list: the hosts that report it stream their runs at once."""
+
+    def __init__(self, p2p: P2P, info: CheckpointInfo, hosts: list[Host], chunk_list: ChunkList, have: dict[int, _Chunk],
+                 report: Downloaded, options: _Options, bar: tqdm):  # fmt: skip
+        self.p2p, self.info, self.chunk_list, self.report, self.options, self.bar = p2p, info, chunk_list, report, options, bar
+        self.chunks = dict(have)
+        self.plan = ChunkPlan(chunk_list.count, len(hosts) * DOWNLOADS_PER_PEER, have)
+        self.live = {host.peer_id: host for host in hosts}
+        self.proven = {host.peer_id: asyncio.Event() for host in hosts}  # it sent a chunk that verifies
+        self.tasks: dict[str, list[asyncio.Task]] = {}
+        self.running = 0  # streams not yet ended
+        self.finished = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._whole, self._hashed = hashlib.sha256(), 0  # the sha256 of chunks 0.._hashed-1, kept up as they come
+
+    def sha256(self) -> str:
+        """The sha256 (hex) of the whole, once every chunk is in."""
+        self._hash_prefix()
+        assert self._hashed == self.chunk_list.count, "the sha256 of an incomplete download"
+        return self._whole.hexdigest()
+
+    def _hash_prefix(self) -> None:
+        """Feed the chunks that now follow the hashed prefix to the whole's sha256 (chunks come
+        mostly in order, so the end of a download waits for little hashing)."""
+        while self._hashed in self.chunks:
+            self._whole.update(self.chunks[self._hashed].data)
+            self._hashed += 1
+
+    async def run(self) -> dict[int, _Chunk]:
+        """The chunks received by the time every chunk is in, or every host dropped."""
+        if self.plan.complete:
+            return self.chunks
+        for peer_id, host in self.live.items():
+            self.tasks[peer_id] = [asyncio.create_task(self._stream(host, n)) for n in range(DOWNLOADS_PER_PEER)]
+        streams = [task for tasks in self.tasks.values() for task in tasks]
+        self.running = len(streams)
+        try:
+            await self.finished.wait()
+        finally:
+            for task in streams:
+                task.cancel()
+            await asyncio.gather(*streams, return_exceptions=True)
+        return self.chunks
+
+    async def _stream(self, host: Host, n: int) -> None:
+        """One stream's life: claim a run, fetch it, again, until nothing is missing."""
+        key = (host.peer_id, n)
+        try:
+            if n:
+                await self.proven[host.peer_id].wait()
+            while not self.plan.complete:
+                if (run := self.plan.claim(key)) is None:
+                    await self._next_change()
+                    continue
+                try:
+                    await self._fetch(host, key, run)
+                finally:
+                    self.plan.release(key)
+                    self._notify()
+        except HostFailed as failure:
+            self._drop(host, str(failure))
+        except Exception as error:  # the peer vanished, or spoke nonsense
+            self._drop(host, f"peer {host.peer_id} failed: {type(error).__name__}: {error}")
+        finally:
+            self.running -= 1
+            if not self.running:
+                self.finished.set()
+
+    async def _fetch(self, host: Host, key: Hashable, run: Run) -> None:
+        """Stream chunks run.next..run.end-1 from `host` (the run may shrink meanwhile)."""
+        asked = sum(self.chunk_list.length(i) for i in range(run.next, run.end))
+        request = DownloadRequest(block=host.block, sha256=self.info.sha256, first_chunk=run.next, chunks=run.left)
+        stream = await open_run(self.p2p, host, request, self.info.size, self.options.timings)
+        try:
+            pending, received, index = bytearray(), 0, run.next
+            while index < run.end:
+                try:
+                    message = await asyncio.wait_for(anext(stream), self.options.inactivity_timeout)
+                except StopAsyncIteration:
+                    raise HostFailed(f"peer {host.peer_id} sent {received} of the {asked} bytes asked") from None
+                except TimeoutError:
+                    raise HostFailed(f"peer {host.peer_id} sent nothing for {self.options.inactivity_timeout:.0f}s") from None
+                received += len(message.metadata)
+                if received > asked:
+                    raise HostFailed(f"peer {host.peer_id} sent more than the {asked} bytes asked")
+                pending += message.metadata
+                while index < run.end and len(pending) >= self.chunk_list.length(index):
+                    length = self.chunk_list.length(index)
+                    self._accept(host, key, index, bytes(pending[:length]))
+                    del pending[:length]
+                    index += 1
+        finally:
+            await _close(stream)
+
+    def _accept(self, host: Host, key: Hashable, index: int, chunk: bytes) -> None:
+        if not self.chunk_list.matches(index, chunk):
+            raise HostFailed(f"peer {host.peer_id} sent chunk {index}, which does not match its sha256 in the chunk list")
+        if index not in self.chunks:
+            self.chunks[index] = _Chunk(chunk, host.peer_id)
+            self.bar.update(len(chunk))
+            self._hash_prefix()
+        self.plan.received(key, index)
+        self.proven[host.peer_id].set()
+        if self.plan.complete:
+            self.finished.set()
+        self._notify()
+
+    def _drop(self, host: Host, reason: str) -> None:
+        """Stop every stream of `host`; its runs go back to the plan for the other hosts."""
+        self.report.drop(host, reason)
+        if self.live.pop(host.peer_id, None) is None:
+            return
+        for task in self.tasks[host.peer_id]:
+            if task is not asyncio.current_task():
+                task.cancel()
+        self.plan.streams = max(1, len(self.live) * DOWNLOADS_PER_PEER)
+        self._notify()
+
+    async def _next_change(self) -> None:
+        await self._changed.wait()
+
+    def _notify(self) -> None:
+        """Wake the streams waiting for work (a run came free, or a chunk came in)."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
+async def _close(stream) -> None:
+    try:
+        await stream.aclose()
+    except Exception as error:  # closing a broken stream must not hide why it broke
+        logger.debug("closing a download stream: %s", error)
+
+
+async def download_verified(
+    p2p: P2P, hosts: Sequence[Host], config: ModelConfig, block: int, show_progress: bool = True
+) -> tuple[Downloaded, Denoiser]:
+    """The checkpoint that `hosts` vouch for, from all of them (see `download`), if it is what
+    their records say and loads as `block` of `config`: (the download, the block);
+    TransferError or SwarmError otherwise."""
+    info = _one_checkpoint(hosts)
+    if info.size > max_checkpoint_bytes(config):
+        raise TransferError(f"peer {hosts[0].peer_id} announces {info.size} bytes, more than a block of this model weighs")
+    downloaded = await download(p2p, hosts, show_progress)
+    denoiser, step = decode_block(downloaded.data, config, block)  # right model, right block, tensors that load
+    if step != info.step:
+        raise TransferError(f"the checkpoint from {sorted(downloaded.served)} holds step {step}, its record says {info.step}")
+    return downloaded, denoiser
+
+
+async def fetch_verified(
+    p2p: P2P, hosts: list[Host], config: ModelConfig, block: int, show_progress: bool = True
+) -> tuple[bytes, Host]:
+    """The first checkpoint among `hosts`, each asked alone in the given order, that downloads and verifies."""
+    for host in hosts:
+        try:
+            downloaded, _ = await download_verified(p2p, [host], config, block, show_progress)
+            return downloaded.data, host
+        except (TransferError, SwarmError) as error:
+            logger.warning("block %d: %s; trying the next replica", block, error)
+    raise SwarmError(f"block {block}: no replica served a checkpoint that verifies ({len(hosts)} tried)")

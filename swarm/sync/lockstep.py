@@ -1,0 +1,44 @@
+"""`--sync demo`: DeMo in lockstep, each step's gathered set applied in the same step.
+
+The trainer folds its gradient into the DeMo momentum, publishes its payload, and waits for
+the other replicas' payloads of the same step (up to the deadline) before it takes the sign
+step; the network time of every step is time the trainer does not compute. `--sync
+demo-overlap` (overlap.py) hides it; this one stays as the baseline it is measured against.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from swarm.model.train import Trainer
+from swarm.sync.decoupled_momentum import DeMoReplica, Payload, decode_payload, encode_payload
+from swarm.sync.exchange import Exchange, Exchanging, Round
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DeMoSync(Exchanging):
+    """`--sync demo` (a `SyncStrategy`): the trainer's update when the block has replicas."""
+
+    replica: DeMoReplica
+    exchange: Exchange
+
+    def update(self, trainer: Trainer) -> None:
+        round_ = self.exchange.start(trainer.step_count, self.own_payload(trainer))
+        self.apply(round_, trainer)
+
+    def own_payload(self, trainer: Trainer) -> bytes:
+        """This step's gradient folded into the momentum; what is shared, on the wire."""
+        payload = self.replica.make_payload(trainer.config.lr_at(trainer.step_count))
+        return encode_payload(payload, self.replica.config.value_bits)
+
+    def apply(self, round_: Round, trainer: Trainer) -> None:
+        """Wait for a round's gather, take the sign step on its set, and follow a majority that is ahead."""
+        gathered = self.exchange.finish(round_)
+        self.replica.apply(self.exchange.in_order(round_, gathered, self._decode))
+        self.exchange.follow_majority(gathered, trainer)
+
+    def _decode(self, data: bytes) -> Payload:
+        return decode_payload(data, self.replica)

@@ -1,0 +1,233 @@
+"""The outer step without the network: a replica's pseudo-gradient, compressed, and the update a majority vouches for.
+
+`--sync outer` (the strategy is in outer.py) is DiLoCo-style local training with SparseLoCo's
+compression. The replicas share an *anchor*, the weights they all hold after an outer step.
+Each replica takes H AdamW steps on its own batches from the anchor, then its pseudo-gradient
+is the change `anchor - weights`. It adds the change to its error buffer, sends the top-k
+values of each chunk of the buffer (chunks as in DeMo, 64 x 64 tiles; optionally after a DCT)
+at 2 bits (sign, and whether the value is above its chunk's median size: two bfloat16 sizes
+per chunk) or 1 bit (sign, one size per chunk), and takes what it sent out of the buffer
+(error feedback: what is not sent this round goes out in a later one). `none` sends every
+value as float32.
+
+The outer update, coordinate by coordinate over the decoded changes of every replica that
+arrived (its own included): their mean, clipped into the range that a majority of them
+vouches for, [v(n-m+1), v(m)] of the n sorted values with m = n // 2 + 1. Why this rule:
+- wherever a strict majority of the replicas moves a coordinate the same way, the update goes
+  that way (at least m values are above 0, so the clip's lower end is);
+- with fewer than half of them hostile, both ends of the range are values some honest replica
+  sent, so no minority can push a coordinate further than an honest replica asked for;
+- for two replicas the range is [min, max] and the rule is the plain mean: with H = 1 and no
+  compression, an outer step is exactly parameter averaging after every step (a test checks
+  this over real peers); for three or more it moves toward the coordinate-wise median.
+The anchor then moves by `outer_lr` times that update (1.0: SparseLoCo's choice; its error
+feedback already plays the part of DiLoCo's outer momentum) and every replica's weights are
+set to the new anchor, so replicas that applied the same payloads hold the same weights.
+
+A payload is refused (PayloadError) if it does not fit this replica's parameters, or if any
+decoded change is not finite or larger than `max_change_per_lr` x lr x H: a parameter moves
+at most about lr per AdamW step, and the error buffer adds a few rounds' worth at most.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from swarm.sync.compression import (
+    PayloadError,
+    check_fully_read,
+    dct,
+    from_bits,
+    from_chunks,
+    idct,
+    index_bits,
+    keep_per_chunk,
+    pack_message,
+    to_bits,
+    to_chunks,
+    unpack_message,
+)
+
+COMPRESSIONS = ("dct", "raw", "none")
+Changes = dict[str, torch.Tensor]  # decoded pseudo-gradient, by parameter name
+
+
+@dataclass
+class OuterConfig:
+    """Outer-step settings. With the defaults (H = 30, 20 values per 64 x 64 chunk, 2 bits) a
+    replica sends about 1/5,900 of the bytes of dense per-step averaging with 4 replicas (1/2,950
+    with 8: every replica sends its payload to every other one); top_k was lowered from 32 (about
+    1/4,000) to reach 1/5,000. At this compression, 300 steps of a small block ended about 12%
+    above dense's validation loss, and 128 values per chunk (1/1,080) about 4% above:
+    benchmarks/sync.py measures both (benchmarks/results/sync/)."""
+
+    steps: int = 30  # H: local AdamW steps between outer steps
+    compression: str = "dct"  # "dct": top-k of each chunk's DCT; "raw": top-k of the change itself; "none": float32
+    top_k: int = 20  # values kept per 64 x 64 chunk (scaled with the chunk's size, at least 1)
+    value_bits: int = 2  # 2: sign and one of two sizes per chunk; 1: sign and one size per chunk
+    outer_lr: float = 1.0
+    error_decay: float = 1.0  # the error buffer is multiplied by this before each round's change is added
+    max_change_per_lr: float = 10.0  # refused: a decoded change above this many lr x H
+
+    def checked(self) -> OuterConfig:
+        if self.compression not in COMPRESSIONS or self.value_bits not in (1, 2) or self.steps < 1:
+            raise ValueError(f"outer steps: compression {self.compression!r}, value bits {self.value_bits}, H {self.steps}")
+        return self
+
+
+def majority_mean(changes: list[torch.Tensor]) -> torch.Tensor:
+    """The mean of the replicas' values, clipped coordinate-wise into [v(n-m+1), v(m)] (module docstring)."""
+    stacked = torch.stack(changes)
+    n = len(changes)
+    majority = n // 2 + 1
+    ordered = stacked.sort(dim=0).values
+    return torch.clamp(stacked.mean(dim=0), ordered[n - majority], ordered[majority - 1])
+
+
+class OuterReplica:
+    """One replica's outer-step state: the anchor, the error buffer, and the payloads in and out."""
+
+    def __init__(self, module: nn.Module, config: OuterConfig, lr: float):
+        """`lr`: the peak inner learning rate (it bounds honest changes)."""
+        self.config = config.checked()
+        self.params = dict(module.named_parameters())
+        self.names = list(self.params)  # a parameter's position is its name on the wire
+        self.error = {name: torch.zeros_like(p) for name, p in self.params.items()}
+        self.max_change = config.max_change_per_lr * lr * config.steps
+        self.anchor: Changes = {}
+        self.reset()
+
+    def reset(self) -> None:
+        """The weights as they are now become the anchor (at start, and after parameter averaging)."""
+        self.anchor = {name: p.detach().clone() for name, p in self.params.items()}
+
+    @torch.no_grad()
+    def make_payload(self) -> bytes:
+        """This round's change folded into the error buffer; what is sent leaves the buffer."""
+        entries = []
+        for name, param in self.params.items():
+            error = self.error[name].mul_(self.config.error_decay).add_(self.anchor[name] - param)
+            sent = _compress(error, self.config)
+            error.sub_(_decompress(sent, param.shape, self.config))
+            entries.append(sent)
+        return _encode(entries, self.config)
+
+    def decode(self, data: bytes) -> Changes:
+        """A replica's payload as changes of this block's parameters; PayloadError if it is bad."""
+        entries = _decode(data, self.config, [p.shape for p in self.params.values()])
+        changes = {}
+        for name, entry in zip(self.names, entries):
+            change = _decompress(entry, self.params[name].shape, self.config)
+            if not torch.isfinite(change).all() or change.abs().max() > self.max_change:
+                raise PayloadError(f"{name}: changes are not finite, or larger than honest ones can be")
+            changes[name] = change
+        return changes
+
+    @torch.no_grad()
+    def apply(self, gathered: list[Changes]) -> None:
+        """The outer step on what a majority vouches for; every replica's weights become the new anchor."""
+        for name, param in self.params.items():
+            update = majority_mean([changes[name] for changes in gathered])
+            self.anchor[name].sub_(update, alpha=self.config.outer_lr)
+            param.copy_(self.anchor[name])
+
+
+@dataclass
+class _Entry:
+    """One parameter's part of a payload: kept positions, their codes and their chunks' sizes
+    (for `none`: every value, in `scales`)."""
+
+    indices: torch.Tensor  # (chunks, k) positions inside each flattened chunk
+    codes: torch.Tensor  # (chunks, k) bit 0: negative; bit 1 (2-bit values): above the chunk's median size
+    scales: torch.Tensor  # (chunks, levels) bfloat16 sizes; for `none`: the float32 values
+    chunk_elements: int = 0  # values per chunk (the indices' range)
+
+
+def _levels(config: OuterConfig) -> int:
+    return 2 if config.value_bits == 2 else 1
+
+
+def _coefficients(tensor: torch.Tensor, config: OuterConfig) -> tuple[torch.Tensor, tuple[int, int]]:
+    chunks, tile = to_chunks(tensor.detach().float())
+    return (dct(chunks) if config.compression == "dct" else chunks).flatten(1), tile
+
+
+def _compress(tensor: torch.Tensor, config: OuterConfig) -> _Entry:
+    if config.compression == "none":
+        return _Entry(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), tensor.detach().float().flatten().clone())
+    coefficients, _ = _coefficients(tensor, config)
+    k = keep_per_chunk(config.top_k, coefficients.shape[1])
+    indices = coefficients.abs().topk(k, dim=1).indices.sort(dim=1).values
+    kept = coefficients.gather(1, indices)
+    size = kept.abs()
+    big = size > size.median(dim=1, keepdim=True).values if config.value_bits == 2 else torch.zeros_like(size, dtype=torch.bool)
+    scales = torch.stack([_masked_mean(size, ~big), _masked_mean(size, big)], dim=1)[:, : _levels(config)]
+    codes = (kept < 0).long() | (big.long() << 1)
+    return _Entry(indices, codes, scales.to(torch.bfloat16), coefficients.shape[1])
+
+
+def _masked_mean(size: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per chunk, the mean size of the masked values (0 where none is)."""
+    return (size * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+
+
+def _decompress(entry: _Entry, shape: torch.Size, config: OuterConfig) -> torch.Tensor:
+    """The change an entry stands for, as a tensor of the parameter's shape."""
+    if config.compression == "none":
+        return entry.scales.float().view(shape)
+    chunks, tile = to_chunks(torch.zeros(shape))
+    sizes = entry.scales.float().gather(1, entry.codes >> 1)
+    values = torch.where(entry.codes & 1 == 1, -sizes, sizes)
+    coefficients = torch.zeros(chunks.shape[0], tile[0] * tile[1]).scatter_(1, entry.indices, values)
+    coefficients = coefficients.view(-1, *tile)
+    return from_chunks(idct(coefficients) if config.compression == "dct" else coefficients, shape)
+
+
+def _encode(entries: list[_Entry], config: OuterConfig) -> bytes:
+    """Wire form: compression, value bits, and one bit stream holding, parameter after parameter,
+    the indices at ceil(log2(chunk size)) bits, the codes at value_bits, then the sizes as
+    bfloat16 words (`none`: every value as a float32 word). Both sides know the shapes."""
+    streams = []
+    for entry in entries:
+        if config.compression == "none":
+            streams.append(to_bits(entry.scales.view(torch.int32).to(torch.int64) & 0xFFFFFFFF, 32))
+            continue
+        streams += [to_bits(entry.indices, index_bits(entry.chunk_elements)), to_bits(entry.codes, config.value_bits),
+                    to_bits(entry.scales.view(torch.int16).to(torch.int32) & 0xFFFF, 16)]  # fmt: skip
+    return pack_message({"c": config.compression, "v": config.value_bits}, streams)
+
+
+def _decode(data: bytes, config: OuterConfig, shapes: list[torch.Size]) -> list[_Entry]:
+    (compression, value_bits), bit_array = unpack_message(data, ("c", "v"))
+    if compression != config.compression or value_bits != config.value_bits:
+        raise PayloadError(f"payload has compression {compression!r} at {value_bits} bits")
+    entries, offset = [], 0
+    try:
+        for shape in shapes:
+            entry, offset = _decode_entry(bit_array, offset, shape, config)
+            entries.append(entry)
+    except ValueError:
+        raise PayloadError("payload is too short for this block") from None
+    check_fully_read(bit_array, offset)
+    return entries
+
+
+def _decode_entry(bit_array: np.ndarray, offset: int, shape: torch.Size, config: OuterConfig) -> tuple[_Entry, int]:
+    if config.compression == "none":
+        words, offset = from_bits(bit_array, offset, 32, math.prod(shape))
+        return _Entry(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), words.to(torch.int32).view(torch.float32)), offset
+    chunks, tile = to_chunks(torch.zeros(shape))
+    size, n = tile[0] * tile[1], chunks.shape[0]
+    k = keep_per_chunk(config.top_k, size)
+    indices, offset = from_bits(bit_array, offset, index_bits(size), n * k)
+    codes, offset = from_bits(bit_array, offset, config.value_bits, n * k)
+    words, offset = from_bits(bit_array, offset, 16, n * _levels(config))
+    if indices.max() >= size:
+        raise PayloadError("index out of range")
+    scales = words.to(torch.int16).view(torch.bfloat16).view(n, _levels(config))
+    return _Entry(indices.view(n, k), codes.view(n, k), scales, size), offset
