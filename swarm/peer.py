@@ -361,8 +361,8 @@ class Peer:
     def _announce_periodically(self) -> None:
         while not self.stopping.wait(self.config.announce_period):
             try:
+                self._read_replicas()  # first: a failed announcement must not keep the replica list stale
                 self._announce()
-                self._read_replicas()
                 self.pings.start_round()  # in the background: its figures go into the next announcement
             except Exception as error:  # a DHT hiccup: the next period tries again
                 logger.warning("block %d: announcing failed: %s", self.block, error)

@@ -34,7 +34,7 @@ def status_command(as_json, model_timeout, **kwargs):
         drift = f"{row['drift']:.2e}" if row.get("drift") is not None else "-"
         click.echo(
             f"{row['block']:>5}  {row['peer_id'][-12:]:<14} {row['public_name'][:16]:<16} {row['state']:<9} "
-            f"{row['step']:>7} {loss:>7} {age:>9} {drift:>8} {row.get('reached', '-'):<8}"
+            f"{row['step']:>7} {loss:>7} {age:>9} {drift:>8} {row['reached']:<8}"
         )
 
 

@@ -77,7 +77,7 @@ class ReachabilityServicer(ServicerBase):
     def __init__(self, p2p: P2P, public: bool = True):
         self.p2p, self.public = p2p, public
         self.limit = PerPeerLimit(1)
-        self._dialing: set[PeerID] = set()
+        self._dialing: dict[PeerID, asyncio.Task] = {}  # held here: the loop keeps only weak references to tasks
 
     async def rpc_dial_back(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         try:
@@ -112,8 +112,7 @@ class ReachabilityServicer(ServicerBase):
             status = "busy"
         else:
             status = "dialing"
-            self._dialing.add(caller)
-            asyncio.create_task(self._reverse(caller))
+            self._dialing[caller] = asyncio.create_task(self._reverse(caller))
         return runtime_pb2.ExpertResponse(metadata=DialMeReply(status=status).encode())
 
     async def _reverse(self, caller: PeerID) -> None:
@@ -127,7 +126,7 @@ class ReachabilityServicer(ServicerBase):
         except Exception as error:  # the caller gave up, or cannot be dialed either
             logger.info("could not dial %s back: %s", caller, error)
         finally:
-            self._dialing.discard(caller)
+            self._dialing.pop(caller, None)
 
 
 async def _peer_addresses(p2p: P2P, peer: PeerID) -> list[str]:

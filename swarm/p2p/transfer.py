@@ -95,13 +95,13 @@ class BlockServicer(ServicerBase):
         self, request: runtime_pb2.ExpertRequest, context: P2PContext
     ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
         try:
-            asked = DownloadRequest.decode(request.metadata)
-            path = self._path(asked.block, asked.sha256)
-        except (MessageError, LookupError) as error:
-            yield _header(DownloadHeader(error=str(error)))
-            return
-        try:
-            with self.limit.admit(context):
+            with self.limit.admit(context):  # before any work: finding the file may hash it
+                try:
+                    asked = DownloadRequest.decode(request.metadata)
+                    path = self._path(asked.block, asked.sha256)
+                except (MessageError, LookupError) as error:
+                    yield _header(DownloadHeader(error=str(error)))
+                    return
                 async for message in self._stream_run(path, asked.first_chunk, asked.chunks):
                     yield message
         except Busy as error:
@@ -181,7 +181,11 @@ async def ask_chunk_list(p2p: P2P, host: Host, info: CheckpointInfo, timeout: fl
     announced size; HostFailed otherwise."""
     stub = BlockServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
     request = runtime_pb2.ExpertRequest(metadata=ChunkListRequest(block=host.block, sha256=info.sha256).encode())
-    reply = ChunkListReply.decode((await stub.rpc_chunk_list(request, timeout=timeout)).metadata)
+    for attempt in range(BUSY_RETRIES + 1):  # busy: our last download's streams may still hold its slots
+        reply = ChunkListReply.decode((await stub.rpc_chunk_list(request, timeout=timeout)).metadata)
+        if not reply.busy:
+            break
+        await asyncio.sleep(BUSY_WAIT_S * (attempt + 1))
     if reply.error:
         raise HostFailed(f"peer {host.peer_id} refused: {reply.error}")
     if reply.size != info.size:
@@ -200,7 +204,11 @@ async def open_run(p2p: P2P, host: Host, request: DownloadRequest, size: int, ti
     stub = BlockServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
     for attempt in range(BUSY_RETRIES + 1):
         stream = await asyncio.wait_for(stub.rpc_download(runtime_pb2.ExpertRequest(metadata=request.encode())), FIRST_BYTE_TIMEOUT_S)
-        header = DownloadHeader.decode((await asyncio.wait_for(anext(stream), FIRST_BYTE_TIMEOUT_S)).metadata)
+        try:
+            header = DownloadHeader.decode((await asyncio.wait_for(anext(stream), FIRST_BYTE_TIMEOUT_S)).metadata)
+        except BaseException:  # no header in time, or a malformed one: the stream is ours to close
+            await stream.aclose()
+            raise
         if not header.busy:
             break
         await stream.aclose()

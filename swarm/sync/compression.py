@@ -8,7 +8,8 @@ largest coefficients of each chunk are kept (k scaled with the chunk's size agai
 64 x 64 tile, at least 1), their indices packed at ceil(log2(chunk size)) bits and their
 values sent as bfloat16 (float16 underflows at these magnitudes) or as 1-bit signs.
 
-The update that uses it is in demo_step.py, the exchange between replicas in sync.py.
+The DeMo update that uses it is in decoupled_momentum.py, the outer step's in pseudo_gradient.py,
+the exchange between replicas in exchange.py.
 """
 
 from __future__ import annotations

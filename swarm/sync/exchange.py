@@ -194,7 +194,6 @@ class Exchange:
     own_id: str
     replica_ids: Callable[[], list[str]]  # peer ids of the other replicas of the block, now
     rounds: int = 0  # steps whose set was applied
-    refused: int = 0
     drifted: bool = False  # some replica applied other payloads than we did since the last averaging
     wait_seconds: float = 0.0  # how long the trainer waited for gathers, in all
     round_seconds: float | None = None  # how long the last gather took
@@ -239,7 +238,6 @@ class Exchange:
                 decoded.append(decode(data))
                 used.append(peer_id)
             except PayloadError as error:
-                self.refused += 1
                 logger.warning("refused the step %d payload of %s: %s", round_.step, peer_id, error)
         self.applied = applied_fingerprint(round_.step, used)
         self.rounds += 1

@@ -8,14 +8,11 @@ demo-overlap` (overlap.py) hides it; this one stays as the baseline it is measur
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from swarm.model.train import Trainer
 from swarm.sync.decoupled_momentum import DeMoReplica, Payload, decode_payload, encode_payload
 from swarm.sync.exchange import Exchange, Exchanging, Round
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass

@@ -17,14 +17,11 @@ is one round trip per 15 s of compute.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from swarm.model.train import Trainer
 from swarm.sync.exchange import Exchange, Exchanging
 from swarm.sync.pseudo_gradient import OuterReplica
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass

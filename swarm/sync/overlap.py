@@ -12,14 +12,11 @@ set is applied before the final checkpoint (`finish`).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from swarm.model.train import Trainer
 from swarm.sync.exchange import Round
 from swarm.sync.lockstep import DeMoSync
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass

@@ -130,7 +130,10 @@ class OuterReplica:
 
     @torch.no_grad()
     def apply(self, gathered: list[Changes]) -> None:
-        """The outer step on what a majority vouches for; every replica's weights become the new anchor."""
+        """The outer step on what a majority vouches for; every replica's weights become the new anchor.
+        With nothing to apply (every payload refused, our own included) the round changes nothing."""
+        if not gathered:
+            return
         for name, param in self.params.items():
             update = majority_mean([changes[name] for changes in gathered])
             self.anchor[name].sub_(update, alpha=self.config.outer_lr)
