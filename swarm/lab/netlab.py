@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+import psutil
+
 from swarm.errors import SwarmError
 
 logger = logging.getLogger(__name__)
@@ -99,7 +101,12 @@ class Node:
         forks meanwhile (a hivemind DHT, and the libp2p daemon that DHT starts) lives there for
         good, while the rest of this process stays where it was. This puts many DHT nodes on one
         emulated host without a Python interpreter each under `ip netns exec`. Any other helper
-        process started meanwhile lands there too, and dies with the lab: start those before."""
+        process started meanwhile lands there too, and dies with the lab: start those before.
+        One is started here: hivemind's first shared tensor starts torch's shared-memory manager,
+        a child this process keeps using, and it would abort when teardown kills it."""
+        from hivemind.utils.mpfuture import SharedBytes  # imports torch: only callers that fork DHTs pay for it
+
+        SharedBytes.next()
         libc = ctypes.CDLL(None, use_errno=True)
         with open("/proc/thread-self/ns/net") as home, open(f"/run/netns/{self.namespace}") as there:
             _setns(libc, there.fileno())
@@ -246,13 +253,23 @@ class NetLab:
         self.nodes.clear()
 
 
-TEARDOWN_WAIT_S = 10.0  # killed processes, orphans among them, until their parent (often init) has reaped them
+TEARDOWN_WAIT_S = 10.0  # killed processes, until the kernel has ended them
+
+
+def alive(pid: int) -> bool:
+    """Whether a process still runs. A zombie does not: it has ended and holds nothing but its
+    process-table entry until its parent reaps it, and an orphan's parent is init, which in
+    some containers (this project's CI among them) never reaps."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _wait_gone(pids: list[int], timeout: float) -> None:
-    """Wait until no process of `pids` exists any more (a killed one lingers until it is reaped)."""
+    """Wait until no process of `pids` runs any more (a killed one takes a moment to end)."""
     deadline = time.monotonic() + timeout
-    while (left := [pid for pid in pids if os.path.exists(f"/proc/{pid}")]) and time.monotonic() < deadline:
+    while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.05)
     if left:
-        logger.warning("processes %s of a torn-down lab were not reaped within %.0fs", left, timeout)
+        logger.warning("processes %s of a torn-down lab still run %.0fs after SIGKILL", left, timeout)
