@@ -15,9 +15,10 @@ runs on 127.0.0.1 and the JSON says so.
 At each size, after the nodes have announced for `--settle` periods:
 - fresh clients (`SwarmClient`, a client-mode DHT node as swarm-fetch starts; `--clients` per
   region) join and read every block's hosts `--rounds` times with `SwarmDirectory.hosts`, the
-  library's own lookup (`get` with latest=True). Each lookup's find RPCs are recorded inside the
-  client's DHT process: reported are its RPCs, its round trips (the calls it waited for one
-  after the other; they run 4 at a time), its round trips to the first node that holds the
+  library's own lookup (`get` with latest=True, over the nodes that hold the record's replicas).
+  Each lookup's find RPCs are recorded inside the client's DHT process: reported are its RPCs,
+  its round trips (the calls it waited for one after the other; it sends up to 5 at a time,
+  `directory.RECORD_REPLICAS`), its round trips to the first node that holds the
   record (Kademlia's hops), its seconds, and the share of the block's hosts it found; and per
   client round, the seconds to find every block;
 - visibility: a node in another region stores a new announcement (a new step), and the client
