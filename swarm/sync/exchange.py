@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 KEEP_PAYLOADS = 8  # own payloads (steps or outer rounds) kept for late askers
 RETRY_S = 0.2  # pause before asking a peer again that could not answer yet
+PENDING_STEPS = 16  # steps not yet published that polls may wait for at once (honest ones ask the next one or two)
 POLLS_PER_PEER = 2  # long polls one replica may have waiting here at once (it asks one step at a time)
 FINISH_GRACE_S = 5.0  # beyond the deadline, how long waiting for a gather may take before it is given up
 D = TypeVar("D")
@@ -65,10 +66,31 @@ class PayloadServicer(ServicerBase):
         self.bytes_sent = 0  # every reply, whole
         self.bytes_received = 0  # every request, whole
         self._published: dict[int, asyncio.Event] = {}
+        self._waiting: dict[int, int] = {}  # step: polls waiting for it now
         self.limit = PerPeerLimit(POLLS_PER_PEER)
 
     def _event(self, step: int) -> asyncio.Event:
         return self._published.setdefault(step, asyncio.Event())
+
+    async def _published_in_time(self, step: int) -> bool:
+        """Wait up to the deadline for step's payload. An asker names any step it likes: an event
+        is kept only while someone waits for it (or once published), and for a bounded number of
+        steps at once, so polls for made-up future steps cannot pile up here."""
+        if step not in self._published and len(self._waiting) >= PENDING_STEPS:
+            return False
+        event = self._event(step)
+        self._waiting[step] = self._waiting.get(step, 0) + 1
+        try:
+            await asyncio.wait_for(event.wait(), self.deadline)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._waiting[step] -= 1
+            if not self._waiting[step]:
+                del self._waiting[step]
+                if not event.is_set():
+                    self._published.pop(step, None)
 
     def publish(self, step: int, data: bytes, fingerprint: bytes) -> None:
         """Called on the event loop: make step's payload available and drop all but the newest few."""
@@ -102,9 +124,7 @@ class PayloadServicer(ServicerBase):
             return self._status("wrong block")
         if self.payloads and asked.step < min(self.payloads):  # dropped, or from before this replica began
             return self._status("gone")
-        try:
-            await asyncio.wait_for(self._event(asked.step).wait(), self.deadline)
-        except TimeoutError:
+        if not await self._published_in_time(asked.step):
             return self._status("not yet")
         if asked.step not in self.payloads:
             return self._status("gone")
