@@ -24,6 +24,7 @@ from swarm.model.generate import continue_text
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import Host
 from swarm.p2p.download import download
+from swarm.p2p.reachability import ensure_direct, route
 from swarm.p2p.transfer import TransferError
 from swarm.serving.ar_pipeline import generate_autoregressive
 from swarm.serving.remote import RemoteBlocks
@@ -45,12 +46,12 @@ def measure_latency(client: SwarmClient, samples: int, gen_bytes: int, autoregre
     runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=REQUEST_TIMEOUT_S)
     peers = {}
     for host in hosts:
-        rtts = [runner.ping(host.peer_id) for _ in range(samples)]
         a = host.announcement
-        peers.setdefault(host.peer_id, {
-            "name": a.public_name, "blocks": [], "rtt_ms": _spread([1000 * r for r in rtts]),
-            "sync_round_s": a.sync_round_s, "state": a.state, "step": a.step,
-        })["blocks"].append(host.block)  # fmt: skip
+        if host.peer_id not in peers:
+            peers[host.peer_id] = {"name": a.public_name, "blocks": [], "reached": a.reached,
+                                   **_round_trips(client, runner, host.peer_id, samples),
+                                   "sync_round_s": a.sync_round_s, "state": a.state, "step": a.step}  # fmt: skip
+        peers[host.peer_id]["blocks"].append(host.block)
         if downloads and a.checkpoint is not None:
             peers[host.peer_id]["download"] = _download_rate(client, host)
     result = {"n_blocks": config.n_blocks, "dht_lookup_s": lookups, "peers": peers}
@@ -62,6 +63,19 @@ def measure_latency(client: SwarmClient, samples: int, gen_bytes: int, autoregre
         result["autoregressive"] = {"seconds": time.perf_counter() - started, "hops": hops, "bytes": gen_bytes}
         result["latency_ratio_autoregressive_over_single_pass"] = result["autoregressive"]["seconds"] / result["single_pass"]["seconds"]
     return result
+
+
+def _round_trips(client: SwarmClient, runner: RemoteBlocks, peer_id: str, samples: int) -> dict:
+    """Ping round trips over the route requests take (`rtt_ms`) and that route. A peer behind NAT
+    is first reached through a relay: those round trips are `relayed_rtt_ms`, and then it is
+    asked to dial back, as downloads and requests do."""
+    pings = [runner.ping(peer_id) for _ in range(samples)]
+    result = {"route": client.run(route(client.p2p, peer_id), REQUEST_TIMEOUT_S)}
+    if result["route"] == "relayed":
+        result["relayed_rtt_ms"] = _spread([1000 * r for r in pings])
+        result["route"] = client.run(ensure_direct(client.p2p, peer_id), REQUEST_TIMEOUT_S)
+        pings = [runner.ping(peer_id) for _ in range(samples)]
+    return {**result, "rtt_ms": _spread([1000 * r for r in pings])}
 
 
 def _spread(values: list[float]) -> dict:

@@ -122,13 +122,15 @@ def _setns(libc: ctypes.CDLL, fd: int) -> None:
         raise SwarmError(f"setns: {os.strerror(error)}")
 
 
-def load_regions(path: Path) -> tuple[dict, Callable[[str, str], float]]:
+def load_regions(path: Path, nat: bool = False) -> tuple[dict, Callable[[str, str], float]]:
     """Regions from a YAML file like benchmarks/regions.yaml: (each region's link caps,
-    one_way_s(region a, region b)), the delay a lab's router gives a packet between them."""
+    one_way_s(region a, region b)), the delay a lab's router gives a packet between them.
+    Regions marked `behind_nat` (a home router in front of their hosts) only with `nat`."""
     import yaml  # PyYAML comes with hivemind and the `bench` extra; only region files need it
 
     spec = yaml.safe_load(Path(path).read_text())
-    regions, delays = spec["regions"], {}
+    regions = {name: caps for name, caps in spec["regions"].items() if nat or not caps.get("behind_nat")}
+    delays = {}
     for a, row in spec["one_way_ms"].items():
         for b, ms in row.items():
             delays[a, b] = delays[b, a] = ms / 1000
