@@ -68,6 +68,7 @@ def test_bad_payloads_are_refused(tiny_config, tiny_windows):
         return encode_payload({**payload, name: dataclasses.replace(payload[name], **changes)}, 16)
 
     first = next(iter(payload))
+    widest = max(payload, key=lambda n: payload[n].indices.shape[1])  # most coefficients kept per chunk
     odd_tile = next(n for n, c in payload.items() if (c.tile[0] * c.tile[1]) & (c.tile[0] * c.tile[1] - 1))
     largest_code = 2 ** math.ceil(math.log2(payload[odd_tile].tile[0] * payload[odd_tile].tile[1])) - 1  # > tile size
     bad = {
@@ -75,6 +76,7 @@ def test_bad_payloads_are_refused(tiny_config, tiny_windows):
         "huge values": with_entry(first, values=torch.full_like(payload[first].values, 1e6)),
         "values no honest replica sends": with_entry(first, values=torch.full_like(payload[first].values, 50 * 2e-3)),
         "index out of range": with_entry(odd_tile, indices=torch.full_like(payload[odd_tile].indices, largest_code)),
+        "repeated index": with_entry(widest, indices=torch.zeros_like(payload[widest].indices)),
         "unknown parameter": msgpack.packb({**good, "p": [999]}),
         "repeated parameter": msgpack.packb({**good, "p": good["p"][:1] * 2}),
         "truncated": msgpack.packb({**good, "b": good["b"][:-20]}),
@@ -118,3 +120,50 @@ def test_one_hostile_payload_cannot_outvote_two_honest_ones(tiny_config, tiny_wi
         a, b = decompress(honest[name]).sign(), decompress(other_honest[name]).sign()
         agreed = (a == b) & (a != 0)
         assert torch.equal(moved[agreed], a[agreed]), name
+
+
+@pytest.mark.parametrize("value_bits", [16, 1])
+@pytest.mark.parametrize("attack", ["negated", "largest values against it"])
+def test_a_payload_the_others_contradict_leaves_the_vote(tiny_config, tiny_windows, value_bits, attack):
+    """Two honest payloads and a third replica's update turned against itself: the third leaves
+    the vote, so where the honest two disagree nothing moves (rather than the hostile deciding)."""
+    blocks, reps = replicas(tiny_config, 3, DeMoConfig(value_bits=value_bits))
+    payloads = []
+    for index, (block, replica) in enumerate(zip(blocks, reps)):
+        backward(block, tiny_windows, seed=index)
+        payloads.append(replica.make_payload(lr=2e-3))
+    largest = 0.95 * (1.0 if value_bits == 1 else reps[0].max_value)
+    flip = (lambda v: -v) if attack == "negated" else (lambda v: -v.sign() * largest)
+    hostile = {n: dataclasses.replace(c, values=flip(c.values.float()).to(c.values.dtype)) for n, c in payloads[2].items()}
+    wires = [encode_payload(p, value_bits) for p in (payloads[0], payloads[1], hostile)]
+    replica = reps[0]
+    gathered = [decode_payload(w, replica) for w in wires]
+    before = {n: p.detach().clone() for n, p in replica.params.items()}
+    replica.apply(gathered)
+    disagreements = 0
+    for name, param in replica.params.items():
+        decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
+        moved = (decay - param).sign()
+        a, b = decompress(gathered[0][name]).sign(), decompress(gathered[1][name]).sign()
+        assert torch.equal(moved[a == b], a[a == b]), name
+        assert torch.equal(moved[a != b], torch.zeros_like(a[a != b])), name  # a tie, not the hostile's call
+        disagreements += int((a != b).sum())
+    assert disagreements > 0
+    assert replica.trusted(gathered) == [0, 1]
+
+
+@pytest.mark.parametrize("value_bits", [16, 1])
+def test_honest_replicas_all_keep_their_vote(tiny_config, tiny_windows, value_bits):
+    """Three honest replicas on different data: none is ever left out of the vote."""
+    blocks, reps = replicas(tiny_config, 3, DeMoConfig(value_bits=value_bits))
+    for step in range(40):
+        wires = []
+        for index, (block, replica) in enumerate(zip(blocks, reps)):
+            backward(block, tiny_windows, seed=1000 * index + step)
+            wires.append(encode_payload(replica.make_payload(lr=2e-3), value_bits))
+        for replica in reps:
+            gathered = [decode_payload(w, replica) for w in wires]
+            assert replica.trusted(gathered) == [0, 1, 2], (step, replica.evidence)
+            replica.apply(gathered)
+    for a, b in zip(blocks[0].parameters(), blocks[2].parameters()):
+        assert torch.equal(a, b)

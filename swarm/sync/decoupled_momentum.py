@@ -6,10 +6,14 @@ that arrived in time (its own included) and lets them vote: each payload votes, 
 coordinate, the sign of its decoded update, and the step goes where most voted (nowhere on a
 tie): p -= sign_lr * (sign(sum of votes) + weight_decay * p). This is signSGD with majority
 vote: one replica's values, however large, weigh one vote, so an honest majority decides
-every coordinate it agrees on. Replicas that gather the same set compute the same update.
+every coordinate it agrees on. Where the honest ones disagree, though, a third payload
+decides; so a payload that a strict majority of the others contradict on the sign of the DCT
+coefficients they both sent (an update negated or sent against its own direction) leaves the
+vote of that step (`DeMoReplica.trusted`), and the honest ones' disagreements become ties.
+Replicas that gather the same set compute the same update.
 
 Payloads cross the network as bytes (`encode_payload` / `decode_payload`); a payload that does
-not fit this replica's parameters, or holds NaN, Inf, out-of-range indices or values larger
+not fit this replica's parameters, or holds NaN, Inf, out-of-range or repeated indices or values larger
 than honest ones can be (`max_value_per_lr` learning rates; honest coefficients of
 lr * momentum stay near 1e-7..1e-5 at lr 2e-3 once training settles), is refused with
 PayloadError and not applied.
@@ -18,6 +22,7 @@ PayloadError and not applied.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +60,10 @@ class DeMoConfig:
     # lr x (clipped gradient norm 1) to a coefficient, and top-k takes out the large ones every step
     # (seen here: up to 1.3 lr early in training for a tiny block, 0.23 lr for the default one)
     max_value_per_lr: float = 10.0
+    # a payload leaves the vote when a strict majority of the others contradict it: share at
+    # least `min_shared` sent coefficients with it and agree on the sign of at most this fraction
+    min_shared: int = 8
+    contradicted_at: float = 0.5
 
 
 class DeMoReplica:
@@ -67,6 +76,7 @@ class DeMoReplica:
         self.params = dict(module.named_parameters())
         self.names = list(self.params)  # a parameter's position is its name on the wire
         self.momentum = {name: torch.zeros_like(p) for name, p in self.params.items()}
+        self.evidence: dict[tuple[int, int], tuple[int, int]] = {}  # the last vote's (agreed, shared) per pair
 
     def make_payload(self, lr: float) -> Payload:
         """Fold this step's gradients into the momentum and take out what is shared."""
@@ -81,14 +91,56 @@ class DeMoReplica:
 
     @torch.no_grad()
     def apply(self, payloads: list[Payload]) -> None:
-        """The sign step on the coordinate-wise majority vote of the gathered payloads."""
+        """The sign step on the coordinate-wise majority vote of the gathered payloads that the
+        others' evidence does not rule out (`trusted`)."""
+        voters = [payloads[i] for i in self.trusted(payloads)]
         for name, param in self.params.items():
-            votes = [decompress(p[name]).sign() for p in payloads if name in p]
+            votes = [decompress(p[name]).sign() for p in voters if name in p]
             if not votes:
                 continue
             majority = torch.stack(votes).sum(dim=0).sign()
             param.mul_(1 - self.config.sign_lr * self.config.weight_decay)
             param.sub_(self.config.sign_lr * majority)
+
+    def trusted(self, payloads: list[Payload]) -> list[int]:
+        """The positions of the payloads that vote: all but those a strict majority of the others
+        contradict. Two payloads are compared on the DCT coefficients both of them sent (same
+        parameter, chunk and index): honest replicas' momenta share the gradient's large
+        components, so where both picked one they agree on its sign (seen: 90-100% of shared
+        coefficients early in training, ~70% or more later), while a payload negated, flipped to
+        the largest values, or with random signs agrees on 0-30% (50% for random). Payload j
+        contradicts i when they share at least `min_shared` coefficients and agree on at most
+        `contradicted_at` of them. Derived from the payloads alone, so replicas that gather the
+        same set keep the same voters."""
+        self.evidence = {}
+        if len(payloads) < 3:
+            return list(range(len(payloads)))
+        signs = [self._coefficient_signs(p) for p in payloads]
+        contradicted = [0] * len(payloads)
+        for i, j in itertools.combinations(range(len(payloads)), 2):
+            both = (signs[i] != 0) & (signs[j] != 0)
+            shared = int(both.sum())
+            agreed = int(((signs[i] == signs[j]) & both).sum())
+            self.evidence[i, j] = (agreed, shared)
+            if shared >= self.config.min_shared and agreed <= self.config.contradicted_at * shared:
+                contradicted[i] += 1
+                contradicted[j] += 1
+        others = len(payloads) - 1
+        kept = [i for i, count in enumerate(contradicted) if 2 * count <= others]
+        return kept if 2 * len(kept) > len(payloads) else list(range(len(payloads)))
+
+    def _coefficient_signs(self, payload: Payload) -> torch.Tensor:
+        """The signs of every DCT coefficient a payload sent, laid out over all parameters (0: not sent)."""
+        parts = []
+        for name, param in self.params.items():
+            if name not in payload:
+                parts.append(torch.zeros(param.numel(), dtype=torch.int8))
+                continue
+            sent = payload[name]
+            dense = torch.zeros(sent.indices.shape[0], sent.tile[0] * sent.tile[1], dtype=torch.int8)
+            dense.scatter_(1, sent.indices.long(), sent.values.float().sign().to(torch.int8))
+            parts.append(dense.flatten())
+        return torch.cat(parts)
 
 
 def encode_payload(payload: Payload, value_bits: int) -> bytes:
@@ -129,6 +181,8 @@ def _decode_entry(position: int, bit_array: np.ndarray, offset: int, replica: De
         raise PayloadError(f"{name}: payload is too short for this block") from None
     if indices.max() >= tile[0] * tile[1]:
         raise PayloadError(f"{name}: index out of range")
+    if not (indices.view(-1, k).diff(dim=1) > 0).all():  # honest indices are sorted, each once
+        raise PayloadError(f"{name}: indices repeated or out of order")
     largest = 1.0 if replica.config.value_bits == 1 else replica.max_value  # 1-bit values are signs
     if not torch.isfinite(values.float()).all() or values.float().abs().max() > largest:
         raise PayloadError(f"{name}: values are not finite, or larger than honest ones can be")
