@@ -13,8 +13,9 @@ import conftest
 import psutil
 import pytest
 from helpers import assert_one_line_error
-from swarm_helpers import tiny_swarm, wait_for
+from swarm_helpers import tiny_swarm, wait_for, write_tiny_setup
 
+from swarm.lab.launch import LocalSwarm
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.store import CheckpointStore
@@ -167,3 +168,14 @@ def test_a_child_process_that_inherited_the_peers_signal_handler_still_dies_of_s
         dht.terminate()  # the peer's handler (stop after this step) must not make its DHT shrug this off
         wait_for(lambda: not running(dht), 10, "the DHT process to die of SIGTERM")
         local.stop(peer, signal.SIGKILL)
+
+
+def test_a_peer_behind_nat_that_no_relay_will_take_says_so_and_announces_nothing(tmp_path):
+    config_path, corpus_path = write_tiny_setup(tmp_path)
+    with LocalSwarm(tmp_path, swarm="norelay", config_path=config_path, data=corpus_path) as local:
+        local.start_bootstrap(refresh_period=2, extra=["--no-relay"])  # the only initial peer relays for nobody
+        with local.client() as client:
+            stranded = subprocess.run(local.peer_args("stranded", "0", ["--reachability", "relayed", "--announce-period", "1"]),
+                                      capture_output=True, text=True, timeout=120, cwd=local.workdir)  # fmt: skip
+            assert_one_line_error(stranded, "cannot be reached", "no relay")
+            assert not client.directory.hosts(0)

@@ -21,10 +21,10 @@ from swarm.lab.attacks import CorruptChunks, TricklingDownloads
 from swarm.lab.hosting import CheckpointHost
 from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import ModelConfig, build_block
-from swarm.p2p.chunks import CHUNK_BYTES, MAX_COPIES, ChunkPlan
+from swarm.p2p.chunks import CHUNK_BYTES, MAX_COPIES, ChunkPlan, Run
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import Host, SwarmDirectory
-from swarm.p2p.download import download, fetch_verified
+from swarm.p2p.download import STREAM_RETRIES, download, fetch_verified
 from swarm.p2p.messages import DownloadHeader, DownloadRequest, PayloadReply, PayloadRequest
 from swarm.p2p.network import NetworkOptions
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, block_key
@@ -119,6 +119,49 @@ def test_a_chunk_plan_hands_out_long_runs_first_then_halves_and_last_chunks():
         if run.left:
             plan.received(stream, run.next)
     assert plan.complete
+
+
+def test_a_first_run_can_be_assigned_and_a_stream_never_steals_from_its_own_host():
+    plan = ChunkPlan(count=8, streams=2)
+    plan.assign("early", Run(4, 6))  # asked along with the chunk list, before the plan
+    assert (plan.claim("a").next, plan.runs["a"].end) == (0, 3)  # the unclaimed chunks around it
+    assert [(r.next, r.end) for r in (plan.claim("b"), plan.claim("c"))] == [(3, 4), (6, 7)]
+    assert plan.claim("d").next == 7
+    assert plan.claim("e", own={"a", "b", "c", "d", "early"}) is None  # nothing unclaimed, and never from its own host's
+    assert plan.claim("e") is not None  # an idle stream steals from another host's
+
+
+class CutStreams(BlockServicer):
+    """Ends each of its first `cuts` streams of more than one chunk after one chunk, as a
+    network may cut a stream: honest bytes, too few."""
+
+    def __init__(self, *args, cuts: int):
+        super().__init__(*args)
+        self.cuts = cuts
+
+    @classmethod
+    def _get_handle_name(cls, namespace, method_name):
+        return BlockServicer._get_handle_name(namespace, method_name)
+
+    async def _stream_run(self, path, first, chunks):
+        cut, sent = chunks > 1 and self.cuts > 0, 0
+        self.cuts -= cut
+        async for message in super()._stream_run(path, first, chunks):
+            yield message
+            sent += 1
+            if cut and sent == 2:  # its header and one chunk
+                return
+
+
+def test_a_host_whose_streams_end_early_is_asked_again_a_few_times_then_dropped(start):
+    cut = start("cut", functools.partial(CutStreams, cuts=STREAM_RETRIES))
+    info = cut.put(PAYLOAD, 5)
+    got = fetch([cut], info)
+    assert got.data == PAYLOAD and not got.dropped, got.dropped
+    cutting = start("cutting", functools.partial(CutStreams, cuts=10**6))
+    info = cutting.put(PAYLOAD, 5)
+    with pytest.raises(TransferError, match="bytes asked"):
+        fetch([cutting], info)
 
 
 def test_fetch_moves_past_lying_and_vanished_replicas_to_one_that_verifies(start, tiny_config, caplog):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Hashable, Iterable
+from collections.abc import Container, Hashable, Iterable
 from dataclasses import dataclass, field
 
 # Small: a host serving bad bytes is caught after little of them, and the end of a download
@@ -107,8 +107,10 @@ class ChunkPlan:
                 copies[index] = copies.get(index, 0) + 1
         return copies
 
-    def claim(self, stream: Hashable) -> Run | None:
-        """The next run for `stream` (which has none in flight), or None while there is nothing to take."""
+    def claim(self, stream: Hashable, own: Container = ()) -> Run | None:
+        """The next run for `stream` (which has none in flight), or None while there is nothing to
+        take. The runs of the streams in `own` (those of the same host: its uplink is theirs) are
+        never stolen from: what their host pushed ahead would be sent twice."""
         copies = self._copies()
         unclaimed = sorted(i for i in self.missing if i not in copies)
         if unclaimed:
@@ -118,22 +120,28 @@ class ChunkPlan:
                 end += 1
             run = Run(first, end)
         else:
-            run = self._steal(copies)
+            run = self._steal(copies, own)
         if run is not None:
             self.runs[stream] = run
         return run
 
-    def _steal(self, copies: dict[int, int]) -> Run | None:
-        """The second half of the longest run in flight; for a run down to its last chunk, a
-        second copy of that chunk (if it has not one already)."""
-        longest = max(self.runs.values(), key=lambda r: r.left, default=None)
+    def assign(self, stream: Hashable, run: Run) -> None:
+        """`stream` fetches `run`, asked for before this plan was made (download.py asks each
+        host for a first run along with its chunk list)."""
+        self.runs[stream] = run
+
+    def _steal(self, copies: dict[int, int], own: Container) -> Run | None:
+        """The second half of the longest run in flight but `own`; for a run down to its last
+        chunk, a second copy of that chunk (if it has not one already)."""
+        others = [run for key, run in self.runs.items() if key not in own]
+        longest = max(others, key=lambda r: r.left, default=None)
         if longest is None or longest.left == 0:
             return None
         if longest.left >= 2:
             middle = longest.next + math.ceil(longest.left / 2)
             run, longest.end = Run(middle, longest.end), middle
             return run
-        last = [r.next for r in self.runs.values() if r.left == 1 and copies.get(r.next, 0) < MAX_COPIES]
+        last = [r.next for r in others if r.left == 1 and copies.get(r.next, 0) < MAX_COPIES]
         return Run(last[0], last[0] + 1) if last else None
 
     def received(self, stream: Hashable, index: int) -> None:

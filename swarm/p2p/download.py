@@ -3,16 +3,20 @@
 The hosts of one checkpoint (the same step, sha256 and size in their records: a `Candidate` of
 choice.py) serve it together, like BitTorrent's or iroh-blobs' many-source downloads:
 1. Every host is asked at once for the key its record is signed with (`rpc_info`: a record
-   cannot borrow another peer's id) and for its chunk list (chunks.py).
+   cannot borrow another peer's id) and for its chunk list (chunks.py), and, meanwhile, for a
+   first run of chunks (the size is announced, so the chunks are known before their hashes):
+   the bytes flow one round trip sooner, and wait for the list to be checked.
 2. The list is a claim. Honest hosts of one file report one list, so hosts are grouped by the
    list they report, and the list of the most independent hosts (distinct keys) is tried
    first, with the hosts that report it; the others wait for their turn.
-3. Each host streams runs of chunks (`ChunkPlan` says which) over up to `DOWNLOADS_PER_PEER`
+3. Each host streams runs of chunks (`ChunkPlan` says which) over up to `STREAMS_PER_HOST`
    streams: one at first, the others once it has sent a chunk that verifies, so a lying host
    costs about one chunk. Every chunk is checked against the list as it arrives.
 4. A host that sends a chunk the list does not hash to, refuses, sends nothing for
    `inactivity_timeout`, or sends more than it was asked is dropped (logged with its peer id,
-   and kept in `Downloaded.dropped`); the chunks it had not sent go to the others.
+   and kept in `Downloaded.dropped`); the chunks it had not sent go to the others. A stream
+   that ends before its run (a network may cut one) is asked again, `STREAM_RETRIES` times
+   per host, before its host is dropped.
 5. The whole is checked against the record's sha256 (hashed as its chunks come in, in order).
    If it does not match, the list was a lie of the hosts that reported it: they are dropped and
    the next list is tried (with the chunks already received that match it). A forged list can
@@ -24,10 +28,12 @@ announced size allows at `SLOWEST_RATE_BYTES_S` (callers bound that size first).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
+import math
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -37,16 +43,16 @@ from tqdm import tqdm
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import Denoiser, ModelConfig
-from swarm.p2p.chunks import ChunkList, ChunkPlan, Run
+from swarm.p2p.chunks import CHUNK_BYTES, ChunkList, ChunkPlan, Run, chunk_count
 from swarm.p2p.directory import Host
 from swarm.p2p.messages import DownloadRequest
 from swarm.p2p.reachability import ensure_direct
 from swarm.p2p.records import CheckpointInfo
 from swarm.p2p.transfer import (
-    DOWNLOADS_PER_PEER,
     FIRST_BYTE_TIMEOUT_S,
     INACTIVITY_TIMEOUT_S,
     SLOWEST_RATE_BYTES_S,
+    STREAMS_PER_HOST,
     HostFailed,
     TransferError,
     ask_chunk_list,
@@ -56,6 +62,8 @@ from swarm.p2p.transfer import (
 )
 
 logger = logging.getLogger(__name__)
+
+STREAM_RETRIES = 2  # streams of one host that may end early (then asked again) before it is dropped
 
 
 def independent(hosts: Sequence[Host]) -> int:
@@ -124,7 +132,23 @@ class _Options:
 async def _download(p2p: P2P, hosts: Sequence[Host], info: CheckpointInfo, report: Downloaded, options: _Options,
                     bar: tqdm) -> bytes:  # fmt: skip
     """Each list in turn, most vouched first, until the whole matches the record's sha256."""
-    lists = await asyncio.gather(*(_chunk_list(p2p, host, info, report) for host in hosts))
+    early: dict[str, _Opened] = {}  # each host's first run, asked along with its list (see `_first_runs`)
+    try:
+        return await _download_lists(p2p, hosts, info, report, options, bar, early)
+    finally:
+        for opened in early.values():
+            await _discard(opened)
+
+
+async def _download_lists(p2p: P2P, hosts: Sequence[Host], info: CheckpointInfo, report: Downloaded, options: _Options,
+                          bar: tqdm, early: dict[str, _Opened]) -> bytes:  # fmt: skip
+    first_runs = _first_runs(info.size, len(hosts))
+
+    def ask_first_run(i: int, host: Host) -> None:
+        early[host.peer_id] = _open(p2p, host, info, (host.peer_id, 0), first_runs[i], options.timings)
+
+    lists = await asyncio.gather(*(_chunk_list(p2p, host, info, report, functools.partial(ask_first_run, i, host))
+                                   for i, host in enumerate(hosts)))  # fmt: skip
     groups: dict[ChunkList, list[Host]] = {}
     for host, chunk_list in zip(hosts, lists):
         if chunk_list is not None:
@@ -135,12 +159,15 @@ async def _download(p2p: P2P, hosts: Sequence[Host], info: CheckpointInfo, repor
             logger.warning("block %d: peer %s reports another chunk list for %s than the %d host(s) of the first "
                            "list; it is asked only if that list fails", host.block, host.peer_id, info.sha256[:12],
                            independent(ranked[0][1]))  # fmt: skip
+    first_group = {host.peer_id for host in ranked[0][1]} if ranked else set()
+    for peer_id in [p for p in early if p not in first_group]:  # dropped, or not of the first list
+        await _discard(early.pop(peer_id))
     have: dict[int, _Chunk] = {}
     for chunk_list, group in ranked:
         have = {i: chunk for i, chunk in have.items() if chunk_list.matches(i, chunk.data)}
         bar.reset()
         bar.update(sum(len(chunk.data) for chunk in have.values()))
-        fetch = _Fetch(p2p, info, group, chunk_list, have, report, options, bar)
+        fetch = _Fetch(p2p, info, group, chunk_list, have, report, options, bar, early)
         have = await fetch.run()
         if len(have) < chunk_list.count:
             continue  # every host of this list was dropped
@@ -155,9 +182,22 @@ async def _download(p2p: P2P, hosts: Sequence[Host], info: CheckpointInfo, repor
     raise TransferError(f"no host served the checkpoint {info.sha256[:12]} verified: {reasons}")
 
 
-async def _chunk_list(p2p: P2P, host: Host, info: CheckpointInfo, report: Downloaded) -> ChunkList | None:
-    """The host's chunk list, if it owns its record and its list fits the record; else None (dropped)."""
+def _first_runs(size: int, hosts: int) -> list[Run]:
+    """The first run of each host, asked before any chunk list is in: as many chunks as a first
+    run of the plan (1/n of them, n the streams of all hosts), host i's from i/hosts of the file."""
+    count = chunk_count(size)
+    length = max(1, math.ceil(count / (hosts * STREAMS_PER_HOST)))
+    starts = [i * count // hosts for i in range(hosts)] + [count]
+    return [Run(starts[i], max(starts[i] + 1, min(starts[i] + length, starts[i + 1]))) for i in range(hosts)]
+
+
+async def _chunk_list(p2p: P2P, host: Host, info: CheckpointInfo, report: Downloaded,
+                      ask_first_run: Callable[[], None]) -> ChunkList | None:  # fmt: skip
+    """The host's chunk list, if it owns its record and its list fits the record; else None
+    (dropped). Its first run is asked meanwhile (`ask_first_run`): its chunks wait for the
+    list, and are checked against it as any."""
     await ensure_direct(p2p, host.peer_id)  # a host behind NAT dials us back: a relay cuts streams at 128 KiB
+    ask_first_run()
     answers = await asyncio.gather(check_owner(p2p, host, FIRST_BYTE_TIMEOUT_S),
                                    ask_chunk_list(p2p, host, info, FIRST_BYTE_TIMEOUT_S), return_exceptions=True)  # fmt: skip
     for error in answers:
@@ -168,6 +208,20 @@ async def _chunk_list(p2p: P2P, host: Host, info: CheckpointInfo, report: Downlo
             report.drop(host, f"peer {host.peer_id} failed: {type(error).__name__}: {error}")
             return None
     return answers[1]
+
+
+class _EndedEarly(HostFailed):
+    """A host's stream ended before the run it was asked for: asked again a few times, then dropped."""
+
+
+class _Opened(NamedTuple):
+    """A run asked of a host: its key in the plan, the run, the bytes asked, and the task opening
+    its stream (it returns the stream past its header)."""
+
+    key: Hashable
+    run: Run
+    asked: int
+    task: asyncio.Task
 
 
 class _Chunk(NamedTuple):
@@ -181,12 +235,18 @@ class _Fetch:
     """One pass over one chunk list: the hosts that report it stream their runs at once."""
 
     def __init__(self, p2p: P2P, info: CheckpointInfo, hosts: list[Host], chunk_list: ChunkList, have: dict[int, _Chunk],
-                 report: Downloaded, options: _Options, bar: tqdm):  # fmt: skip
+                 report: Downloaded, options: _Options, bar: tqdm, early: dict[str, _Opened]):  # fmt: skip
         self.p2p, self.info, self.chunk_list, self.report, self.options, self.bar = p2p, info, chunk_list, report, options, bar
         self.chunks = dict(have)
-        self.plan = ChunkPlan(chunk_list.count, len(hosts) * DOWNLOADS_PER_PEER, have)
+        self.plan = ChunkPlan(chunk_list.count, len(hosts) * STREAMS_PER_HOST, have)
         self.live = {host.peer_id: host for host in hosts}
         self.proven = {host.peer_id: asyncio.Event() for host in hosts}  # it sent a chunk that verifies
+        # the first runs asked along with the lists (of the first list only: a later one keeps what came)
+        self.early = {h.peer_id: early.pop(h.peer_id) for h in hosts if h.peer_id in early and not have}
+        for opened in self.early.values():
+            self.plan.assign(opened.key, opened.run)
+        self.retries: Counter = Counter()  # streams of a host that ended early and were asked again
+        self.keys = {h.peer_id: {(h.peer_id, n) for n in range(STREAMS_PER_HOST)} for h in hosts}
         self.tasks: dict[str, list[asyncio.Task]] = {}
         self.running = 0  # streams not yet ended
         self.finished = asyncio.Event()
@@ -211,7 +271,7 @@ class _Fetch:
         if self.plan.complete:
             return self.chunks
         for peer_id, host in self.live.items():
-            self.tasks[peer_id] = [asyncio.create_task(self._stream(host, n)) for n in range(DOWNLOADS_PER_PEER)]
+            self.tasks[peer_id] = [asyncio.create_task(self._stream(host, n)) for n in range(STREAMS_PER_HOST)]
         streams = [task for tasks in self.tasks.values() for task in tasks]
         self.running = len(streams)
         try:
@@ -220,44 +280,57 @@ class _Fetch:
             for task in streams:
                 task.cancel()
             await asyncio.gather(*streams, return_exceptions=True)
+            for opened in self.early.values():  # first runs of hosts dropped before their streams began
+                await _discard(opened)
         return self.chunks
 
     async def _stream(self, host: Host, n: int) -> None:
         """One stream's life: claim a run, fetch it, again, until nothing is missing."""
         key = (host.peer_id, n)
+        opened = self.early.pop(host.peer_id, None) if n == 0 else None  # a run asked and not yet read
         try:
             if n:
                 await self.proven[host.peer_id].wait()
             while not self.plan.complete:
-                if (run := self.plan.claim(key)) is None:
-                    await self._next_change()
-                    continue
+                if opened is None:
+                    if (run := self.plan.claim(key, own=self.keys[host.peer_id])) is None:
+                        await self._next_change()
+                        continue
+                    opened = _open(self.p2p, host, self.info, key, run, self.options.timings)
+                current, opened = opened, None
                 try:
-                    await self._fetch(host, key, run)
+                    await self._fetch(host, current)
+                except _EndedEarly as failure:  # an honest host's stream ends early now and then
+                    self.retries[host.peer_id] += 1
+                    if self.retries[host.peer_id] > STREAM_RETRIES:
+                        raise HostFailed(f"{failure} ({STREAM_RETRIES} times before)") from None
+                    logger.info("block %d: %s; asking it again", host.block, failure)
                 finally:
-                    self.plan.release(key)
+                    self.plan.release(current.key)
                     self._notify()
         except HostFailed as failure:
             self._drop(host, str(failure))
         except Exception as error:  # the peer vanished, or spoke nonsense
             self._drop(host, f"peer {host.peer_id} failed: {type(error).__name__}: {error}")
         finally:
+            if opened is not None:
+                await _discard(opened)
+                self.plan.release(opened.key)
             self.running -= 1
             if not self.running:
                 self.finished.set()
 
-    async def _fetch(self, host: Host, key: Hashable, run: Run) -> None:
-        """Stream chunks run.next..run.end-1 from `host` (the run may shrink meanwhile)."""
-        asked = sum(self.chunk_list.length(i) for i in range(run.next, run.end))
-        request = DownloadRequest(block=host.block, sha256=self.info.sha256, first_chunk=run.next, chunks=run.left)
-        stream = await open_run(self.p2p, host, request, self.info.size, self.options.timings)
+    async def _fetch(self, host: Host, current: _Opened) -> None:
+        """Stream chunks run.next..run.end-1 of `current` from `host` (the run may shrink meanwhile)."""
+        run, asked = current.run, current.asked
+        stream = await current.task
         try:
             pending, received, index = bytearray(), 0, run.next
             while index < run.end:
                 try:
                     message = await asyncio.wait_for(anext(stream), self.options.inactivity_timeout)
                 except StopAsyncIteration:
-                    raise HostFailed(f"peer {host.peer_id} sent {received} of the {asked} bytes asked") from None
+                    raise _EndedEarly(f"peer {host.peer_id} sent {received} of the {asked} bytes asked") from None
                 except TimeoutError:
                     raise HostFailed(f"peer {host.peer_id} sent nothing for {self.options.inactivity_timeout:.0f}s") from None
                 received += len(message.metadata)
@@ -266,7 +339,7 @@ class _Fetch:
                 pending += message.metadata
                 while index < run.end and len(pending) >= self.chunk_list.length(index):
                     length = self.chunk_list.length(index)
-                    self._accept(host, key, index, bytes(pending[:length]))
+                    self._accept(host, current.key, index, bytes(pending[:length]))
                     del pending[:length]
                     index += 1
         finally:
@@ -293,7 +366,7 @@ class _Fetch:
         for task in self.tasks[host.peer_id]:
             if task is not asyncio.current_task():
                 task.cancel()
-        self.plan.streams = max(1, len(self.live) * DOWNLOADS_PER_PEER)
+        self.plan.streams = max(1, len(self.live) * STREAMS_PER_HOST)
         self._notify()
 
     async def _next_change(self) -> None:
@@ -303,6 +376,22 @@ class _Fetch:
         """Wake the streams waiting for work (a run came free, or a chunk came in)."""
         self._changed.set()
         self._changed = asyncio.Event()
+
+
+def _open(p2p: P2P, host: Host, info: CheckpointInfo, key: Hashable, run: Run, timings: dict) -> _Opened:
+    """Ask `host` for `run` (claimed under `key`); the stream opens in a task meanwhile."""
+    request = DownloadRequest(block=host.block, sha256=info.sha256, first_chunk=run.next, chunks=run.left)
+    asked = min(run.end * CHUNK_BYTES, info.size) - run.next * CHUNK_BYTES
+    return _Opened(key, run, asked, asyncio.create_task(open_run(p2p, host, request, info.size, timings)))
+
+
+async def _discard(opened: _Opened) -> None:
+    """Give up a run asked and not read (its host dropped, or the download over); the plan
+    that held it releases it apart."""
+    opened.task.cancel()
+    stream = (await asyncio.gather(opened.task, return_exceptions=True))[0]
+    if not isinstance(stream, BaseException):
+        await _close(stream)
 
 
 async def _close(stream) -> None:

@@ -8,9 +8,12 @@ The service (`BlockServicer`) answers three calls:
   `DownloadRequest` (which checkpoint, which chunks), the first response's a `DownloadHeader`
   (the file's size, or why not), and the later responses carry the run's bytes, one chunk each
   (hivemind messages are capped at 4 MiB).
-Each caller may hold `DOWNLOADS_PER_PEER` of these at once: enough streams to fill a long fat
-link (one stream moves at most its libp2p window per round trip), few enough that one caller
-cannot take a host's uplink from the rest.
+A downloader reads `STREAMS_PER_HOST` of these from one host at once (one stream moves at most
+its libp2p window per round trip; in the lab of benchmarks/transfer.py, 8 streams fill a 100
+Mbit/s link at 80 ms better than 4); each caller may hold `DOWNLOADS_PER_PEER` (twice that)
+open at once, so that a stream that just ended, still counted here a moment, never makes the
+next one wait as busy: enough to fill a long fat link, few enough that one caller cannot take
+a host's uplink from the rest.
 
 A downloader believes none of it: download.py checks the list against the other hosts and the
 record, every chunk against the list, and the whole against the record's sha256.
@@ -47,7 +50,9 @@ from swarm.p2p.store import CheckpointStore
 
 logger = logging.getLogger(__name__)
 
-DOWNLOADS_PER_PEER = 4  # chunk streams (and list requests) one peer may have open here at once
+STREAMS_PER_HOST = 8  # chunk streams a downloader reads from one host at once
+# chunk streams (and list requests) one peer may have open here at once: room for those just ended, still counted a moment
+DOWNLOADS_PER_PEER = 2 * STREAMS_PER_HOST
 FIRST_BYTE_TIMEOUT_S = 15.0
 INACTIVITY_TIMEOUT_S = 15.0  # a stream that sends nothing for this long is given up, whatever its size
 SLOWEST_RATE_BYTES_S = 128 * 1024  # a download slower than this on average (1 Mbit/s) is given up
