@@ -11,7 +11,8 @@ DHT node and its daemon, as `swarm-fetch` or a joining peer starts), through
   regions.yaml) and 4 hosts with an uplink of a quarter of it each, 100 ms round trip (home to
   eu-west); beside it, the same checkpoint from one of those hosts alone (what a one-source
   download gives).
-- long-fat: one host and the joiner at 100 Mbit/s, 80 ms round trip (us-east to eu-west).
+- long-fat: one host and the joiner at 100 Mbit/s, 80 ms round trip (us-east to eu-west);
+  the large payload again with the hosts and the joiner on bbr (`--compare-congestion`).
 - corrupt: 4 hosts with half the joiner's downlink each (so that three of them can still fill
   it); all honest, against one that flips a byte of every chunk it sends (`CorruptChunks`,
   the honest chunk list), and one that also forges its list to match. The runs alternate.
@@ -21,7 +22,10 @@ connections, the owner check and chunk list round trips, TCP slow start: about 0
 that a 10 MB file at 100 Mbit/s (0.8 s) cannot amortize, so the large payload measures the
 rate the streams keep up, and both are reported. A rate is the payload over the wall time of
 `download()` (whole: set-up included) and from the first stream's header to the last byte
-(transfer). Needs root, iptables and NetfilterQueue (see .ci/regions-setup).
+(transfer). Every namespace runs cubic (`--congestion`), the default of the home and desktop
+systems the peers stand for, not whatever this machine's kernel defaults to: where that is
+bbr, one long flow through a queue stalls for ~0.3 s every 10 s (ProbeRTT), which the bbr
+comparison row shows. Needs root, iptables and NetfilterQueue (see .ci/regions-setup).
 
     python benchmarks/transfer.py            # about 8 minutes on 2 cores
 """
@@ -68,8 +72,10 @@ SERVICERS = {"honest": BlockServicer, "corrupt": CorruptChunks, "forged": functo
 class Links:
     """A lab of one joiner and some hosts (each host its own namespace), capped and delayed."""
 
-    def __init__(self, lab: netlab.NetLab, folder: Path, down_mbit: float, host_up_mbit: list[float], rtt_s: float):
+    def __init__(self, lab: netlab.NetLab, folder: Path, down_mbit: float, host_up_mbit: list[float], rtt_s: float,
+                 congestion: str):  # fmt: skip
         self.lab, self.folder, self.down_mbit = lab, folder, down_mbit
+        lab.set_congestion(congestion)
         self.joiner = lab.add_node("joiner", "joiner")
         lab.cap(self.joiner, None, down_mbit)
         self.nodes = [lab.add_node(f"h{i}", "hosts") for i in range(len(host_up_mbit))]
@@ -115,9 +121,9 @@ class Links:
 
 
 @contextlib.contextmanager
-def links(folder: Path, down_mbit: float, host_up_mbit: list[float], rtt_s: float) -> Iterator[Links]:
+def links(folder: Path, down_mbit: float, host_up_mbit: list[float], rtt_s: float, congestion: str) -> Iterator[Links]:
     with netlab.NetLab("bswxfer") as lab:
-        made = Links(lab, folder, down_mbit, host_up_mbit, rtt_s)
+        made = Links(lab, folder, down_mbit, host_up_mbit, rtt_s, congestion)
         try:
             yield made
         finally:
@@ -145,7 +151,7 @@ def with_cap(figures: dict, cap_mbit: float) -> dict:
 
 def quarters(args, folder: Path, sizes: dict) -> dict:
     down = args.downlink
-    with links(folder, down, [down / 4] * 4, args.home_rtt_ms / 1000) as lab:
+    with links(folder, down, [down / 4] * 4, args.home_rtt_ms / 1000, args.congestion) as lab:
         hosts = lab.start_hosts(["honest"] * 4)
         result = {}
         for name, size_mb in (("default", sizes["default"]), ("large", down * args.seconds / 8)):
@@ -158,15 +164,23 @@ def quarters(args, folder: Path, sizes: dict) -> dict:
 
 
 def long_fat(args, folder: Path, sizes: dict) -> dict:
+    """One host at the joiner's cap; then the large payload again with `--compare-congestion`
+    at both ends (hosts restarted: a socket keeps the algorithm it was made with)."""
     cap = args.fat_mbit
-    with links(folder, cap, [cap], args.fat_rtt_ms / 1000) as lab:
+    with links(folder, cap, [cap], args.fat_rtt_ms / 1000, args.congestion) as lab:
         hosts = lab.start_hosts(["honest"])
         result = {}
         for name, size_mb in (("default", sizes["default"]), ("large", cap * args.seconds / 8)):
             data = payload(size_mb, seed=2)
             info = lab.hold(data)
             result[f"one_host_{name}"] = with_cap(repeated(lambda: lab.fetch(data, info, hosts), args.repeats, f"long fat link, {name}"), cap)
-    return {"link_mbit": cap, "rtt_ms": args.fat_rtt_ms, **result}
+        for other in args.compare_congestion:
+            lab.lab.set_congestion(other)
+            hosts = lab.start_hosts(["honest"])
+            info = lab.hold(data)
+            what = f"long fat link, large, {other}"
+            result[f"one_host_large_{other}"] = with_cap(repeated(functools.partial(lab.fetch, data, info, hosts), args.repeats, what), cap)
+    return {"link_mbit": cap, "rtt_ms": args.fat_rtt_ms, "congestion": args.congestion, **result}
 
 
 def corrupt(args, folder: Path, sizes: dict) -> dict:
@@ -175,7 +189,7 @@ def corrupt(args, folder: Path, sizes: dict) -> dict:
     down = args.downlink
     data = payload(down * args.seconds / 8, seed=3)
     runs: dict[str, list[dict]] = {"clean": [], "corrupt": [], "forged": []}
-    with links(folder, down, [down / 2] * 6, args.home_rtt_ms / 1000) as lab:
+    with links(folder, down, [down / 2] * 6, args.home_rtt_ms / 1000, args.congestion) as lab:
         *honest, liar, forger = lab.start_hosts(["honest"] * 4 + ["corrupt", "forged"])
         info = lab.hold(data)
         chosen = {"clean": honest, "corrupt": [liar, *honest[1:]], "forged": [forger, *honest[1:]]}
@@ -251,6 +265,10 @@ def main() -> None:
     parser.add_argument("--fat-rtt-ms", type=float, default=80.0)
     parser.add_argument("--seconds", type=float, default=10.0, help="the large payload lasts this long at the cap")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--congestion", default="cubic",
+                        help="TCP congestion control in every namespace: what home and desktop systems run by default")
+    parser.add_argument("--compare-congestion", nargs="*", default=["bbr"],
+                        help="long_fat also measures the large payload with each of these (none: --compare-congestion)")
     parser.add_argument("--out", default="benchmarks/results/transfer")
     parser.add_argument("--from-json", default=None, help="only plot and print an earlier transfer.json")
     args = parser.parse_args()

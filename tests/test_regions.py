@@ -8,6 +8,7 @@ import json
 import pytest
 from swarm_helpers import FAST_PEER, wait_for, write_tiny_setup
 
+from swarm.errors import SwarmError
 from swarm.lab import netlab
 from swarm.lab.launch import LocalSwarm
 
@@ -40,3 +41,18 @@ def test_round_trip_between_two_regions_matches_the_configured_delay(tmp_path):
         assert abs(rtt - 2000 * ONE_WAY_S) <= 0.1 * 2000 * ONE_WAY_S, (name, rtt)
     assert result["single_pass"]["bytes"] == 16
     assert (out / "latency.png").exists()
+
+
+def test_a_lab_sets_the_tcp_congestion_control_of_nodes_made_before_and_after():
+    """Namespaces otherwise take the machine's default, not the one of the peers the lab stands for."""
+    default = netlab.sh("sysctl", "-n", "net.ipv4.tcp_congestion_control").stdout.strip()
+    other = "cubic" if default != "cubic" else "reno"
+    with netlab.NetLab("bswcc") as lab:
+        before = lab.add_node("before")
+        lab.set_congestion(other)
+        after = lab.add_node("after")
+        chosen = {node.namespace: netlab.sh(*node.exec_prefix(), "sysctl", "-n", "net.ipv4.tcp_congestion_control").stdout.strip()
+                  for node in (before, after)}  # fmt: skip
+        with pytest.raises(SwarmError, match="no TCP congestion control"):
+            lab.set_congestion("no-such-algorithm")
+    assert set(chosen.values()) == {other}, chosen

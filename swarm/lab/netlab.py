@@ -13,6 +13,7 @@ Emulated regions: every node belongs to a region; `cap()` limits a node's upload
 download with `tbf` qdiscs, and `start_delays()` delays every packet the router forwards by
 the one-way delay between the two nodes' regions, with an NFQUEUE rule and the
 `swarm.lab.delayd` daemon (`tc netem` is missing on some kernels; where present it would do).
+`set_congestion()` picks the nodes' TCP congestion control (else the kernel's default).
 
 Behind NAT: `add_nat(region)` makes a home router for a region, a node on the lab's router
 (its one public address) that masquerades what its home nodes send and forwards nothing
@@ -145,6 +146,7 @@ class NetLab:
     prefix: str = "bsw"
     subnet: str = SUBNET  # the "internet" side; PUBLIC_SUBNET where some region sits behind NAT
     nodes: dict[str, Node] = field(default_factory=dict)
+    congestion: str | None = None  # TCP congestion control of every node; None: the kernel's default (see set_congestion)
 
     @property
     def router(self) -> str:
@@ -179,8 +181,28 @@ class NetLab:
         for args in (["link", "set", "lo", "up"], ["addr", "add", f"{node.address}/24", "dev", "eth0"],
                      ["link", "set", "eth0", "up"], ["route", "add", "default", "via", f"{network}.1"]):
             sh(*node.exec_prefix(), "ip", *args)
+        if self.congestion:
+            sh(*node.exec_prefix(), "sysctl", "-qw", f"net.ipv4.tcp_congestion_control={self.congestion}")
         self.nodes[name] = node
         return node
+
+    def set_congestion(self, algorithm: str) -> None:
+        """Give every node, and every node added later, the TCP congestion control `algorithm`
+        (for the sockets opened from now on). Why a lab chooses: a namespace takes the kernel's
+        default, the machine's choice, not the one of the peers the lab stands for; home and
+        desktop systems (Linux, Windows, macOS) default to cubic, while a host whose default is
+        bbr (this project's CI machine) gives a single long flow a pause every 10 s (BBR's
+        ProbeRTT: 200 ms at 4 packets in flight while a queue hides the path's round trip).
+        A namespace may only pick an algorithm the kernel allows, so it is added to that
+        global list (tcp_allowed_congestion_control) if missing; it stays there."""
+        allowed = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+        if algorithm not in allowed.read_text().split():
+            if algorithm not in Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split():
+                raise SwarmError(f"this kernel has no TCP congestion control '{algorithm}' (modprobe tcp_{algorithm})")
+            allowed.write_text(f"{allowed.read_text().strip()} {algorithm}")
+        self.congestion = algorithm
+        for node in self.nodes.values():
+            sh(*node.exec_prefix(), "sysctl", "-qw", f"net.ipv4.tcp_congestion_control={algorithm}")
 
     def _homes(self, nat: Node) -> int:
         return sum(node.gateway == nat.namespace for node in self.nodes.values())
