@@ -22,6 +22,11 @@ def replicas(config, n: int, demo: DeMoConfig):
     return blocks, [DeMoReplica(b, demo, lr=2e-3) for b in blocks]
 
 
+def senders(payloads) -> list:
+    """Payloads as gathered: (sender, payload), the senders r0, r1, ..."""
+    return [(f"r{i}", payload) for i, payload in enumerate(payloads)]
+
+
 def backward(block, windows, seed: int) -> float:
     generator = torch.Generator().manual_seed(seed)
     block.zero_grad(set_to_none=True)
@@ -52,7 +57,7 @@ def test_replicas_that_gather_every_payload_stay_identical_and_learn(tiny_config
             losses.append(backward(block, tiny_windows, seed=1000 * index + step))
             wires.append(encode_payload(replica.make_payload(lr=2e-3), value_bits))
         for replica in reps:
-            replica.apply([decode_payload(w, replica) for w in wires])
+            replica.apply(senders(decode_payload(w, replica) for w in wires))
     for a, b in zip(blocks[0].parameters(), blocks[1].parameters()):
         assert torch.equal(a, b)
     assert sum(losses[-10:]) / 10 < 0.9 * sum(losses[:10]) / 10
@@ -113,7 +118,7 @@ def test_one_hostile_payload_cannot_outvote_two_honest_ones(tiny_config, tiny_wi
                    for n, c in honest.items()}
     wires = [encode_payload(p, 16) for p in (honest, other_honest, hostile)]
     before = {n: p.detach().clone() for n, p in replica.params.items()}
-    replica.apply([decode_payload(w, replica) for w in wires])
+    replica.apply(senders(decode_payload(w, replica) for w in wires))
     for name, param in replica.params.items():
         decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
         moved = (decay - param).sign()  # +1 where the step went down the update
@@ -137,19 +142,18 @@ def test_a_payload_the_others_contradict_leaves_the_vote(tiny_config, tiny_windo
     hostile = {n: dataclasses.replace(c, values=flip(c.values.float()).to(c.values.dtype)) for n, c in payloads[2].items()}
     wires = [encode_payload(p, value_bits) for p in (payloads[0], payloads[1], hostile)]
     replica = reps[0]
-    gathered = [decode_payload(w, replica) for w in wires]
+    gathered = senders(decode_payload(w, replica) for w in wires)
     before = {n: p.detach().clone() for n, p in replica.params.items()}
-    replica.apply(gathered)
+    assert replica.apply(gathered) == ["r0", "r1"]
     disagreements = 0
     for name, param in replica.params.items():
         decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
         moved = (decay - param).sign()
-        a, b = decompress(gathered[0][name]).sign(), decompress(gathered[1][name]).sign()
+        a, b = decompress(gathered[0][1][name]).sign(), decompress(gathered[1][1][name]).sign()
         assert torch.equal(moved[a == b], a[a == b]), name
         assert torch.equal(moved[a != b], torch.zeros_like(a[a != b])), name  # a tie, not the hostile's call
         disagreements += int((a != b).sum())
     assert disagreements > 0
-    assert replica.trusted(gathered) == [0, 1]
 
 
 @pytest.mark.parametrize("value_bits", [16, 1])
@@ -162,8 +166,44 @@ def test_honest_replicas_all_keep_their_vote(tiny_config, tiny_windows, value_bi
             backward(block, tiny_windows, seed=1000 * index + step)
             wires.append(encode_payload(replica.make_payload(lr=2e-3), value_bits))
         for replica in reps:
-            gathered = [decode_payload(w, replica) for w in wires]
-            assert replica.trusted(gathered) == [0, 1, 2], (step, replica.evidence)
-            replica.apply(gathered)
+            gathered = senders(decode_payload(w, replica) for w in wires)
+            assert replica.apply(gathered) == ["r0", "r1", "r2"], (step, replica.record)
     for a, b in zip(blocks[0].parameters(), blocks[2].parameters()):
+        assert torch.equal(a, b)
+
+
+def negated_runs(config, windows, demo: DeMoConfig, steps: int) -> tuple[list[list[str]], list]:
+    """Three replicas on different data, the third sending its update negated every step: the
+    voters of each step as the first replica saw them, and the two honest blocks."""
+    blocks, reps = replicas(config, 3, demo)
+    voters = []
+    for step in range(steps):
+        payloads = []
+        for index, (block, replica) in enumerate(zip(blocks, reps)):
+            backward(block, windows, seed=1000 * index + step)
+            payloads.append(replica.make_payload(lr=2e-3))
+        payloads[2] = {n: dataclasses.replace(c, values=(-c.values.float()).to(c.values.dtype)) for n, c in payloads[2].items()}
+        wires = [encode_payload(p, demo.value_bits) for p in payloads]
+        for index in (1, 0):  # the first replica's voters are kept
+            replica = reps[index]
+            step_voters = replica.apply(senders(decode_payload(w, replica) for w in wires))
+        voters.append(step_voters)
+    return voters, blocks[:2]
+
+
+def test_a_sender_the_others_contradict_over_several_steps_leaves_the_vote_though_no_step_alone_shows_it(tiny_config, tiny_windows):
+    """A hostile payload shares few coefficients with each honest one in a step; the record of
+    the steps before adds up the evidence. `min_shared` is set above what one step shares."""
+    blocks, reps = replicas(tiny_config, 3, DeMoConfig())
+    shared = []
+    for index, (block, replica) in enumerate(zip(blocks, reps)):
+        backward(block, tiny_windows, seed=1000 * index)
+        shared.append(replica.make_payload(lr=2e-3))
+    reps[0].apply(senders(shared))
+    most_in_one_step = max(s for pair, (_, s) in reps[0].record.items() if "r2" in pair)
+    demo = DeMoConfig(min_shared=int(2.5 * most_in_one_step))
+    voters, honest = negated_runs(tiny_config, tiny_windows, demo, 12)
+    assert voters[0] == ["r0", "r1", "r2"]  # one step is not evidence enough
+    assert all(v == ["r0", "r1"] for v in voters[6:]), voters  # the steps before are
+    for a, b in zip(*(h.parameters() for h in honest)):
         assert torch.equal(a, b)

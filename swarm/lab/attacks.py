@@ -221,8 +221,8 @@ class HostileReplica(_Impersonating, PayloadServicer):
         hosts = await loop.run_in_executor(None, self.node.directory.hosts, self.block)
         others = [h.peer_id for h in hosts if h.peer_id != self.node.peer_id]
         gathered = await gather(self.node.p2p, self.block, step, others, self.deadline)
-        honest = [decode_payload(data, self.replica) for _, data in sorted(gathered.payloads.items())]
-        await loop.run_in_executor(None, self.replica.apply, [*honest, own])
+        honest = [(peer_id, decode_payload(data, self.replica)) for peer_id, data in sorted(gathered.payloads.items())]
+        await loop.run_in_executor(None, self.replica.apply, [*honest, (self.node.peer_id, own)])
 
     def _own_payload(self, step: int) -> dict:
         trainer = self.trainer

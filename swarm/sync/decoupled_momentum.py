@@ -9,8 +9,8 @@ vote: one replica's values, however large, weigh one vote, so an honest majority
 every coordinate it agrees on. Where the honest ones disagree, though, a third payload
 decides; so a payload that a strict majority of the others contradict on the sign of the DCT
 coefficients they both sent (an update negated or sent against its own direction) leaves the
-vote of that step (`DeMoReplica.trusted`), and the honest ones' disagreements become ties.
-Replicas that gather the same set compute the same update.
+vote (`DeMoReplica.trusted`: judged on the counts of the last ~10 steps), and the honest
+ones' disagreements become ties. Replicas that gathered the same sets compute the same update.
 
 Payloads cross the network as bytes (`encode_payload` / `decode_payload`); a payload that does
 not fit this replica's parameters, or holds NaN, Inf, out-of-range or repeated indices or values larger
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +46,7 @@ from swarm.sync.compression import (
 )
 
 Payload = dict[str, Compressed]
+FORGOTTEN_BELOW = 0.01  # a pair's record is dropped once its shared count has decayed below this (senders gone)
 
 
 @dataclass
@@ -64,6 +66,7 @@ class DeMoConfig:
     # least `min_shared` sent coefficients with it and agree on the sign of at most this fraction
     min_shared: int = 8
     contradicted_at: float = 0.5
+    evidence_decay: float = 0.9  # each step the counts of the steps before weigh this much less (~10 steps remembered)
 
 
 class DeMoReplica:
@@ -76,7 +79,8 @@ class DeMoReplica:
         self.params = dict(module.named_parameters())
         self.names = list(self.params)  # a parameter's position is its name on the wire
         self.momentum = {name: torch.zeros_like(p) for name, p in self.params.items()}
-        self.evidence: dict[tuple[int, int], tuple[int, int]] = {}  # the last vote's (agreed, shared) per pair
+        # per pair of senders (sorted peer ids): coefficients they agreed on and shared, decayed (see `trusted`)
+        self.record: dict[tuple[str, str], tuple[float, float]] = {}
 
     def make_payload(self, lr: float) -> Payload:
         """Fold this step's gradients into the momentum and take out what is shared."""
@@ -90,10 +94,11 @@ class DeMoReplica:
         return payload
 
     @torch.no_grad()
-    def apply(self, payloads: list[Payload]) -> None:
-        """The sign step on the coordinate-wise majority vote of the gathered payloads that the
-        others' evidence does not rule out (`trusted`)."""
-        voters = [payloads[i] for i in self.trusted(payloads)]
+    def apply(self, gathered: Sequence[tuple[str, Payload]]) -> list[str]:
+        """The sign step on the coordinate-wise majority vote of the gathered (sender, payload)
+        pairs that the evidence does not rule out (`trusted`); returns the senders that voted."""
+        kept, self.record = self._vote(gathered)
+        voters = [gathered[i][1] for i in kept]
         for name, param in self.params.items():
             votes = [decompress(p[name]).sign() for p in voters if name in p]
             if not votes:
@@ -101,33 +106,48 @@ class DeMoReplica:
             majority = torch.stack(votes).sum(dim=0).sign()
             param.mul_(1 - self.config.sign_lr * self.config.weight_decay)
             param.sub_(self.config.sign_lr * majority)
+        return [gathered[i][0] for i in kept]
 
-    def trusted(self, payloads: list[Payload]) -> list[int]:
-        """The positions of the payloads that vote: all but those a strict majority of the others
-        contradict. Two payloads are compared on the DCT coefficients both of them sent (same
-        parameter, chunk and index): honest replicas' momenta share the gradient's large
-        components, so where both picked one they agree on its sign (seen: 90-100% of shared
-        coefficients early in training, ~70% or more later), while a payload negated, flipped to
-        the largest values, or with random signs agrees on 0-30% (50% for random). Payload j
-        contradicts i when they share at least `min_shared` coefficients and agree on at most
-        `contradicted_at` of them. Derived from the payloads alone, so replicas that gather the
-        same set keep the same voters."""
-        self.evidence = {}
-        if len(payloads) < 3:
-            return list(range(len(payloads)))
-        signs = [self._coefficient_signs(p) for p in payloads]
-        contradicted = [0] * len(payloads)
-        for i, j in itertools.combinations(range(len(payloads)), 2):
+    def trusted(self, gathered: Sequence[tuple[str, Payload]]) -> list[int]:
+        """The positions of the (sender, payload) pairs that would vote now: all but the senders
+        a strict majority of the others contradict. Two payloads are compared on the DCT
+        coefficients both of them sent (same parameter, chunk and index): honest replicas'
+        momenta share the gradient's large components, so where both picked one they agree on
+        its sign (seen: 90-100% of shared coefficients early in training, ~70% or more later),
+        while a payload negated, flipped to the largest values, or with random signs agrees on
+        0-30% (50% for random). Two payloads of one step rarely share many coefficients (a
+        hostile replica beside two honest ones, in benchmarks/attacks.py: often under 8), so the
+        counts of every pair of senders are kept over the steps (`record`: agreed and shared,
+        times `evidence_decay` per step): sender j contradicts i when, so counted, they share at
+        least `min_shared` coefficients and agree on at most `contradicted_at` of them. The
+        record follows from the sets applied alone, so replicas that applied the same sets keep
+        the same voters; those that did not (a late joiner starts with none) may differ, and the
+        voters are in the fingerprint of what a replica applied (exchange.py), so the others
+        notice and average parameters."""
+        return self._vote(gathered)[0]
+
+    def _vote(self, gathered: Sequence[tuple[str, Payload]]) -> tuple[list[int], dict[tuple[str, str], tuple[float, float]]]:
+        """The positions that vote, and the record with this step's counts in."""
+        decay = self.config.evidence_decay
+        record = {pair: (agreed * decay, shared * decay) for pair, (agreed, shared) in self.record.items()
+                  if shared * decay >= FORGOTTEN_BELOW}  # fmt: skip
+        senders = [sender for sender, _ in gathered]
+        if len(gathered) < 3 or len(set(senders)) != len(senders):
+            return list(range(len(gathered))), record
+        signs = [self._coefficient_signs(payload) for _, payload in gathered]
+        contradicted = [0] * len(gathered)
+        for i, j in itertools.combinations(range(len(gathered)), 2):
             both = (signs[i] != 0) & (signs[j] != 0)
-            shared = int(both.sum())
-            agreed = int(((signs[i] == signs[j]) & both).sum())
-            self.evidence[i, j] = (agreed, shared)
+            pair = tuple(sorted((senders[i], senders[j])))
+            agreed, shared = record.get(pair, (0.0, 0.0))
+            agreed, shared = agreed + int(((signs[i] == signs[j]) & both).sum()), shared + int(both.sum())
+            record[pair] = (agreed, shared)
             if shared >= self.config.min_shared and agreed <= self.config.contradicted_at * shared:
                 contradicted[i] += 1
                 contradicted[j] += 1
-        others = len(payloads) - 1
+        others = len(gathered) - 1
         kept = [i for i, count in enumerate(contradicted) if 2 * count <= others]
-        return kept if 2 * len(kept) > len(payloads) else list(range(len(payloads)))
+        return (kept if 2 * len(kept) > len(gathered) else list(range(len(gathered)))), record
 
     def _coefficient_signs(self, payload: Payload) -> torch.Tensor:
         """The signs of every DCT coefficient a payload sent, laid out over all parameters (0: not sent)."""

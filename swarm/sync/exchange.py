@@ -9,8 +9,8 @@ payloads that fail the strategy's checks are logged and not applied. Every repli
 the gathered set in peer-id order, so replicas that gather the same set stay identical.
 
 With its payload each replica sends a fingerprint (8 bytes) of the last set it applied: that
-step and the peers whose payloads it used. Replicas that applied the same sets since they
-last agreed hold the same parameters; when a fingerprint differs from its own, a replica
+step and the peers whose payloads it used (for DeMo, those that voted). Replicas that applied
+the same sets since they last agreed hold the same parameters; when a fingerprint differs from its own, a replica
 knows the replicas have drifted apart, and the peer pulls them back together by averaging
 parameters (see `swarm.sync.dense`) at the next round. A replica that starts from a
 checkpoint has no previous step in common with the others, so it differs.
@@ -249,19 +249,21 @@ class Exchange:
             self.drifted = True
         return gathered
 
-    def in_order(self, round_: Round, gathered: Gathered, decode: Callable[[bytes], D]) -> list[D]:
-        """Every payload of the round, own included, decoded in peer-id order; refused ones are
-        logged and left out. The set used becomes this replica's fingerprint."""
-        decoded, used = [], []
+    def in_order(self, round_: Round, gathered: Gathered, decode: Callable[[bytes], D]) -> list[tuple[str, D]]:
+        """Every payload of the round, own included, decoded in peer-id order, with its sender;
+        refused ones are logged and left out."""
+        decoded = []
         for peer_id, data in sorted({**gathered.payloads, self.own_id: round_.own}.items()):
             try:
-                decoded.append(decode(data))
-                used.append(peer_id)
+                decoded.append((peer_id, decode(data)))
             except PayloadError as error:
                 logger.warning("refused the step %d payload of %s: %s", round_.step, peer_id, error)
-        self.applied = applied_fingerprint(round_.step, used)
-        self.rounds += 1
         return decoded
+
+    def applied_set(self, round_: Round, peer_ids: list[str]) -> None:
+        """The round's update was made of the payloads of `peer_ids`: this replica's fingerprint."""
+        self.applied = applied_fingerprint(round_.step, peer_ids)
+        self.rounds += 1
 
     def follow_majority(self, gathered: Gathered, trainer: Trainer) -> bool:
         """Jump the trainer's step ahead to where a majority of the replicas asked is; True if it jumped."""

@@ -34,7 +34,8 @@ class DeMoSync(Exchanging):
     def apply(self, round_: Round, trainer: Trainer) -> None:
         """Wait for a round's gather, take the sign step on its set, and follow a majority that is ahead."""
         gathered = self.exchange.finish(round_)
-        self.replica.apply(self.exchange.in_order(round_, gathered, self._decode))
+        voters = self.replica.apply(self.exchange.in_order(round_, gathered, self._decode))
+        self.exchange.applied_set(round_, voters)
         self.exchange.follow_majority(gathered, trainer)
 
     def _decode(self, data: bytes) -> Payload:

@@ -38,7 +38,9 @@ class OuterSync(Exchanging):
             return
         round_ = self.exchange.start(ends_round, self.replica.make_payload())
         gathered = self.exchange.finish(round_)
-        self.replica.apply(self.exchange.in_order(round_, gathered, self.replica.decode))
+        decoded = self.exchange.in_order(round_, gathered, self.replica.decode)
+        self.replica.apply([changes for _, changes in decoded])
+        self.exchange.applied_set(round_, [peer_id for peer_id, _ in decoded])
         self.exchange.follow_majority(gathered, trainer)
 
     def averaged(self, step: int) -> None:
