@@ -55,6 +55,7 @@ from swarm.model.evaluate import block_denoise_ce, denoise_ce
 from swarm.model.generate import continue_text
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.records import CheckpointInfo
+from swarm.p2p.store import CheckpointStore
 from swarm.p2p.transfer import BlockServicer
 from swarm.serving.remote import RemoteBlocks
 from swarm.sync.decoupled_momentum import DeMoConfig
@@ -174,7 +175,8 @@ def attack_wrong_answers(args, local, client, config, reference) -> dict:
     announced = [h.announcement.checkpoint for h in hosts_of(client, 1)]
     honest = max(announced, key=announced.count)  # the checkpoint most hosts vouch for
     with HostileNode(local.swarm, local.initial_peers) as node:
-        node.serve(BlockServicer(1, None, lambda: node.info(1)), WrongAnswers(config, 1, honest.sha256))
+        empty = CheckpointStore(local.workdir / "wrong-answers", config, 1, local.swarm)  # it holds no file: downloads refused
+        node.serve(BlockServicer(1, empty, lambda: node.info(1)), WrongAnswers(config, 1, honest.sha256))
         node.announce(1, state="serving", **checkpoint_of(honest))
         wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(1)}, 30, "the liar's record")
         return {"generation": generation(client, config, reference, liar=node.peer_id),
