@@ -97,7 +97,7 @@ class DeMoReplica:
     def apply(self, gathered: Sequence[tuple[str, Payload]]) -> list[str]:
         """The sign step on the coordinate-wise majority vote of the gathered (sender, payload)
         pairs that the evidence does not rule out (`trusted`); returns the senders that voted."""
-        kept, self.record = self._vote(gathered)
+        kept, self.record = self.trusted(gathered)
         voters = [gathered[i][1] for i in kept]
         for name, param in self.params.items():
             votes = [decompress(p[name]).sign() for p in voters if name in p]
@@ -108,9 +108,10 @@ class DeMoReplica:
             param.sub_(self.config.sign_lr * majority)
         return [gathered[i][0] for i in kept]
 
-    def trusted(self, gathered: Sequence[tuple[str, Payload]]) -> list[int]:
-        """The positions of the (sender, payload) pairs that would vote now: all but the senders
-        a strict majority of the others contradict. Two payloads are compared on the DCT
+    def trusted(self, gathered: Sequence[tuple[str, Payload]]) -> tuple[list[int], dict[tuple[str, str], tuple[float, float]]]:
+        """The positions of the (sender, payload) pairs that vote, and the record with this step's
+        counts in (`apply` keeps it; this leaves the replica as it was). Every sender votes but
+        those a strict majority of the others contradict. Two payloads are compared on the DCT
         coefficients both of them sent (same parameter, chunk and index): honest replicas'
         momenta share the gradient's large components, so where both picked one they agree on
         its sign (seen: 90-100% of shared coefficients early in training, ~70% or more later),
@@ -124,10 +125,6 @@ class DeMoReplica:
         the same voters; those that did not (a late joiner starts with none) may differ, and the
         voters are in the fingerprint of what a replica applied (exchange.py), so the others
         notice and average parameters."""
-        return self._vote(gathered)[0]
-
-    def _vote(self, gathered: Sequence[tuple[str, Payload]]) -> tuple[list[int], dict[tuple[str, str], tuple[float, float]]]:
-        """The positions that vote, and the record with this step's counts in."""
         decay = self.config.evidence_decay
         record = {pair: (agreed * decay, shared * decay) for pair, (agreed, shared) in self.record.items()
                   if shared * decay >= FORGOTTEN_BELOW}  # fmt: skip
