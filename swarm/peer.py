@@ -342,21 +342,29 @@ class Peer:
     def _train_until_stopped(self) -> None:
         self.announcer = threading.Thread(target=self._announce_periodically, name="announcer", daemon=True)
         self.announcer.start()  # its own thread: a step that waits on other replicas must not let the record lapse
-        while not self.stopping.is_set():
-            if self.config.max_steps is not None and self.trainer.step_count >= self.config.max_steps:
-                break
-            self.trainer.step()
-            self._keep_replicas_together()
-            if self.trainer.step_count % self.config.save_every == 0:
-                self._save()
-        self.sync.finish(self.trainer)
-        self._save()
+        self._train()
         if self.stopping.is_set():
             return
         self.state = "serving"  # done training (max steps): still serves its block until stopped
         self._announce(wait=True)
         logger.info("block %d: reached %d steps; serving until stopped", self.block, self.trainer.step_count)
         self.stopping.wait()
+
+    def _train(self) -> None:
+        """Step until stopped or `max_steps`, saving every `save_every` steps, then save the final
+        weights. A periodic save falls due only when training goes on: at the last step the sync
+        still has an update in flight (demo-overlap applies it in `finish`), and the final
+        checkpoint must hold it."""
+        while not self.stopping.is_set() and not self._reached_max_steps():
+            self.trainer.step()
+            self._keep_replicas_together()
+            if self.trainer.step_count % self.config.save_every == 0 and not self._reached_max_steps():
+                self._save()
+        self.sync.finish(self.trainer)
+        self._save()
+
+    def _reached_max_steps(self) -> bool:
+        return self.config.max_steps is not None and self.trainer.step_count >= self.config.max_steps
 
     def _announce_periodically(self) -> None:
         while not self.stopping.wait(self.config.announce_period):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ from swarm_helpers import tiny_swarm, wait_for
 
 from swarm.model.data import load_corpus
 from swarm.model.train import TrainConfig
-from swarm.peer import replica_trainer
+from swarm.peer import Peer, PeerConfig, replica_trainer
 
 SYNC = ["--sync", "demo", "--wait-for-replicas", "2", "--save-every", "50", "--announce-period", "1"]
 
@@ -136,6 +138,43 @@ def test_overlapped_replicas_stay_identical(tmp_path):
         differing = [k for k in first if not torch.equal(first[k], second[k])]
         assert not differing, differing
         assert "refused" not in local.started[-1].log() + local.started[-2].log()
+
+
+class OneStepLatePeer:
+    """The peer's training loop (`Peer._train`) around a sync that applies each step's update one
+    step late, as demo-overlap does; records what each save holds."""
+
+    _train, _reached_max_steps = Peer._train, Peer._reached_max_steps
+
+    def __init__(self, max_steps: int, save_every: int):
+        self.config = PeerConfig.__new__(PeerConfig)
+        self.config.max_steps, self.config.save_every = max_steps, save_every
+        self.stopping = threading.Event()
+        self.trainer = SimpleNamespace(step_count=0, step=self._step)
+        self.sync = SimpleNamespace(finish=self._finish)
+        self.applied = 0  # the last step whose update the weights hold
+        self.saves: list[tuple[int, int]] = []  # (checkpoint step, last update it holds)
+
+    def _step(self) -> None:
+        self.applied = self.trainer.step_count  # the previous step's update lands as this one runs
+        self.trainer.step_count += 1
+
+    def _finish(self, trainer) -> None:
+        self.applied = trainer.step_count
+
+    def _keep_replicas_together(self) -> None:
+        pass
+
+    def _save(self) -> None:  # as Peer._save: a step already saved is not saved again
+        if not self.saves or self.saves[-1][0] != self.trainer.step_count:
+            self.saves.append((self.trainer.step_count, self.applied))
+
+
+@pytest.mark.parametrize("max_steps", [12, 13])
+def test_the_final_checkpoint_holds_the_update_still_in_flight_when_training_ends(max_steps):
+    peer = OneStepLatePeer(max_steps=max_steps, save_every=6)
+    peer._train()
+    assert peer.saves == [(6, 5), *([(12, 11)] if max_steps > 12 else []), (max_steps, max_steps)]
 
 
 def test_outer_steps_of_one_step_without_compression_are_parameter_averaging(tmp_path):
