@@ -4,7 +4,8 @@ Modes (`swarm-peer --sync ...`): `dense` (hivemind's fp32 all-reduce of the grad
 step: the baseline of every ratio), `demo` (DeMo in lockstep: each step waits for the other
 replicas' payloads), `demo-overlap` (the same payloads, each step's exchange overlapped with
 the next step's compute) and `outer` (H local AdamW steps, then one compressed pseudo-gradient
-exchange; the peer's defaults, see swarm/sync/pseudo_gradient.py `OuterConfig`), and
+exchange; the peer's defaults, see swarm/sync/pseudo_gradient.py `OuterConfig`),
+`outer-overlap` (the same, each round's exchange overlapped with the next round's steps), and
 `outer-k128`, the same with 128 values kept per 64 x 64 chunk instead of the default (what
 the extra bytes buy in loss). `demo1` (lockstep, 1-bit values) can be added with --modes.
 
@@ -69,6 +70,7 @@ MODES = {
     "demo": ["--sync", "demo", "--value-bits", "16", "--top-k", "8"],
     "demo-overlap": ["--sync", "demo-overlap", "--value-bits", "16", "--top-k", "8"],
     "outer": ["--sync", "outer"],  # the peer's defaults (OuterConfig)
+    "outer-overlap": ["--sync", "outer-overlap"],  # the same, each round's exchange overlapped with the next round
     "outer-k128": ["--sync", "outer", "--outer-top-k", "128"],  # less compressed: what the bytes buy in loss
     "demo1": ["--sync", "demo", "--value-bits", "1", "--top-k", "4"],
 }
@@ -306,7 +308,7 @@ def targets(table: dict, counts: list[int], region_replicas: int) -> dict:
         f"outer validation loss / dense <= {LOSS_RATIO_TARGET} at equal steps ({counts[0]} replicas)": _judge(
             local.get("validation_loss_mode_over_dense"), lambda v: v <= LOSS_RATIO_TARGET),
     }  # fmt: skip
-    for mode in ("demo-overlap", "outer"):
+    for mode in ("demo-overlap", "outer", "outer-overlap"):
         figure = regions.get(mode, {}).get("compute_utilisation_min")
         verdicts[f"{mode} utilisation >= {UTILISATION_TARGET} in regions (lowest replica)"] = _judge(
             figure, lambda v: v >= UTILISATION_TARGET
@@ -383,7 +385,7 @@ def main() -> None:
     parser.add_argument("--region-steps", type=int, default=120)
     parser.add_argument("--region-batch-size", type=int, default=96, help="batch of the regions runs: a step that "
                         "takes about as long as a round trip between regions, as a real model's step does")  # fmt: skip
-    parser.add_argument("--region-modes", nargs="+", choices=list(MODES), default=["demo", "demo-overlap", "outer"])
+    parser.add_argument("--region-modes", nargs="+", choices=list(MODES), default=["demo", "demo-overlap", "outer", "outer-overlap"])
     parser.add_argument("--regions", default=str(Path(__file__).with_name("regions.yaml")))
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds one run may take")
     parser.add_argument("--os-check", action="store_true", help="also compare byte counts with the kernel's")
@@ -400,7 +402,7 @@ def main() -> None:
     if len(args.steps) != len(args.replicas):
         parser.error("give one --steps value, or one per --replicas value")
     outer_steps = OuterConfig().steps
-    if "outer" in args.modes + args.region_modes and any(s % outer_steps for s in [*args.steps, args.region_steps]):
+    if {"outer", "outer-overlap"} & {*args.modes, *args.region_modes} and any(s % outer_steps for s in [*args.steps, args.region_steps]):
         parser.error(f"every --steps and --region-steps must be a multiple of the outer steps' H ({outer_steps})")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run every teardown on SIGTERM too
     out = Path(args.out)

@@ -27,7 +27,8 @@ from swarm.sync.pseudo_gradient import COMPRESSIONS, OuterConfig
 @click.option("--sync", type=click.Choice(SYNC_MODES), default="demo", show_default=True,
               help="demo: DeMo exchange with the block's other replicas, every step in lockstep; demo-overlap: "
               "the same, each step's exchange overlapped with the next step's compute; outer: --outer-steps local "
-              "AdamW steps, then one compressed exchange; dense: all-reduce of full fp32 gradients (the baseline); "
+              "AdamW steps, then one compressed exchange; outer-overlap: the same, the exchange overlapped with "
+              "the next round's steps; dense: all-reduce of full fp32 gradients (the baseline); "
               "none: AdamW alone.")
 @click.option("--sync-deadline", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
               help="Seconds a step waits for the other replicas.")
@@ -43,7 +44,7 @@ from swarm.sync.pseudo_gradient import COMPRESSIONS, OuterConfig
 @click.option("--sign-lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True,
               help="DeMo: the sign step's learning rate.")
 @click.option("--outer-steps", type=click.IntRange(min=1), default=OuterConfig.steps, show_default=True,
-              help="outer: local steps between outer steps (H).")
+              help="outer, outer-overlap: local steps between outer steps (H).")
 @click.option("--outer-compression", type=click.Choice(COMPRESSIONS), default=OuterConfig.compression, show_default=True,
               help="outer: top-k of each chunk's DCT, of the raw change, or none (every value, float32).")
 @click.option("--outer-top-k", type=click.IntRange(min=1), default=OuterConfig.top_k, show_default=True,

@@ -60,7 +60,7 @@ from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica
 from swarm.sync.dense import DenseSync, ParameterAveraging, block_averager, trainable
 from swarm.sync.exchange import Exchange, PayloadServicer
 from swarm.sync.lockstep import DeMoSync
-from swarm.sync.outer import OuterSync
+from swarm.sync.outer import OuterOverlapSync, OuterSync
 from swarm.sync.overlap import DeMoOverlapSync
 from swarm.sync.pseudo_gradient import OuterConfig, OuterReplica
 from swarm.sync.strategy import NoSync, SyncStrategy
@@ -93,7 +93,8 @@ class PeerConfig:
     join_timeout: float = 30.0
     serve_ar_stage: bool = False  # also serve a stage of the autoregressive pipeline (serving benchmark)
     # "demo": DeMo exchange in lockstep; "demo-overlap": DeMo, exchange overlapped with the next step;
-    # "outer": H local steps, then a compressed pseudo-gradient; "dense": all-reduce of full gradients; "none": alone
+    # "outer": H local steps, then a compressed pseudo-gradient; "outer-overlap": the same, its exchange overlapped
+    # with the next round's steps; "dense": all-reduce of full gradients; "none": alone
     sync: str = "demo"
     sync_deadline: float = 5.0  # seconds a step waits for the other replicas
     wait_for_replicas: int = 1  # start once this many replicas (itself included) are seen; also the group size
@@ -113,7 +114,7 @@ class PeerConfig:
             raise SwarmError("--announce-period and --save-every must be positive")
         if self.sync not in SYNC_MODES:
             raise SwarmError(f"--sync must be one of {', '.join(SYNC_MODES)}, not {self.sync!r}")
-        if self.sync == "outer" and self.save_every % self.outer.steps != 0:
+        if self.sync in OUTER_MODES and self.save_every % self.outer.steps != 0:
             raise SwarmError("--save-every must be a multiple of --outer-steps: replicas hold the same weights "
                              "only at the end of an outer round")
         if self.average_every < 0:
@@ -134,7 +135,8 @@ def replica_trainer(
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-SYNC_MODES = ("demo", "demo-overlap", "outer", "dense", "none")
+OUTER_MODES = ("outer", "outer-overlap")
+SYNC_MODES = ("demo", "demo-overlap", *OUTER_MODES, "dense", "none")
 
 
 def _default_stop_signals() -> None:
@@ -250,13 +252,14 @@ class Peer:
             self.parameter_averaging = ParameterAveraging(self.trainer, self.averager, self.config.average_every, timeout)
         if self.config.sync == "dense":
             self.sync = DenseSync(self.trainer, self.averager, timeout)
-        if self.config.sync not in ("demo", "demo-overlap", "outer"):
+        if self.config.sync not in ("demo", "demo-overlap", *OUTER_MODES):
             self.trainer.update = self.sync.update
             return []
         payloads = PayloadServicer(self.block, self.config.sync_deadline)
         exchange = Exchange(payloads, self.p2p, self.loop, self.peer_id, self.replica_ids)
-        if self.config.sync == "outer":
-            self.sync = OuterSync(OuterReplica(module, self.config.outer, self.config.lr), exchange)
+        if self.config.sync in OUTER_MODES:
+            overlapped = self.config.sync == "outer-overlap"
+            self.sync = (OuterOverlapSync if overlapped else OuterSync)(OuterReplica(module, self.config.outer, self.config.lr), exchange)
         else:
             overlapped = self.config.sync == "demo-overlap"
             self.sync = (DeMoOverlapSync if overlapped else DeMoSync)(DeMoReplica(module, self.config.de_mo, self.config.lr), exchange)
@@ -351,20 +354,20 @@ class Peer:
         self.stopping.wait()
 
     def _train(self) -> None:
-        """Step until stopped or `max_steps`, saving every `save_every` steps, then save the final
-        weights. A periodic save falls due only when training goes on: at the last step the sync
-        still has an update in flight (demo-overlap applies it in `finish`), and the final
-        checkpoint must hold it."""
-        while not self.stopping.is_set() and not self._reached_max_steps():
+        """Step until stopped or `max_steps`, saving every `save_every` steps and at the end. Before
+        each save the sync applies what it still has in flight (an overlapped strategy is an update
+        behind): a checkpoint holds every update up to its step, and replicas that applied the
+        same ones save the same bytes."""
+        while not self.stopping.is_set():
+            if self.config.max_steps is not None and self.trainer.step_count >= self.config.max_steps:
+                break
             self.trainer.step()
             self._keep_replicas_together()
-            if self.trainer.step_count % self.config.save_every == 0 and not self._reached_max_steps():
+            if self.trainer.step_count % self.config.save_every == 0:
+                self.sync.finish(self.trainer)
                 self._save()
         self.sync.finish(self.trainer)
         self._save()
-
-    def _reached_max_steps(self) -> bool:
-        return self.config.max_steps is not None and self.trainer.step_count >= self.config.max_steps
 
     def _announce_periodically(self) -> None:
         while not self.stopping.wait(self.config.announce_period):

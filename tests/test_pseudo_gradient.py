@@ -78,6 +78,26 @@ def test_replicas_that_apply_the_same_payloads_hold_the_same_weights(tiny_config
         assert torch.equal(replicas[0].params[name], replicas[2].anchor[name])
 
 
+def test_a_round_applied_late_keeps_the_local_steps_taken_since_and_the_same_anchor(tiny_config):
+    """Overlapped outer steps: replica 0 takes two more local steps before the round comes in;
+    its anchor is the others', its weights the anchor plus those steps."""
+    replicas = [moved_replica(tiny_config, OuterConfig(), seed=s) for s in range(3)]
+    wires, sent_from = [r.make_payload() for r in replicas], replicas[0].weights()
+    with torch.no_grad():
+        for param in replicas[0].params.values():
+            param.add_(torch.randn(param.shape) * 1e-3)
+    progress = replicas[0].progress_since(sent_from)
+    for replica in replicas:
+        replica.apply([replica.decode(w) for w in wires], progress if replica is replicas[0] else None)
+    for name, param in replicas[0].params.items():
+        assert torch.equal(replicas[0].anchor[name], replicas[1].anchor[name])
+        assert torch.allclose(param, replicas[1].params[name] + progress[name], atol=1e-7)
+        assert not torch.equal(param, replicas[1].params[name])
+    no_progress = replicas[1].progress_since(replicas[1].weights())
+    replicas[1].apply([replicas[1].decode(w) for w in wires], no_progress)  # none since: exactly the anchor
+    assert all(torch.equal(p, replicas[1].anchor[n]) for n, p in replicas[1].params.items())
+
+
 def test_bad_payloads_are_refused(tiny_config):
     replica = moved_replica(tiny_config, OuterConfig())
     good = msgpack.unpackb(replica.make_payload())

@@ -124,19 +124,23 @@ def test_a_replica_that_misses_steps_is_averaged_back_in(tmp_path, mode):
         assert r1.sync_bytes_sent >= 4 * params and r2.sync_bytes_sent >= 4 * params
 
 
-def test_overlapped_replicas_stay_identical(tmp_path):
-    """Each step's set is applied one step late (the last one when training stops), the same on both."""
+@pytest.mark.parametrize("sync, rounds", [("demo-overlap", 12), ("outer-overlap", 4)])
+def test_overlapped_replicas_stay_identical(tmp_path, sync, rounds):
+    """Each step's set (outer-overlap: each round's, H = 3) is applied late, the same on both; the
+    one in flight is applied before each checkpoint, so checkpoints 6 and 12 are equal too."""
     with tiny_swarm(tmp_path, "syncoverlap", {"b": "1"}) as (local, _, client):
-        extra = [*SYNC, "--sync", "demo-overlap", "--max-steps", "12", "--sync-deadline", "20", "--average-every", "4"]
+        extra = [*SYNC, "--sync", sync, "--outer-steps", "3", "--max-steps", "12", "--save-every", "6",
+                 "--sync-deadline", "20", "--average-every", "4"]  # fmt: skip
         local.start_peer("r1", "0", extra)
         local.start_peer("r2", "0", extra)
         r1, r2 = sorted(wait_for(lambda: finished(client.directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
-        assert r1.sync_steps == r2.sync_steps == 12
+        assert r1.sync_steps == r2.sync_steps == rounds
         assert r1.drift is None and r2.drift is None  # they applied the same sets: no round was needed
         assert 0 < r1.compute_utilisation <= 1 and 0 < r2.compute_utilisation <= 1
-        first, second = final_checkpoint(local, "r1", 12), final_checkpoint(local, "r2", 12)
-        differing = [k for k in first if not torch.equal(first[k], second[k])]
-        assert not differing, differing
+        for step in (6, 12):
+            first, second = final_checkpoint(local, "r1", step), final_checkpoint(local, "r2", step)
+            differing = [k for k in first if not torch.equal(first[k], second[k])]
+            assert not differing, (step, differing)
         assert "refused" not in local.started[-1].log() + local.started[-2].log()
 
 
@@ -144,7 +148,7 @@ class OneStepLatePeer:
     """The peer's training loop (`Peer._train`) around a sync that applies each step's update one
     step late, as demo-overlap does; records what each save holds."""
 
-    _train, _reached_max_steps = Peer._train, Peer._reached_max_steps
+    _train = Peer._train
 
     def __init__(self, max_steps: int, save_every: int):
         self.config = PeerConfig.__new__(PeerConfig)
@@ -171,10 +175,10 @@ class OneStepLatePeer:
 
 
 @pytest.mark.parametrize("max_steps", [12, 13])
-def test_the_final_checkpoint_holds_the_update_still_in_flight_when_training_ends(max_steps):
+def test_every_checkpoint_holds_the_update_still_in_flight_at_its_step(max_steps):
     peer = OneStepLatePeer(max_steps=max_steps, save_every=6)
     peer._train()
-    assert peer.saves == [(6, 5), *([(12, 11)] if max_steps > 12 else []), (max_steps, max_steps)]
+    assert peer.saves == [(6, 6), (12, 12), *([(13, 13)] if max_steps > 12 else [])]
 
 
 def test_outer_steps_of_one_step_without_compression_are_parameter_averaging(tmp_path):

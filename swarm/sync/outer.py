@@ -12,7 +12,15 @@ next round and brought back by the peer's parameter averaging, after which its a
 averaged weights.
 
 The round blocks the trainer for one gather every H steps; at H = 30 and a step of 0.5 s that
-is one round trip per 15 s of compute.
+is one round trip per 15 s of compute, plus however far the slowest replica is behind.
+
+`--sync outer-overlap` (`OuterOverlapSync`) does not block: it publishes its payload at the
+end of a round and goes on with the next round's local steps; the outer step is applied at
+the first step whose update finds the gather done (at the latest when the next round ends,
+where it waits), on top of the local steps taken since (`OuterReplica.apply`'s `progress`).
+Replicas that apply the same sets hold the same anchor, whatever step each applied it at; at
+a checkpoint the peer first settles the round in flight (`finish`), so that checkpoints, which
+fall on round ends, hold the anchor itself and are identical across replicas, as `outer`'s are.
 """
 
 from __future__ import annotations
@@ -20,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swarm.model.train import Trainer
-from swarm.sync.exchange import Exchange, Exchanging
-from swarm.sync.pseudo_gradient import OuterReplica
+from swarm.sync.exchange import Exchange, Exchanging, Round
+from swarm.sync.pseudo_gradient import Changes, OuterReplica
 
 
 @dataclass
@@ -33,13 +41,17 @@ class OuterSync(Exchanging):
 
     def update(self, trainer: Trainer) -> None:
         trainer.optimizer.step()
-        ends_round = trainer.step_count + 1
-        if ends_round % self.replica.config.steps != 0:
-            return
-        round_ = self.exchange.start(ends_round, self.replica.make_payload())
+        if self._ends_round(trainer):
+            self.apply(self.exchange.start(trainer.step_count + 1, self.replica.make_payload()), trainer)
+
+    def _ends_round(self, trainer: Trainer) -> bool:
+        return (trainer.step_count + 1) % self.replica.config.steps == 0
+
+    def apply(self, round_: Round, trainer: Trainer, progress: Changes | None = None) -> None:
+        """Wait for a round's gather, take the outer step on its set, and follow a majority that is ahead."""
         gathered = self.exchange.finish(round_)
         decoded = self.exchange.in_order(round_, gathered, self.replica.decode)
-        self.replica.apply([changes for _, changes in decoded])
+        self.replica.apply([changes for _, changes in decoded], progress)
         self.exchange.applied_set(round_, [peer_id for peer_id, _ in decoded])
         self.exchange.follow_majority(gathered, trainer)
 
@@ -47,3 +59,40 @@ class OuterSync(Exchanging):
         """After parameter averaging the averaged weights are the anchor the next round starts from."""
         super().averaged(step)
         self.replica.reset()
+
+
+@dataclass
+class OuterOverlapSync(OuterSync):
+    """`--sync outer-overlap` (a `SyncStrategy`): outer steps whose exchange runs while the next
+    round's local steps compute (module docstring)."""
+
+    pending: Round | None = None  # the round in flight
+    sent_weights: Changes | None = None  # the weights its payload was made from
+
+    def update(self, trainer: Trainer) -> None:
+        trainer.optimizer.step()
+        ends_round = self._ends_round(trainer)
+        if self.pending is not None and (ends_round or self.pending.gathering.done()):
+            self._apply_pending(trainer)  # at a round's end the last one must be in: the next payload starts from it
+        if ends_round:
+            self.sent_weights = self.replica.weights()
+            self.pending = self.exchange.start(trainer.step_count + 1, self.replica.make_payload())
+
+    def _apply_pending(self, trainer: Trainer) -> None:
+        """Apply the round in flight, keeping the local steps taken since its payload."""
+        round_, self.pending = self.pending, None
+        self.apply(round_, trainer, self.replica.progress_since(self.sent_weights))
+
+    def finish(self, trainer: Trainer) -> None:
+        """The round in flight, applied between steps (as demo-overlap's `finish`: the wait is wall
+        time outside the trainer's compute, not counted again as waiting)."""
+        if self.pending is not None:
+            waited = self.exchange.wait_seconds
+            self._apply_pending(trainer)
+            self.exchange.wait_seconds = waited
+
+    def averaged(self, step: int) -> None:
+        """Averaged weights already hold every replica's change of the round in flight (uncompressed):
+        it is dropped, and the averaged weights are the anchor."""
+        self.pending = None
+        super().averaged(step)

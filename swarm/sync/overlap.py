@@ -6,8 +6,9 @@ applies the set it gathered for t-1, which had the whole forward and backward pa
 to arrive. The trainer waits only when the network is slower than a step. Every replica
 applies the same gathered set in the same order, one step late alike, so replicas that gather
 the same sets stay bit-identical; the trust rules are those of lockstep DeMo (majority vote,
-bounded values, steps believed only from a majority). When training stops, the last step's
-set is applied before the final checkpoint (`finish`).
+bounded values, steps believed only from a majority). Before each checkpoint, and when
+training stops, the last step's set is applied (`finish`), so a checkpoint holds every step's
+update up to its own.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ class DeMoOverlapSync(DeMoSync):
             self.pending = None
 
     def finish(self, trainer: Trainer) -> None:
-        """Apply the last step's set, so that the final weights hold every step's update (a wait
-        here comes after the last step: not a training step's wait)."""
+        """Apply the last step's set, so that the weights hold every step's update. A wait here
+        comes between steps, outside the trainer's compute time: it lowers utilisation as wall
+        time already and is not counted again as waiting."""
         if self.pending is not None:
             last, self.pending, waited = self.pending, None, self.exchange.wait_seconds
             self.apply(last, trainer)

@@ -129,15 +129,28 @@ class OuterReplica:
         return changes
 
     @torch.no_grad()
-    def apply(self, gathered: list[Changes]) -> None:
-        """The outer step on what a majority vouches for; every replica's weights become the new anchor.
-        With nothing to apply (every payload refused, our own included) the round changes nothing."""
+    def apply(self, gathered: list[Changes], progress: Changes | None = None) -> None:
+        """The outer step on what a majority vouches for; every replica's weights become the new
+        anchor, plus `progress` where given: the change of its own local steps since it made the
+        payload (an overlapped round, applied some steps late). With nothing to apply (every
+        payload refused, our own included) the round changes nothing."""
         if not gathered:
             return
         for name, param in self.params.items():
             update = majority_mean([changes[name] for changes in gathered])
             self.anchor[name].sub_(update, alpha=self.config.outer_lr)
             param.copy_(self.anchor[name])
+            if progress is not None:
+                param.add_(progress[name])
+
+    @torch.no_grad()
+    def weights(self) -> Changes:
+        """A copy of the weights as they are now (what `progress` is measured from)."""
+        return {name: param.detach().clone() for name, param in self.params.items()}
+
+    @torch.no_grad()
+    def progress_since(self, weights: Changes) -> Changes:
+        return {name: param.detach() - weights[name] for name, param in self.params.items()}
 
 
 @dataclass

@@ -5,7 +5,8 @@ peer announces. The peer also runs periodic parameter averaging (`swarm.sync.den
 the strategy whether it is needed: replicas that applied the same updates hold the same
 weights and can skip it. The strategies: `NoSync` below (`--sync none`), `DenseSync`
 (dense.py, `--sync dense`), `DeMoSync` (lockstep.py, `--sync demo`), `DeMoOverlapSync`
-(overlap.py, `--sync demo-overlap`) and `OuterSync` (outer.py, `--sync outer`).
+(overlap.py, `--sync demo-overlap`), `OuterSync` and `OuterOverlapSync` (outer.py, `--sync outer`,
+`--sync outer-overlap`).
 
 Bytes: a strategy counts what it sends over its own P2P exchange; what hivemind's averager
 sends (dense gradient steps and every parameter round) is counted by the averager, and the
@@ -33,7 +34,8 @@ class SyncStrategy(Protocol):
         touches the live weights)."""
 
     def finish(self, trainer: Trainer) -> None:
-        """Training is over: apply whatever is still in flight before the final checkpoint."""
+        """Apply whatever is still in flight: the peer calls it before every checkpoint and when
+        training ends."""
 
     def may_have_drifted(self) -> bool:
         """Whether this replica's weights may differ from the others' (then a parameter round is due)."""
