@@ -265,10 +265,14 @@ class Exchange:
         self.applied = applied_fingerprint(round_.step, peer_ids)
         self.rounds += 1
 
-    def follow_majority(self, gathered: Gathered, trainer: Trainer) -> bool:
-        """Jump the trainer's step ahead to where a majority of the replicas asked is; True if it jumped."""
+    def follow_majority(self, gathered: Gathered, trainer: Trainer, round_steps: int = 1) -> bool:
+        """Jump the trainer's step ahead to where a majority of the replicas asked is, if that is
+        past the end of the round this replica is in (rounds of `round_steps` steps: an
+        overlapped outer round is applied mid-round, when the others may well have ended the
+        round this replica is still in); True if it jumped."""
         ahead = gathered.majority_step()
-        if ahead <= trainer.step_count + 1:
+        round_end = -(-(trainer.step_count + 1) // round_steps) * round_steps
+        if ahead <= round_end:
             return False
         logger.info("a majority of the replicas is at step %d: jumping from %d", ahead, trainer.step_count)
         trainer.step_count = ahead - 1  # the trainer adds one after this update

@@ -16,8 +16,10 @@ is one round trip per 15 s of compute, plus however far the slowest replica is b
 
 `--sync outer-overlap` (`OuterOverlapSync`) does not block: it publishes its payload at the
 end of a round and goes on with the next round's local steps; the outer step is applied at
-the first step whose update finds the gather done (at the latest when the next round ends,
-where it waits), on top of the local steps taken since (`OuterReplica.apply`'s `progress`).
+the first step whose update finds the gather done, on top of the local steps taken since
+(`OuterReplica.apply`'s `progress`). It waits for the gather at the latest a tenth of a round
+after the round's end (`_overdue`): replicas that never waited would drift apart in time, a
+slower one further behind each round, until its payload missed the others' deadline.
 Replicas that apply the same sets hold the same anchor, whatever step each applied it at; at
 a checkpoint the peer first settles the round in flight (`finish`), so that checkpoints, which
 fall on round ends, hold the anchor itself and are identical across replicas, as `outer`'s are.
@@ -53,7 +55,7 @@ class OuterSync(Exchanging):
         decoded = self.exchange.in_order(round_, gathered, self.replica.decode)
         self.replica.apply([changes for _, changes in decoded], progress)
         self.exchange.applied_set(round_, [peer_id for peer_id, _ in decoded])
-        self.exchange.follow_majority(gathered, trainer)
+        self.exchange.follow_majority(gathered, trainer, self.replica.config.steps)
 
     def averaged(self, step: int) -> None:
         """After parameter averaging the averaged weights are the anchor the next round starts from."""
@@ -72,11 +74,15 @@ class OuterOverlapSync(OuterSync):
     def update(self, trainer: Trainer) -> None:
         trainer.optimizer.step()
         ends_round = self._ends_round(trainer)
-        if self.pending is not None and (ends_round or self.pending.gathering.done()):
-            self._apply_pending(trainer)  # at a round's end the last one must be in: the next payload starts from it
+        if self.pending is not None and (ends_round or self.pending.gathering.done() or self._overdue(trainer)):
+            self._apply_pending(trainer)
         if ends_round:
             self.sent_weights = self.replica.weights()
             self.pending = self.exchange.start(trainer.step_count + 1, self.replica.make_payload())
+
+    def _overdue(self, trainer: Trainer) -> bool:
+        """Whether the round in flight ended a tenth of a round ago (at least a step): then it is waited for."""
+        return trainer.step_count + 1 - self.pending.step >= max(1, self.replica.config.steps // 10)
 
     def _apply_pending(self, trainer: Trainer) -> None:
         """Apply the round in flight, keeping the local steps taken since its payload."""
