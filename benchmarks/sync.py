@@ -74,7 +74,7 @@ MODES = {
     "outer-k128": ["--sync", "outer", "--outer-top-k", "128"],  # less compressed: what the bytes buy in loss
     "demo1": ["--sync", "demo", "--value-bits", "1", "--top-k", "4"],
 }
-DEFAULT_MODES = ["dense", "demo", "demo-overlap", "outer", "outer-k128"]
+DEFAULT_MODES = ["dense", "demo", "demo-overlap", "outer", "outer-overlap", "outer-k128"]
 SMALL_MODEL = {"d_model": 128, "n_layers": 4, "n_blocks": 4, "n_heads": 4}  # a block of 0.38 M parameters
 REGION_ORDER = ("us-east", "eu-west", "ap-southeast")  # replica i goes to REGION_ORDER[i % 3]
 HUB_REGION = "eu-west"  # the bootstrap node and the benchmark's own client
