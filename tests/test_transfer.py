@@ -17,7 +17,7 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
 from swarm.errors import SwarmError
-from swarm.lab.attacks import CorruptChunks, TricklingDownloads
+from swarm.lab.attacks import CorruptChunks, Impersonating, TricklingDownloads
 from swarm.lab.hosting import CheckpointHost
 from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import ModelConfig, build_block
@@ -131,17 +131,15 @@ def test_a_first_run_can_be_assigned_and_a_stream_never_steals_from_its_own_host
     assert plan.claim("e") is not None  # an idle stream steals from another host's
 
 
-class CutStreams(BlockServicer):
+class CutStreams(Impersonating, BlockServicer):
     """Ends each of its first `cuts` streams of more than one chunk after one chunk, as a
     network may cut a stream: honest bytes, too few."""
+
+    imitates = BlockServicer
 
     def __init__(self, *args, cuts: int):
         super().__init__(*args)
         self.cuts = cuts
-
-    @classmethod
-    def _get_handle_name(cls, namespace, method_name):
-        return BlockServicer._get_handle_name(namespace, method_name)
 
     async def _stream_run(self, path, first, chunks):
         cut, sent = chunks > 1 and self.cuts > 0, 0

@@ -100,7 +100,7 @@ class HostileNode(InProcessNode):
         assert stored, "the DHT refused the record three times"
 
 
-class _Impersonating:
+class Impersonating:
     """Registers its handlers under the name of the service it imitates (hivemind names a
     handler after its class), so that clients reach it as they would an honest peer's."""
 
@@ -111,7 +111,7 @@ class _Impersonating:
         return cls.imitates._get_handle_name(namespace, method_name)
 
 
-class TricklingDownloads(_Impersonating, BlockServicer):
+class TricklingDownloads(Impersonating, BlockServicer):
     """Lists a file of `size` bytes (a huge one by default) for any checkpoint it is asked for, and
     answers every download with its header and then one byte per `every_s`."""
 
@@ -134,7 +134,7 @@ class TricklingDownloads(_Impersonating, BlockServicer):
             yield runtime_pb2.ExpertResponse(metadata=b"\0")
 
 
-class CorruptChunks(_Impersonating, BlockServicer):
+class CorruptChunks(Impersonating, BlockServicer):
     """Serves the checkpoints in its store (honest ones, which its record may vouch for) with the
     first byte of every chunk flipped. Its chunk list is the honest one, or with `forge_list` the
     list of the bytes it sends, so that each chunk matches the list it gave: then only the other
@@ -159,7 +159,7 @@ class CorruptChunks(_Impersonating, BlockServicer):
         return chunk_hashes(bytes(data))
 
 
-class WrongAnswers(_Impersonating, DenoiseServicer):
+class WrongAnswers(Impersonating, DenoiseServicer):
     """Serves a checkpoint it claims (an honest one's sha256) with other weights."""
 
     imitates = DenoiseServicer
@@ -169,7 +169,7 @@ class WrongAnswers(_Impersonating, DenoiseServicer):
         self.serve(garbage_block(config, block, scale=1.0), claimed_sha256)
 
 
-class LyingSyncReplies(_Impersonating, PayloadServicer):
+class LyingSyncReplies(Impersonating, PayloadServicer):
     """Answers sync polls in turn with garbage, off-schema maps, and a step far ahead."""
 
     imitates = PayloadServicer
@@ -187,7 +187,7 @@ class LyingSyncReplies(_Impersonating, PayloadServicer):
         return runtime_pb2.ExpertResponse(metadata=next(self.replies))
 
 
-class HostileReplica(_Impersonating, PayloadServicer):
+class HostileReplica(Impersonating, PayloadServicer):
     """A replica that trains as an honest one does (its own batches, its own DeMo momentum, the
     gathered updates applied) but sends, each step, its own update perturbed (`mode`): negated,
     at the largest values allowed against its own direction, or with random signs; or NaN,
