@@ -14,7 +14,7 @@ from swarm_helpers import tiny_swarm, wait_for
 
 from swarm.model.data import load_corpus
 from swarm.model.train import TrainConfig
-from swarm.peer import Peer, PeerConfig, replica_trainer
+from swarm.peer import Peer, replica_trainer
 
 SYNC = ["--sync", "demo", "--wait-for-replicas", "2", "--save-every", "50", "--announce-period", "1"]
 
@@ -151,8 +151,7 @@ class OneStepLatePeer:
     _train = Peer._train
 
     def __init__(self, max_steps: int, save_every: int):
-        self.config = PeerConfig.__new__(PeerConfig)
-        self.config.max_steps, self.config.save_every = max_steps, save_every
+        self.config = SimpleNamespace(max_steps=max_steps, save_every=save_every)
         self.stopping = threading.Event()
         self.trainer = SimpleNamespace(step_count=0, step=self._step)
         self.sync = SimpleNamespace(finish=self._finish)

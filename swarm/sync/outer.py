@@ -86,8 +86,8 @@ class OuterOverlapSync(OuterSync):
 
     def _apply_pending(self, trainer: Trainer) -> None:
         """Apply the round in flight, keeping the local steps taken since its payload."""
-        round_, self.pending = self.pending, None
-        self.apply(round_, trainer, self.replica.progress_since(self.sent_weights))
+        round_, sent_weights, self.pending, self.sent_weights = self.pending, self.sent_weights, None, None
+        self.apply(round_, trainer, self.replica.progress_since(sent_weights))
 
     def finish(self, trainer: Trainer) -> None:
         """The round in flight, applied between steps (as demo-overlap's `finish`: the wait is wall
