@@ -69,6 +69,7 @@ MODES = {
     "dense": ["--sync", "dense"],
     "demo": ["--sync", "demo", "--value-bits", "16", "--top-k", "8"],
     "demo-overlap": ["--sync", "demo-overlap", "--value-bits", "16", "--top-k", "8"],
+    "demo-overlap2": ["--sync", "demo-overlap", "--overlap-steps", "2", "--value-bits", "16", "--top-k", "8"],  # two steps late
     "outer": ["--sync", "outer"],  # the peer's defaults (OuterConfig)
     "outer-overlap": ["--sync", "outer-overlap"],  # the same, each round's exchange overlapped with the next round
     "outer-k128": ["--sync", "outer", "--outer-top-k", "128"],  # less compressed: what the bytes buy in loss

@@ -61,7 +61,7 @@ from swarm.sync.dense import DenseSync, ParameterAveraging, block_averager, trai
 from swarm.sync.exchange import Exchange, PayloadServicer
 from swarm.sync.lockstep import DeMoSync
 from swarm.sync.outer import OuterOverlapSync, OuterSync
-from swarm.sync.overlap import DeMoOverlapSync
+from swarm.sync.overlap import MAX_LATE_STEPS, DeMoOverlapSync
 from swarm.sync.pseudo_gradient import OuterConfig, OuterReplica
 from swarm.sync.strategy import NoSync, SyncStrategy
 from swarm.waiting import wait_for
@@ -97,6 +97,7 @@ class PeerConfig:
     # with the next round's steps; "dense": all-reduce of full gradients; "none": alone
     sync: str = "demo"
     sync_deadline: float = 5.0  # seconds a step waits for the other replicas
+    overlap_steps: int = 1  # demo-overlap: how many steps late each step's gathered set is applied
     wait_for_replicas: int = 1  # start once this many replicas (itself included) are seen; also the group size
     average_every: int = 100  # average parameters with the other replicas every this many steps (0: never)
     expect_config_hash: str | None = None  # refuse a swarm whose model config hash differs (a prefix will do)
@@ -117,6 +118,8 @@ class PeerConfig:
         if self.sync in OUTER_MODES and self.save_every % self.outer.steps != 0:
             raise SwarmError("--save-every must be a multiple of --outer-steps: replicas hold the same weights "
                              "only at the end of an outer round")
+        if not 1 <= self.overlap_steps <= MAX_LATE_STEPS:
+            raise SwarmError(f"--overlap-steps must be from 1 to {MAX_LATE_STEPS}")
         if self.average_every < 0:
             raise SwarmError("--average-every must be 0 (never) or a number of steps")
         if self.reachability not in ("auto", "direct", "relayed"):
@@ -203,6 +206,11 @@ class Peer:
         self.block = self._choose_block(self.model_config)
         logger.info("peer %s hosts block %d of swarm %r", self.peer_id, self.block, self.config.swarm)
         self._announce(wait=True)  # as "joining": peers choosing a block now see this one taken
+        # from here on the record is kept alive: a join that loads, checks or fetches for longer
+        # than the record lives must not vanish from the other replicas' lists (they would train
+        # on without this one's payloads) nor leave its block looking free to the next joiner
+        self.announcer = threading.Thread(target=self._announce_periodically, name="announcer", daemon=True)
+        self.announcer.start()
         # a checkpoint stays at least as long as a record that names it may live (and then some)
         self.store = CheckpointStore(Path(self.config.checkpoint_dir), self.model_config, self.block, self.config.swarm,
                                      min_age_s=4 * self.config.announce_period + P2P_CALL_TIMEOUT_S)
@@ -261,8 +269,11 @@ class Peer:
             overlapped = self.config.sync == "outer-overlap"
             self.sync = (OuterOverlapSync if overlapped else OuterSync)(OuterReplica(module, self.config.outer, self.config.lr), exchange)
         else:
-            overlapped = self.config.sync == "demo-overlap"
-            self.sync = (DeMoOverlapSync if overlapped else DeMoSync)(DeMoReplica(module, self.config.de_mo, self.config.lr), exchange)
+            replica = DeMoReplica(module, self.config.de_mo, self.config.lr)
+            if self.config.sync == "demo-overlap":
+                self.sync = DeMoOverlapSync(replica, exchange, late_steps=self.config.overlap_steps)
+            else:
+                self.sync = DeMoSync(replica, exchange)
         self.trainer.update = self.sync.update
         return [payloads]
 
@@ -343,9 +354,7 @@ class Peer:
         logger.info("block %d: starting at step %d from %s (spot-check loss %.3f)", self.block, step, origin, choice.loss)
 
     def _train_until_stopped(self) -> None:
-        self.announcer = threading.Thread(target=self._announce_periodically, name="announcer", daemon=True)
-        self.announcer.start()  # its own thread: a step that waits on other replicas must not let the record lapse
-        self._train()
+        self._train()  # the announcer has its own thread: a step that waits on other replicas must not let the record lapse
         if self.stopping.is_set():
             return
         self.state = "serving"  # done training (max steps): still serves its block until stopped
@@ -374,7 +383,8 @@ class Peer:
             try:
                 self._read_replicas()  # first: a failed announcement must not keep the replica list stale
                 self._announce()
-                self.pings.start_round()  # in the background: its figures go into the next announcement
+                if self.pings is not None:  # made once the block is being served
+                    self.pings.start_round()  # in the background: its figures go into the next announcement
             except Exception as error:  # a DHT hiccup: the next period tries again
                 logger.warning("block %d: announcing failed: %s", self.block, error)
 

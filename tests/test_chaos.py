@@ -18,7 +18,9 @@ def test_churn_loses_no_block_tears_no_checkpoint_and_hangs_nothing(tmp_path):
         with local.client() as client:
             config = client.directory.wait_for_model(30)
             runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, ping_timeout=2)
-            chaos = ChaosConfig(duration_s=60, kill_every_s=5, fetch_every_s=15, peer_extra=CHAOS_PEER, seed=1)
+            # a fetch takes most of a minute on two busy cores: they run back to back, and the churn
+            # goes on until two have finished
+            chaos = ChaosConfig(duration_s=60, kill_every_s=5, fetch_every_s=5, min_fetches=2, peer_extra=CHAOS_PEER, seed=1)
             monkey = ChaosMonkey(local, runner, chaos)
             monkey.start_peers()
             monkey.run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import pytest
 import torch
@@ -134,6 +135,24 @@ def test_restarted_peer_resumes_from_its_own_checkpoint_dir(swarm):
     resumed = wait_for(lambda: [h for h in directory.hosts(1) if h.announcement.state != "joining"], 60, "b back")
     assert resumed[0].announcement.step == 6
     assert "from own checkpoint" in again.log()
+
+
+def test_a_peer_stays_listed_for_as_long_as_its_join_takes(swarm):
+    """Block 0 has no host since the crash test. A peer that waits there for a second replica
+    (or loads, or fetches a checkpoint) for longer than its record lives (three announce
+    periods) is listed all along: one missing from the others' lists would have them train on
+    without its payloads."""
+    directory = swarm.directory
+    lonely = swarm.start_peer("lonely", "0", [*FAST_PEER, "--wait-for-replicas", "2"])
+    listed = lambda: [h for h in directory.hosts(0) if h.announcement.public_name == "lonely"]  # noqa: E731
+    wait_for(lambda: [h for h in listed() if h.announcement.state == "training"], 60, "lonely waiting for a replica")
+    seen = []
+    for _ in range(8):  # four record lifetimes
+        time.sleep(1.5)
+        seen.append(bool(listed()))
+    assert all(seen), seen
+    assert lonely.process.poll() is None and "saved step" not in lonely.log()  # still waiting, not training
+    assert swarm.stop(lonely, signal.SIGTERM, timeout=20) == 0
 
 
 def test_bootstrap_identity_is_created_once_and_kept(tmp_path):

@@ -15,6 +15,7 @@ from swarm_helpers import tiny_swarm, wait_for
 from swarm.model.data import load_corpus
 from swarm.model.train import TrainConfig
 from swarm.peer import Peer, replica_trainer
+from swarm.sync.overlap import DeMoOverlapSync
 
 SYNC = ["--sync", "demo", "--wait-for-replicas", "2", "--save-every", "50", "--announce-period", "1"]
 
@@ -178,6 +179,42 @@ def test_every_checkpoint_holds_the_update_still_in_flight_at_its_step(max_steps
     peer = OneStepLatePeer(max_steps=max_steps, save_every=6)
     peer._train()
     assert peer.saves == [(6, 6), (12, 12), *([(13, 13)] if max_steps > 12 else [])]
+
+
+class StepOrderExchange:
+    """An exchange reduced to its order: a round is its step, and each applied set is recorded
+    with the trainer's step at the time it was applied."""
+
+    def __init__(self, trainer):
+        self.trainer, self.wait_seconds, self.applied = trainer, 0.0, []
+
+    def start(self, step: int, own: bytes) -> int:
+        return step
+
+    def finish(self, round_):
+        return None
+
+    def in_order(self, round_, gathered, decode) -> list:
+        return []
+
+    def applied_set(self, round_: int, voters) -> None:
+        self.applied.append((round_, self.trainer.step_count))
+
+    def follow_majority(self, gathered, trainer, round_steps: int = 1) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("late", [1, 2])
+def test_demo_overlap_applies_each_steps_set_that_many_steps_late_and_the_rest_before_a_save(late):
+    trainer = SimpleNamespace(step_count=0)
+    exchange = StepOrderExchange(trainer)
+    sync = DeMoOverlapSync(SimpleNamespace(apply=lambda decoded: []), exchange, late_steps=late)
+    sync.own_payload = lambda trainer: b""
+    for _ in range(5):
+        sync.update(trainer)
+        trainer.step_count += 1
+    sync.finish(trainer)
+    assert exchange.applied == [(step, step + late) for step in range(5 - late)] + [(step, 5) for step in range(5 - late, 5)]
 
 
 def test_outer_steps_of_one_step_without_compression_are_parameter_averaging(tmp_path):

@@ -37,10 +37,12 @@ FETCH_TIMEOUT_S = 180.0
 class ChaosConfig:
     duration_s: float = 60.0
     kill_every_s: float = 5.0
-    fetch_every_s: float = 15.0
+    fetch_every_s: float = 15.0  # between the starts of two fetches (or at once, if one took longer)
+    min_fetches: int = 0  # the churn goes on past duration_s until this many fetches have finished...
     peers_per_block: int = 2
     peer_extra: list[str] = field(default_factory=list)  # swarm-peer options of every peer
     seed: int = 0
+    longest_s: float = 0.0  # ...but never past this (0: three times duration_s)
 
 
 @dataclass
@@ -87,21 +89,35 @@ class ChaosMonkey:
         self.running.append(Running(handle, block))
 
     def run(self) -> dict:
-        """The chaos period: kills, restarts, fetches and samples, for `duration_s` seconds."""
+        """The chaos period: kills, restarts, fetches and samples, for `duration_s` seconds, and
+        longer while fewer than `min_fetches` fetches have finished (a fetch on two busy cores can
+        take most of a minute, and a period without one would check nothing about fetching)."""
         fetches = threading.Thread(target=self._fetch_now_and_then, daemon=True)
-        started = time.monotonic()
+        self._started = time.monotonic()
         self._stop_fetching = threading.Event()
         fetches.start()
-        next_kill = started + self.config.kill_every_s
-        while time.monotonic() - started < self.config.duration_s:
+        next_kill = self._started + self.config.kill_every_s
+        while not self._chaos_over():
             self._sample()
             if time.monotonic() >= next_kill:
                 self._kill_and_replace()
                 next_kill = time.monotonic() + self.config.kill_every_s
             time.sleep(1.0)
+        if self._fetches_finished() < self.config.min_fetches:
+            logger.warning("the chaos period ends with %d of %d fetches finished", self._fetches_finished(), self.config.min_fetches)
         self._stop_fetching.set()
         fetches.join(FETCH_TIMEOUT_S + 10)
         return self.figures
+
+    def _chaos_over(self) -> bool:
+        elapsed = time.monotonic() - self._started
+        if elapsed >= (self.config.longest_s or 3 * self.config.duration_s):
+            return True
+        return elapsed >= self.config.duration_s and self._fetches_finished() >= self.config.min_fetches
+
+    def _fetches_finished(self) -> int:
+        f = self.figures
+        return f["fetches_succeeded"] + f["fetches_failed_naming_a_block"] + f["fetches_failed_otherwise"]
 
     def _sample(self) -> None:
         hosts = self.directory.all_hosts(self.model.n_blocks)
@@ -147,9 +163,10 @@ class ChaosMonkey:
                 self.figures["steps_lost"] += max(0, a.step - a.checkpoint.step)
 
     def _fetch_now_and_then(self) -> None:
-        count = 0
-        while not self._stop_fetching.wait(self.config.fetch_every_s):
+        count, next_start = 0, time.monotonic() + self.config.fetch_every_s
+        while not self._stop_fetching.wait(max(0.0, next_start - time.monotonic())) and not self._chaos_over():
             count += 1
+            next_start = time.monotonic() + self.config.fetch_every_s
             self.figures["fetches_tried"] += 1
             try:
                 result = self.local.run("swarm-fetch", "--out", f"chaos-fetch-{count}", timeout=FETCH_TIMEOUT_S)

@@ -17,12 +17,15 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import logging
+import os
 import select
 import signal
 import sys
 import time
 from pathlib import Path
 
+NICENESS = -10  # the delay line stands for the network, which does not wait for the peers' CPUs
 QUEUE_LENGTH = 65536  # packets the kernel may hold for us: a delay line holds a link's bandwidth x delay
 SOCKET_BYTES = 16 * 1024**2
 
@@ -48,6 +51,10 @@ def main() -> None:
         key = packet.indev, packet.outdev
         lines[key].append((time.monotonic() + delays.get(key, 0.0), packet))
 
+    try:  # at the peers' priority, a packet would wait for a busy core on top of its delay
+        os.setpriority(os.PRIO_PROCESS, 0, NICENESS)
+    except PermissionError:
+        logging.getLogger(__name__).warning("not allowed to raise its priority: delays may run long on busy cores")
     queue = NetfilterQueue()
     queue.bind(args.queue, hold, max_len=QUEUE_LENGTH, mode=COPY_META, sock_len=SOCKET_BYTES)
     stopping = []

@@ -244,6 +244,9 @@ class Exchange:
         self.round_seconds = gathered.seconds
         self._request_bytes += gathered.bytes_sent
         self._reply_bytes += gathered.bytes_received
+        if len(gathered.payloads) < gathered.asked:
+            logger.warning("step %d: no payload from %d of the %d replicas asked in %.1fs (newest steps reported: %s)",
+                           round_.step, gathered.asked - len(gathered.payloads), gathered.asked, gathered.seconds, gathered.reported_steps)  # fmt: skip
         if any(f != round_.fingerprint for f in gathered.fingerprints.values()) and not self.drifted:
             logger.info("step %d: another replica applied other payloads than we did: parameters will be averaged", round_.step)
             self.drifted = True
