@@ -7,8 +7,9 @@ the next step's compute) and `outer` (H local AdamW steps, then one compressed p
 exchange; the peer's defaults, see swarm/sync/pseudo_gradient.py `OuterConfig`),
 `outer-overlap` (the same, each round's exchange overlapped with the next round's steps), and
 `outer-k128`, the same with 128 values kept per 64 x 64 chunk instead of the default (what
-the extra bytes buy in loss). `demo1` (lockstep, 1-bit values) and `demo-overlap2` (each set
-applied two steps late: `--overlap-steps 2`) can be added with --modes or --region-modes.
+the extra bytes buy in loss). `demo1` (lockstep, 1-bit values) and `demo-overlap2` / `demo-overlap3`
+(each set applied two / three steps late: `--overlap-steps`) can be added with --modes or
+--region-modes.
 
 For each replica count of --replicas (with the matching --steps) and each mode: one swarm of
 separate processes on 127.0.0.1, a bootstrap node and N peers that all host the same block of
@@ -71,6 +72,7 @@ MODES = {
     "demo": ["--sync", "demo", "--value-bits", "16", "--top-k", "8"],
     "demo-overlap": ["--sync", "demo-overlap", "--value-bits", "16", "--top-k", "8"],
     "demo-overlap2": ["--sync", "demo-overlap", "--overlap-steps", "2", "--value-bits", "16", "--top-k", "8"],  # two steps late
+    "demo-overlap3": ["--sync", "demo-overlap", "--overlap-steps", "3", "--value-bits", "16", "--top-k", "8"],
     "outer": ["--sync", "outer"],  # the peer's defaults (OuterConfig)
     "outer-overlap": ["--sync", "outer-overlap"],  # the same, each round's exchange overlapped with the next round
     "outer-k128": ["--sync", "outer", "--outer-top-k", "128"],  # less compressed: what the bytes buy in loss
@@ -310,7 +312,7 @@ def targets(table: dict, counts: list[int], region_replicas: int) -> dict:
         f"outer validation loss / dense <= {LOSS_RATIO_TARGET} at equal steps ({counts[0]} replicas)": _judge(
             local.get("validation_loss_mode_over_dense"), lambda v: v <= LOSS_RATIO_TARGET),
     }  # fmt: skip
-    for mode in ("demo-overlap", "demo-overlap2", "outer", "outer-overlap"):
+    for mode in ("demo-overlap", "outer", "outer-overlap", *(m for m in regions if m.startswith("demo-overlap") and m != "demo-overlap")):
         figure = regions.get(mode, {}).get("compute_utilisation_min")
         verdicts[f"{mode} utilisation >= {UTILISATION_TARGET} in regions (lowest replica)"] = _judge(
             figure, lambda v: v >= UTILISATION_TARGET
