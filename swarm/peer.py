@@ -6,7 +6,8 @@
 3. start from its own newest checkpoint, else the freshest verified replica's, else fresh;
 4. serve its checkpoints over P2P and announce itself under `S.block.<b>`;
 5. train with the core's block trainer, saving every `save_every` steps, until `max_steps`
-   or a stop signal, while a thread announces it every `announce_period` seconds;
+   or a stop signal; from the moment it chose its block (step 2), a thread announces it
+   every `announce_period` seconds;
 6. on stop: save, announce that it is leaving, shut down.
 
 Threads and processes, and who may touch the weights:
@@ -169,6 +170,7 @@ class Peer:
         self.reached: Reached = "direct"
         self._replica_ids: list[str] = []  # read from the DHT by the announcer thread, never by the trainer's
         self.announcer: threading.Thread | None = None
+        self._announcing = threading.Lock()  # held while a record is built and stored
         self.averager = None  # hivemind's averager (a child process), for --sync dense and parameter rounds
         self.parameter_averaging: ParameterAveraging | None = None
         self.pings: NeighbourPings | None = None  # round trips to neighbours, measured in the background
@@ -278,8 +280,8 @@ class Peer:
         return [payloads]
 
     def replica_ids(self) -> list[str]:
-        """The other peers training this block, as last read (a DHT read takes a round trip or more:
-        the trainer's thread never waits for one)."""
+        """The other peers training this block (joining ones are not asked before they train), as
+        last read (a DHT read takes a round trip or more: the trainer's thread never waits for one)."""
         return self._replica_ids
 
     def _read_replicas(self) -> None:
@@ -290,8 +292,8 @@ class Peer:
             logger.warning("block %d: %s; keeping the %d replicas known", self.block, error, len(self._replica_ids))
             return
         self._replica_ids = sorted(
-            h.peer_id for h in hosts if h.peer_id != self.peer_id and h.announcement.state in ("joining", "training")
-        )
+            h.peer_id for h in hosts if h.peer_id != self.peer_id and h.announcement.state == "training"
+        )  # a joining one has no payloads to give yet: asking it would hold every step up to the deadline
 
     def _read_dht(self, read: Callable[[], T], what: str) -> T:
         """A DHT read needed to join, retried while the DHT is slow, up to the join timeout."""
@@ -416,11 +418,12 @@ class Peer:
         recent = self.trainer.losses[-LOSS_WINDOW:] if self.trainer else []
         seconds = self.trainer.step_seconds[-LOSS_WINDOW:] if self.trainer else []
         sync, averaging = self.sync, self.parameter_averaging
+        joining = self.state == "joining"  # a joining record claims no progress
         return BlockAnnouncement(
             peer_id=self.peer_id,
             state=self.state,
-            step=self.trainer.step_count if self.trainer else 0,
-            checkpoint=self.checkpoint,
+            step=self.trainer.step_count if self.trainer and not joining else 0,
+            checkpoint=None if joining else self.checkpoint,  # one it may not serve yet
             loss=sum(recent) / len(recent) if recent else None,
             throughput=len(seconds) / sum(seconds) if seconds else 0.0,
             version=__version__,
@@ -437,9 +440,13 @@ class Peer:
         )
 
     def _announce(self, wait: bool = False) -> None:
+        """Store this peer's record. One at a time, so that a record built before a change of
+        state (the announcer's) never expires later than the one built after it (the main
+        thread's): the later expiration is the one the DHT keeps."""
         lifetime = 3 * self.config.announce_period
         try:
-            ok = self.directory.announce(self.block, self._announcement(), lifetime, wait=wait)
+            with self._announcing:
+                ok = self.directory.announce(self.block, self._announcement(), lifetime, wait=wait)
         except DHTUnavailable as error:  # the next announcement tries again; the record lives 3 periods
             logger.warning("block %d: %s", self.block, error)
             return

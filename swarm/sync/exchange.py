@@ -49,10 +49,11 @@ from swarm.sync.decoupled_momentum import PayloadError
 
 logger = logging.getLogger(__name__)
 
-KEEP_PAYLOADS = 8  # own payloads (steps or outer rounds) kept for late askers
+KEEP_PAYLOADS = 8  # own payloads (steps or outer rounds) kept for late askers: twice MAX_STEPS_IN_FLIGHT
 RETRY_S = 0.2  # pause before asking a peer again that could not answer yet
 PENDING_STEPS = 16  # steps not yet published that polls may wait for at once (honest ones ask the next one or two)
-POLLS_PER_PEER = 2  # long polls one replica may have waiting here at once (it asks one step at a time)
+MAX_STEPS_IN_FLIGHT = 4  # gathers one replica may have running at once (demo-overlap --overlap-steps)
+POLLS_PER_PEER = MAX_STEPS_IN_FLIGHT + 1  # long polls one replica may have waiting here at once
 FINISH_GRACE_S = 5.0  # beyond the deadline, how long waiting for a gather may take before it is given up
 D = TypeVar("D")
 

@@ -7,10 +7,11 @@ to arrive. The trainer waits only when the network is slower than a step. With
 `--overlap-steps D` the set of t is applied at step t+D instead: D steps of compute for the
 exchange to arrive in, so a replica that runs a little behind the others (a busy core, a
 far region) does not stall them, for an update D steps stale. Every replica
-applies the same gathered set in the same order, one step late alike, so replicas that gather
+applies the same gathered set in the same order, D steps late alike (replicas of a block
+must run the same D), so replicas that gather
 the same sets stay bit-identical; the trust rules are those of lockstep DeMo (majority vote,
 bounded values, steps believed only from a majority). Before each checkpoint, and when
-training stops, the last step's set is applied (`finish`), so a checkpoint holds every step's
+training stops, the sets still in flight are applied (`finish`), so a checkpoint holds every step's
 update up to its own.
 """
 
@@ -20,10 +21,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from swarm.model.train import Trainer
-from swarm.sync.exchange import KEEP_PAYLOADS, Round
+from swarm.sync.exchange import MAX_STEPS_IN_FLIGHT, Round
 from swarm.sync.lockstep import DeMoSync
 
-MAX_LATE_STEPS = KEEP_PAYLOADS // 2  # a replica this far behind still finds the payloads it asks for
+MAX_LATE_STEPS = MAX_STEPS_IN_FLIGHT  # as many gathers in flight as the others' poll limits admit
 
 
 @dataclass
