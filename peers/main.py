@@ -8,7 +8,7 @@ from swarm.cli.console import run_command
 from swarm.cli.options import network_options, swarm_options
 from swarm.peer import SYNC_MODES, Peer, PeerConfig
 from swarm.sync.decoupled_momentum import DeMoConfig
-from swarm.sync.overlap import MAX_LATE_STEPS
+from swarm.sync.exchange import MAX_STEPS_IN_FLIGHT
 from swarm.sync.pseudo_gradient import COMPRESSIONS, OuterConfig
 
 
@@ -33,7 +33,7 @@ from swarm.sync.pseudo_gradient import COMPRESSIONS, OuterConfig
               "none: AdamW alone.")
 @click.option("--sync-deadline", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
               help="Seconds a step waits for the other replicas.")
-@click.option("--overlap-steps", type=click.IntRange(min=1, max=MAX_LATE_STEPS), default=1, show_default=True,
+@click.option("--overlap-steps", type=click.IntRange(min=1, max=MAX_STEPS_IN_FLIGHT), default=1, show_default=True,
               help="demo-overlap: apply each step's gathered set this many steps late (more time for the "
               "exchange, a staler update).")
 @click.option("--wait-for-replicas", type=click.IntRange(min=1), default=1, show_default=True,

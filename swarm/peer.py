@@ -59,10 +59,10 @@ from swarm.serving.ar_pipeline import StageServicer
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica
 from swarm.sync.dense import DenseSync, ParameterAveraging, block_averager, trainable
-from swarm.sync.exchange import Exchange, PayloadServicer
+from swarm.sync.exchange import MAX_STEPS_IN_FLIGHT, Exchange, PayloadServicer
 from swarm.sync.lockstep import DeMoSync
 from swarm.sync.outer import OuterOverlapSync, OuterSync
-from swarm.sync.overlap import MAX_LATE_STEPS, DeMoOverlapSync
+from swarm.sync.overlap import DeMoOverlapSync
 from swarm.sync.pseudo_gradient import OuterConfig, OuterReplica
 from swarm.sync.strategy import NoSync, SyncStrategy
 from swarm.waiting import wait_for
@@ -119,8 +119,8 @@ class PeerConfig:
         if self.sync in OUTER_MODES and self.save_every % self.outer.steps != 0:
             raise SwarmError("--save-every must be a multiple of --outer-steps: replicas hold the same weights "
                              "only at the end of an outer round")
-        if not 1 <= self.overlap_steps <= MAX_LATE_STEPS:
-            raise SwarmError(f"--overlap-steps must be from 1 to {MAX_LATE_STEPS}")
+        if not 1 <= self.overlap_steps <= MAX_STEPS_IN_FLIGHT:
+            raise SwarmError(f"--overlap-steps must be from 1 to {MAX_STEPS_IN_FLIGHT}")
         if self.average_every < 0:
             raise SwarmError("--average-every must be 0 (never) or a number of steps")
         if self.reachability not in ("auto", "direct", "relayed"):

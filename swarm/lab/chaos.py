@@ -38,11 +38,10 @@ class ChaosConfig:
     duration_s: float = 60.0
     kill_every_s: float = 5.0
     fetch_every_s: float = 15.0  # between the starts of two fetches (or at once, if one took longer)
-    min_fetches: int = 0  # the churn goes on past duration_s until this many fetches have finished...
+    min_fetches: int = 0  # the churn goes on past duration_s until this many fetches have finished, up to 3x duration_s
     peers_per_block: int = 2
     peer_extra: list[str] = field(default_factory=list)  # swarm-peer options of every peer
     seed: int = 0
-    longest_s: float = 0.0  # ...but never past this (0: three times duration_s)
 
 
 @dataclass
@@ -111,7 +110,7 @@ class ChaosMonkey:
 
     def _chaos_over(self) -> bool:
         elapsed = time.monotonic() - self._started
-        if elapsed >= (self.config.longest_s or 3 * self.config.duration_s):
+        if elapsed >= 3 * self.config.duration_s:
             return True
         return elapsed >= self.config.duration_s and self._fetches_finished() >= self.config.min_fetches
 

@@ -219,6 +219,7 @@ class Exchange:
     wait_seconds: float = 0.0  # how long the trainer waited for gathers, in all
     round_seconds: float | None = None  # how long the last gather took
     applied: bytes = b"started"  # fingerprint of the last set applied
+    _missing: int = 0  # replicas whose payload the last gather went without
     _request_bytes: int = 0
     _reply_bytes: int = 0
 
@@ -245,9 +246,11 @@ class Exchange:
         self.round_seconds = gathered.seconds
         self._request_bytes += gathered.bytes_sent
         self._reply_bytes += gathered.bytes_received
-        if len(gathered.payloads) < gathered.asked:
+        missing = gathered.asked - len(gathered.payloads)
+        if missing and missing != self._missing:  # once per change: a vanished replica stays listed for a while
             logger.warning("step %d: no payload from %d of the %d replicas asked in %.1fs (newest steps reported: %s)",
-                           round_.step, gathered.asked - len(gathered.payloads), gathered.asked, gathered.seconds, gathered.reported_steps)  # fmt: skip
+                           round_.step, missing, gathered.asked, gathered.seconds, gathered.reported_steps)  # fmt: skip
+        self._missing = missing
         if any(f != round_.fingerprint for f in gathered.fingerprints.values()) and not self.drifted:
             logger.info("step %d: another replica applied other payloads than we did: parameters will be averaged", round_.step)
             self.drifted = True

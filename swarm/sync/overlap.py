@@ -21,10 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from swarm.model.train import Trainer
-from swarm.sync.exchange import MAX_STEPS_IN_FLIGHT, Round
+from swarm.sync.exchange import Round
 from swarm.sync.lockstep import DeMoSync
-
-MAX_LATE_STEPS = MAX_STEPS_IN_FLIGHT  # as many gathers in flight as the others' poll limits admit
 
 
 @dataclass
