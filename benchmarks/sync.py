@@ -109,15 +109,16 @@ def run_mode(args, mode: str, replicas: int, steps: int, workdir: Path, lab: net
         local.start_bootstrap()
         with local.client() as client:
             config = client.directory.wait_for_model(60)
+            traces = {name: local.workdir / f"{name}.sync-trace.jsonl" for name in names}
             for name in names:
-                local.start_peer(
-                    name, str(args.block), peer_extra(args, MODES[mode], replicas, steps, batch_size, 1 if lab else 2)
-                )
+                extra = peer_extra(args, MODES[mode], replicas, steps, batch_size, 1 if lab else 2)
+                local.start_peer(name, str(args.block), [*extra, "--sync-trace", str(traces[name])])
             curve, records = follow(
                 local, client.directory, args, replicas, steps, f"{mode}, {replicas} replicas, {placement}"
             )
         checkpoints = [local.workdir / name / f"block_{args.block}_step_{steps}.safetensors" for name in names]
         result = summarize(args, config, mode, replicas, steps, records, curve, checkpoints)
+        result["waits"] = wait_split(traces)
     result["placement"], result["batch_size"] = placement, batch_size
     if lab:
         result["regions"] = {name: lab.nodes[name].region for name in names}
@@ -178,11 +179,38 @@ def summarize(args, config: ModelConfig, mode, replicas, steps, records, curve, 
         "compute_utilisation_mean": statistics.mean(known) if known else None,
         "compute_utilisation_min": min(known) if known else None,
         "step_seconds": statistics.median(1 / a.throughput for a in records if a.throughput > 0),
+        "step_seconds_per_replica": {a.public_name: 1 / a.throughput for a in records if a.throughput > 0},  # the last steps'
         "last_sync_round_seconds": {a.public_name: a.sync_round_s for a in records},
         "drift_between_final_checkpoints": pairwise,
         "largest_drift_at_averaging": max((a.drift for a in records if a.drift is not None), default=None),
         "curve": curve,
     }
+
+
+def wait_split(traces: dict[str, Path]) -> dict | None:
+    """Each replica's waits for the others' payloads, split at the moment the last of the others
+    had published the payload waited for: before it, the replica waited for a slower replica's
+    compute; after it, for the network (the delay line, the links, the exchange's own calls).
+    Seconds, and fractions of the replica's traced time (first publish to last wait). None for a
+    mode without a payload exchange (dense)."""
+    events = {name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in traces.items() if path.exists()}
+    if not events:
+        return None
+    published = {name: {e["step"]: e["t"] for e in evs if e["event"] == "publish"} for name, evs in events.items()}
+    split = {}
+    for name, evs in events.items():
+        network = slower = 0.0
+        for wait in (e for e in evs if e["event"] == "wait"):
+            began = wait["t"] - wait["seconds"]
+            others = [steps[wait["step"]] for other, steps in published.items() if other != name and wait["step"] in steps]
+            network_part = max(0.0, wait["t"] - max([began, *others]))
+            network += network_part
+            slower += wait["seconds"] - network_part
+        span = max(e["t"] for e in evs) - min(published[name].values(), default=0.0)
+        split[name] = {"network_s": network, "slower_replicas_s": slower, "traced_s": span,
+                       "network_fraction": network / span if span > 0 else None,
+                       "slower_replicas_fraction": slower / span if span > 0 else None}  # fmt: skip
+    return split
 
 
 def region_runs(args, workdir: Path) -> dict:
@@ -272,6 +300,9 @@ def side_by_side(runs: list[dict], dense_runs: list[dict]) -> dict:
             "compute_utilisation_min": run["compute_utilisation_min"],
             "step_seconds": run["step_seconds"],
         }
+        if run.get("waits"):  # the most any replica lost to each kind of wait
+            row["network_wait_fraction_max"] = max(w["network_fraction"] or 0.0 for w in run["waits"].values())
+            row["slower_replica_wait_fraction_max"] = max(w["slower_replicas_fraction"] or 0.0 for w in run["waits"].values())
         if dense is not None:
             row["dense_run"] = f"{dense['placement']}, {dense['replicas']} replicas, {dense['steps']} steps"
             row["bytes_dense_over_mode"] = dense["bytes_sent_per_replica_per_step"] / max(

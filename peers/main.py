@@ -36,6 +36,9 @@ from swarm.sync.pseudo_gradient import COMPRESSIONS, OuterConfig
 @click.option("--overlap-steps", type=click.IntRange(min=1, max=MAX_STEPS_IN_FLIGHT), default=1, show_default=True,
               help="demo-overlap: apply each step's gathered set this many steps late (more time for the "
               "exchange, a staler update).")
+@click.option("--sync-trace", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Append each payload publish and each wait for the others' payloads to this file "
+              "(JSON lines, monotonic times): benchmarks/sync.py tells network waits from waits for slower replicas.")
 @click.option("--wait-for-replicas", type=click.IntRange(min=1), default=1, show_default=True,
               help="Start training once this many replicas of the block (itself included) are up; "
               "averaging groups hold up to this many.")

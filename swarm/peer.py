@@ -59,7 +59,7 @@ from swarm.serving.ar_pipeline import StageServicer
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica
 from swarm.sync.dense import DenseSync, ParameterAveraging, block_averager, trainable
-from swarm.sync.exchange import MAX_STEPS_IN_FLIGHT, Exchange, PayloadServicer
+from swarm.sync.exchange import MAX_STEPS_IN_FLIGHT, Exchange, PayloadServicer, json_lines
 from swarm.sync.lockstep import DeMoSync
 from swarm.sync.outer import OuterOverlapSync, OuterSync
 from swarm.sync.overlap import DeMoOverlapSync
@@ -99,6 +99,7 @@ class PeerConfig:
     sync: str = "demo"
     sync_deadline: float = 5.0  # seconds a step waits for the other replicas
     overlap_steps: int = 1  # demo-overlap: how many steps late each step's gathered set is applied
+    sync_trace: str | None = None  # a file that gets each payload publish and wait (JSON lines), for benchmarks
     wait_for_replicas: int = 1  # start once this many replicas (itself included) are seen; also the group size
     average_every: int = 100  # average parameters with the other replicas every this many steps (0: never)
     expect_config_hash: str | None = None  # refuse a swarm whose model config hash differs (a prefix will do)
@@ -266,7 +267,8 @@ class Peer:
             self.trainer.update = self.sync.update
             return []
         payloads = PayloadServicer(self.block, self.config.sync_deadline)
-        exchange = Exchange(payloads, self.p2p, self.loop, self.peer_id, self.replica_ids)
+        exchange = Exchange(payloads, self.p2p, self.loop, self.peer_id, self.replica_ids,
+                            trace=json_lines(self.config.sync_trace) if self.config.sync_trace else None)  # fmt: skip
         if self.config.sync in OUTER_MODES:
             overlapped = self.config.sync == "outer-overlap"
             self.sync = (OuterOverlapSync if overlapped else OuterSync)(OuterReplica(module, self.config.outer, self.config.lr), exchange)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -128,11 +129,13 @@ def test_a_replica_that_misses_steps_is_averaged_back_in(tmp_path, mode):
 @pytest.mark.parametrize("sync, rounds", [("demo-overlap", 12), ("outer-overlap", 4)])
 def test_overlapped_replicas_stay_identical(tmp_path, sync, rounds):
     """Each step's set (outer-overlap: each round's, H = 3) is applied late, the same on both; the
-    one in flight is applied before each checkpoint, so checkpoints 6 and 12 are equal too."""
+    one in flight is applied before each checkpoint, so checkpoints 6 and 12 are equal too. r1's
+    sync trace holds each exchange's publish and wait, in time order."""
+    trace = tmp_path / "r1.sync-trace.jsonl"
     with tiny_swarm(tmp_path, "syncoverlap", {"b": "1"}) as (local, _, client):
         extra = [*SYNC, "--sync", sync, "--outer-steps", "3", "--max-steps", "12", "--save-every", "6",
                  "--sync-deadline", "20", "--average-every", "4"]  # fmt: skip
-        local.start_peer("r1", "0", extra)
+        local.start_peer("r1", "0", [*extra, "--sync-trace", str(trace)])
         local.start_peer("r2", "0", extra)
         r1, r2 = sorted(wait_for(lambda: finished(client.directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
         assert r1.sync_steps == r2.sync_steps == rounds
@@ -143,6 +146,12 @@ def test_overlapped_replicas_stay_identical(tmp_path, sync, rounds):
             differing = [k for k in first if not torch.equal(first[k], second[k])]
             assert not differing, (step, differing)
         assert "refused" not in local.started[-1].log() + local.started[-2].log()
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    published = [e["step"] for e in events if e["event"] == "publish"]
+    waited = [e["step"] for e in events if e["event"] == "wait"]
+    assert len(published) == len(waited) == rounds and sorted(waited) == published, events
+    assert all(e["seconds"] >= 0 for e in events if e["event"] == "wait")
+    assert [e["t"] for e in events] == sorted(e["t"] for e in events)
 
 
 class OneStepLatePeer:

@@ -25,12 +25,17 @@ served and every request that got an answer; its received bytes are every reques
 sent and every reply it got. `Exchange.start` returns at once (the gather runs on the p2p
 loop), `Exchange.finish` waits for it: a strategy that calls them a step apart overlaps the
 exchange with its compute, and `wait_seconds` holds only what the trainer really waited.
+With a trace (`swarm-peer --sync-trace FILE`) every publish and every wait is written down
+with its CLOCK_MONOTONIC time, which all processes of one host share: benchmarks/sync.py
+splits each wait into the part before the last replica had published its payload (waiting
+for a slower replica's compute) and the part after it (waiting for the network).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import time
 from concurrent.futures import Future
@@ -220,6 +225,7 @@ class Exchange:
     round_seconds: float | None = None  # how long the last gather took
     applied: bytes = b"started"  # fingerprint of the last set applied
     _missing: int = 0  # replicas whose payload the last gather went without
+    trace: Callable[[dict], None] | None = None  # gets each publish and wait, with its monotonic time
     _request_bytes: int = 0
     _reply_bytes: int = 0
 
@@ -234,6 +240,8 @@ class Exchange:
     def start(self, step: int, own: bytes) -> Round:
         """Publish this replica's payload of `step` and start gathering the others' (returns at once)."""
         deadline = self.servicer.deadline
+        if self.trace:
+            self.trace({"event": "publish", "step": step, "t": time.monotonic()})
         self.loop.loop.call_soon_threadsafe(self.servicer.publish, step, own, self.applied)  # runs before the gather
         coro = gather(self.p2p, self.servicer.block, step, self.replica_ids(), deadline)
         return Round(step, own, self.applied, self.loop.submit(asyncio.wait_for(coro, deadline + FINISH_GRACE_S)))
@@ -242,7 +250,10 @@ class Exchange:
         """Wait for a round's gather (counted as waiting), count its bytes, and notice drift."""
         waited_from = time.perf_counter()
         gathered: Gathered = round_.gathering.result(self.servicer.deadline + 2 * FINISH_GRACE_S)
-        self.wait_seconds += time.perf_counter() - waited_from
+        waited = time.perf_counter() - waited_from
+        self.wait_seconds += waited
+        if self.trace:  # the wait ended at t
+            self.trace({"event": "wait", "step": round_.step, "seconds": waited, "t": time.monotonic()})
         self.round_seconds = gathered.seconds
         self._request_bytes += gathered.bytes_sent
         self._reply_bytes += gathered.bytes_received
@@ -323,6 +334,17 @@ class Exchanging:
 
     def finish(self, trainer: Trainer) -> None:
         pass
+
+
+def json_lines(path: str) -> Callable[[dict], None]:
+    """A trace that appends each event to `path` as a JSON line (line-buffered, so each is on disk
+    as it happens, and a peer killed mid-run leaves whole lines; the file closes at exit)."""
+    out = open(path, "a", buffering=1)
+
+    def write(event: dict) -> None:
+        out.write(json.dumps(event) + "\n")
+
+    return write
 
 
 def applied_fingerprint(step: int, peer_ids: list[str]) -> bytes:
