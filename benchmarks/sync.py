@@ -110,6 +110,8 @@ def run_mode(args, mode: str, replicas: int, steps: int, workdir: Path, lab: net
         with local.client() as client:
             config = client.directory.wait_for_model(60)
             traces = {name: local.workdir / f"{name}.sync-trace.jsonl" for name in names}
+            for path in traces.values():
+                path.unlink(missing_ok=True)  # a peer appends to its trace: no events of an earlier run
             for name in names:
                 extra = peer_extra(args, MODES[mode], replicas, steps, batch_size, 1 if lab else 2)
                 local.start_peer(name, str(args.block), [*extra, "--sync-trace", str(traces[name])])
@@ -179,7 +181,7 @@ def summarize(args, config: ModelConfig, mode, replicas, steps, records, curve, 
         "compute_utilisation_mean": statistics.mean(known) if known else None,
         "compute_utilisation_min": min(known) if known else None,
         "step_seconds": statistics.median(1 / a.throughput for a in records if a.throughput > 0),
-        "step_seconds_per_replica": {a.public_name: 1 / a.throughput for a in records if a.throughput > 0},  # the last steps'
+        "step_seconds_per_replica": {a.public_name: 1 / a.throughput for a in records if a.throughput > 0},  # over its last steps
         "last_sync_round_seconds": {a.public_name: a.sync_round_s for a in records},
         "drift_between_final_checkpoints": pairwise,
         "largest_drift_at_averaging": max((a.drift for a in records if a.drift is not None), default=None),
@@ -190,23 +192,27 @@ def summarize(args, config: ModelConfig, mode, replicas, steps, records, curve, 
 def wait_split(traces: dict[str, Path]) -> dict | None:
     """Each replica's waits for the others' payloads, split at the moment the last of the others
     had published the payload waited for: before it, the replica waited for a slower replica's
-    compute; after it, for the network (the delay line, the links, the exchange's own calls).
-    Seconds, and fractions of the replica's traced time (first publish to last wait). None for a
-    mode without a payload exchange (dense)."""
+    compute; after it, for the network (the delay line, the links, the exchange's own calls). A
+    wait for a step some other replica never published (it left, or jumped ahead) counts as
+    waiting for a slower replica. Seconds, and fractions of the replica's traced time (its first
+    publish to its last wait: for outer modes that leaves out the first round, so the fractions
+    are larger than the same seconds over the run's wall time). None for a mode without a
+    payload exchange (dense)."""
     events = {name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in traces.items() if path.exists()}
-    if not events:
-        return None
     published = {name: {e["step"]: e["t"] for e in evs if e["event"] == "publish"} for name, evs in events.items()}
+    published = {name: steps for name, steps in published.items() if steps}  # a peer that died before its first step
+    if not published:
+        return None
     split = {}
-    for name, evs in events.items():
+    for name in published:
         network = slower = 0.0
-        for wait in (e for e in evs if e["event"] == "wait"):
+        for wait in (e for e in events[name] if e["event"] == "wait"):
             began = wait["t"] - wait["seconds"]
-            others = [steps[wait["step"]] for other, steps in published.items() if other != name and wait["step"] in steps]
-            network_part = max(0.0, wait["t"] - max([began, *others]))
+            others = [steps.get(wait["step"]) for other, steps in published.items() if other != name]
+            network_part = 0.0 if None in others else max(0.0, wait["t"] - max([began, *others]))
             network += network_part
             slower += wait["seconds"] - network_part
-        span = max(e["t"] for e in evs) - min(published[name].values(), default=0.0)
+        span = max(e["t"] for e in events[name]) - min(published[name].values())
         split[name] = {"network_s": network, "slower_replicas_s": slower, "traced_s": span,
                        "network_fraction": network / span if span > 0 else None,
                        "slower_replicas_fraction": slower / span if span > 0 else None}  # fmt: skip

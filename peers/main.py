@@ -38,7 +38,8 @@ from swarm.sync.pseudo_gradient import COMPRESSIONS, OuterConfig
               "exchange, a staler update).")
 @click.option("--sync-trace", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Append each payload publish and each wait for the others' payloads to this file "
-              "(JSON lines, monotonic times): benchmarks/sync.py tells network waits from waits for slower replicas.")
+              "(JSON lines, monotonic times; demo, demo-overlap, outer and outer-overlap): benchmarks/sync.py tells "
+              "network waits from waits for slower replicas.")
 @click.option("--wait-for-replicas", type=click.IntRange(min=1), default=1, show_default=True,
               help="Start training once this many replicas of the block (itself included) are up; "
               "averaging groups hold up to this many.")

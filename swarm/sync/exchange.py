@@ -248,9 +248,9 @@ class Exchange:
 
     def finish(self, round_: Round) -> Gathered:
         """Wait for a round's gather (counted as waiting), count its bytes, and notice drift."""
-        waited_from = time.perf_counter()
+        waited_from = time.monotonic()
         gathered: Gathered = round_.gathering.result(self.servicer.deadline + 2 * FINISH_GRACE_S)
-        waited = time.perf_counter() - waited_from
+        waited = time.monotonic() - waited_from
         self.wait_seconds += waited
         if self.trace:  # the wait ended at t
             self.trace({"event": "wait", "step": round_.step, "seconds": waited, "t": time.monotonic()})

@@ -1,0 +1,145 @@
+"""The outer-step mode's validation loss against dense at equal steps, as the run grows longer.
+
+benchmarks/sync.py measures the outer mode over real peers, but on this machine 4 dense peers
+take about 0.3 s a step, so it stops at a few hundred steps, where error feedback has not yet
+caught up with what the top-k left behind. This runs the same replicas in one process, with no
+network, for each --steps length:
+- dense: each step, the replicas' gradients averaged (what hivemind's all-reduce gives every
+  replica), then each replica's AdamW step;
+- outer: each replica's own AdamW steps, and every H steps the peers' own outer step
+  (`OuterReplica`: the payload each replica would send, decoded and applied by all alike).
+Replicas are `replica_trainer`s of block --block of the small model of benchmarks/sync.py,
+batches drawn from streams named as peers' are; each length is a fresh run with its own cosine
+schedule. Prints JSON and writes outer_gap.json and outer_gap.png: loss of each, the ratio,
+and the payload bytes per replica per step (one copy).
+
+    python benchmarks/outer_gap.py                      # 300, 900 and 1,500 steps: about 25 minutes
+    python benchmarks/outer_gap.py --steps 300 --outer-lr 1.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from swarm.cli.console import setup_logging
+from swarm.model.data import ByteWindows, load_corpus
+from swarm.model.denoiser import ModelConfig
+from swarm.model.evaluate import block_denoise_ce
+from swarm.model.train import TrainConfig, Trainer
+from swarm.peer import replica_trainer
+from swarm.sync.dense import trainable
+from swarm.sync.pseudo_gradient import OuterConfig, OuterReplica
+from sync import LOSS_RATIO_TARGET, SMALL_MODEL, VALIDATION_WINDOWS  # the model and validation windows of benchmarks/sync.py, beside this
+
+logger = logging.getLogger("benchmarks.outer_gap")
+
+
+def replicas(config: ModelConfig, args: argparse.Namespace, windows: ByteWindows, steps: int) -> list[Trainer]:
+    train = TrainConfig(steps=steps, batch_size=args.batch_size)
+    return [replica_trainer(config, args.block, windows, train, f"replica{i}") for i in range(args.replicas)]
+
+
+def dense(trainers: list[Trainer], steps: int, what: str) -> None:
+    """Every step: each replica's gradient, their mean into every replica, each one's AdamW step."""
+    for trainer in trainers:
+        trainer.update = lambda _: None  # the AdamW step waits for the mean below
+    for _ in tqdm(range(steps), desc=what, unit="step", mininterval=5.0):
+        for trainer in trainers:
+            trainer.step()
+        with torch.no_grad():
+            for params in zip(*(trainable(t.module) for t in trainers)):  # as DenseSync averages them
+                mean = torch.stack([p.grad if p.grad is not None else torch.zeros_like(p) for p in params]).mean(dim=0)
+                for p in params:
+                    p.grad.copy_(mean)
+        for trainer in trainers:
+            trainer.optimizer.step()
+
+
+def outer(trainers: list[Trainer], steps: int, outer_config: OuterConfig, what: str) -> float:
+    """H AdamW steps each, then the outer step on every replica's payload; bytes of one payload per step."""
+    states = [OuterReplica(t.module, outer_config, t.config.lr) for t in trainers]
+    payload_bytes = 0
+    for step in tqdm(range(steps), desc=what, unit="step", mininterval=5.0):
+        for trainer in trainers:
+            trainer.step()
+        if (step + 1) % outer_config.steps == 0:
+            payloads = [state.make_payload() for state in states]
+            payload_bytes += len(payloads[0])
+            gathered = [states[0].decode(payload) for payload in payloads]  # every replica decodes them alike
+            for state in states:
+                state.apply(gathered)
+    return payload_bytes / steps
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (losses, ratios) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [r["steps"] for r in rows]
+    losses.plot(steps, [r["dense_loss"] for r in rows], "o-", label="dense")
+    losses.plot(steps, [r["outer_loss"] for r in rows], "o-", label="outer")
+    losses.set(xlabel="steps", ylabel="validation denoise CE", title="loss at equal steps")
+    losses.legend()
+    ratios.plot(steps, [r["outer_over_dense"] for r in rows], "o-")
+    ratios.axhline(LOSS_RATIO_TARGET, linestyle="--", color="grey", label=f"target {LOSS_RATIO_TARGET}")
+    ratios.set(xlabel="steps", ylabel="outer / dense", title="the gap")
+    ratios.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of steps")
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=positive, nargs="+", default=[300, 900, 1500], help="run lengths (multiples of H)")
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--block", type=int, default=1)
+    parser.add_argument("--outer-lr", type=float, default=OuterConfig.outer_lr)
+    parser.add_argument("--out", default="benchmarks/results/outer_gap")
+    args = parser.parse_args()
+    setup_logging()
+    outer_config = OuterConfig(outer_lr=args.outer_lr).checked()
+    if any(s % outer_config.steps for s in args.steps):
+        parser.error(f"every --steps must be a multiple of H ({outer_config.steps})")
+    torch.set_num_threads(2)
+    config = ModelConfig(**SMALL_MODEL)
+    corpus = load_corpus(None)
+    windows = corpus.windows("train", config.seq_len)
+    validation = corpus.windows("validation", config.seq_len).fixed(VALIDATION_WINDOWS)
+    rows = []
+    for steps in args.steps:
+        trainers = replicas(config, args, windows, steps)
+        dense(trainers, steps, f"dense, {steps} steps")
+        dense_loss = block_denoise_ce(trainers[0].module, config, args.block, validation)
+        trainers = replicas(config, args, windows, steps)
+        per_step = outer(trainers, steps, outer_config, f"outer, {steps} steps")
+        outer_loss = block_denoise_ce(trainers[0].module, config, args.block, validation)
+        rows.append({"steps": steps, "dense_loss": dense_loss, "outer_loss": outer_loss,
+                     "outer_over_dense": outer_loss / dense_loss, "outer_payload_bytes_per_step": per_step})  # fmt: skip
+        logger.info("%d steps: dense %.4f, outer %.4f (%.3fx)", steps, dense_loss, outer_loss, outer_loss / dense_loss)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"config": {**vars(args), "outer": vars(outer_config), "model": SMALL_MODEL}, "runs": rows}
+    plot(rows, out / "outer_gap.png")
+    (out / "outer_gap.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
