@@ -250,10 +250,10 @@ class Exchange:
         """Wait for a round's gather (counted as waiting), count its bytes, and notice drift."""
         waited_from = time.monotonic()
         gathered: Gathered = round_.gathering.result(self.servicer.deadline + 2 * FINISH_GRACE_S)
-        waited = time.monotonic() - waited_from
-        self.wait_seconds += waited
-        if self.trace:  # the wait ended at t
-            self.trace({"event": "wait", "step": round_.step, "seconds": waited, "t": time.monotonic()})
+        waited_to = time.monotonic()
+        self.wait_seconds += waited_to - waited_from
+        if self.trace:
+            self.trace({"event": "wait", "step": round_.step, "seconds": waited_to - waited_from, "t": waited_to})
         self.round_seconds = gathered.seconds
         self._request_bytes += gathered.bytes_sent
         self._reply_bytes += gathered.bytes_received
