@@ -9,7 +9,9 @@ exchange; the peer's defaults, see swarm/sync/pseudo_gradient.py `OuterConfig`),
 `outer-k128`, the same with 128 values kept per 64 x 64 chunk instead of the default (what
 the extra bytes buy in loss). `demo1` (lockstep, 1-bit values) and `demo-overlap2` / `demo-overlap3`
 (each set applied two / three steps late: `--overlap-steps`) can be added with --modes or
---region-modes.
+--region-modes, and so can `demo-overlap2-spare` and `outer-overlap-spare`: the same, but a
+replica that would wait for the others computes spare batches of an eighth of its batch
+instead, which its next step averages in (`--spare-batch-size`).
 
 For each replica count of --replicas (with the matching --steps) and each mode: one swarm of
 separate processes on 127.0.0.1, a bootstrap node and N peers that all host the same block of
@@ -77,7 +79,11 @@ MODES = {
     "outer-overlap": ["--sync", "outer-overlap"],  # the same, each round's exchange overlapped with the next round
     "outer-k128": ["--sync", "outer", "--outer-top-k", "128"],  # less compressed: what the bytes buy in loss
     "demo1": ["--sync", "demo", "--value-bits", "1", "--top-k", "4"],
+    # the same as their namesakes, but a replica computes spare batches instead of waiting (--spare-batch-size)
+    "demo-overlap2-spare": ["--sync", "demo-overlap", "--overlap-steps", "2", "--value-bits", "16", "--top-k", "8"],
+    "outer-overlap-spare": ["--sync", "outer-overlap"],
 }
+SPARE_BATCHES_PER_BATCH = 8  # a -spare mode's spare batches hold an eighth of a step's batch: a wait ends at most that late
 DEFAULT_MODES = ["dense", "demo", "demo-overlap", "outer", "outer-overlap", "outer-k128"]
 SMALL_MODEL = {"d_model": 128, "n_layers": 4, "n_blocks": 4, "n_heads": 4}  # a block of 0.38 M parameters
 REGION_ORDER = ("us-east", "eu-west", "ap-southeast")  # replica i goes to REGION_ORDER[i % 3]
@@ -112,8 +118,9 @@ def run_mode(args, mode: str, replicas: int, steps: int, workdir: Path, lab: net
             traces = {name: local.workdir / f"{name}.sync-trace.jsonl" for name in names}
             for path in traces.values():
                 path.unlink(missing_ok=True)  # a peer appends to its trace: no events of an earlier run
+            spare = ["--spare-batch-size", str(max(1, batch_size // SPARE_BATCHES_PER_BATCH))] if mode.endswith("-spare") else []
             for name in names:
-                extra = peer_extra(args, MODES[mode], replicas, steps, batch_size, 1 if lab else 2)
+                extra = peer_extra(args, [*MODES[mode], *spare], replicas, steps, batch_size, 1 if lab else 2)
                 local.start_peer(name, str(args.block), [*extra, "--sync-trace", str(traces[name])])
             curve, records = follow(
                 local, client.directory, args, replicas, steps, f"{mode}, {replicas} replicas, {placement}"
@@ -197,7 +204,8 @@ def wait_split(traces: dict[str, Path]) -> dict | None:
     waiting for a slower replica. Seconds, and fractions of the replica's traced time (its first
     publish to its last wait: for outer modes that leaves out the first round, so the fractions
     are larger than the same seconds over the run's wall time). None for a mode without a
-    payload exchange (dense)."""
+    payload exchange (dense). Time spent on spare batches instead of waiting (the -spare modes)
+    is reported beside them (`spare_s`, `spare_fraction`, `spare_windows`): it is compute, not a wait."""
     events = {name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in traces.items() if path.exists()}
     published = {name: {e["step"]: e["t"] for e in evs if e["event"] == "publish"} for name, evs in events.items()}
     published = {name: steps for name, steps in published.items() if steps}  # a peer that died before its first step
@@ -205,8 +213,11 @@ def wait_split(traces: dict[str, Path]) -> dict | None:
         return None
     split = {}
     for name in published:
-        network = slower = 0.0
+        network = slower = spare = 0.0
+        windows = 0
         for wait in (e for e in events[name] if e["event"] == "wait"):
+            spare += wait["spare_seconds"]
+            windows += wait["spare_windows"]
             began = wait["t"] - wait["seconds"]
             others = [steps.get(wait["step"]) for other, steps in published.items() if other != name]
             network_part = 0.0 if None in others else max(0.0, wait["t"] - max([began, *others]))
@@ -215,7 +226,8 @@ def wait_split(traces: dict[str, Path]) -> dict | None:
         span = max(e["t"] for e in events[name]) - min(published[name].values())
         split[name] = {"network_s": network, "slower_replicas_s": slower, "traced_s": span,
                        "network_fraction": network / span if span > 0 else None,
-                       "slower_replicas_fraction": slower / span if span > 0 else None}  # fmt: skip
+                       "slower_replicas_fraction": slower / span if span > 0 else None,
+                       "spare_s": spare, "spare_fraction": spare / span if span > 0 else None, "spare_windows": windows}  # fmt: skip
     return split
 
 
@@ -309,6 +321,7 @@ def side_by_side(runs: list[dict], dense_runs: list[dict]) -> dict:
         if run.get("waits"):  # the most any replica lost to each kind of wait
             row["network_wait_fraction_max"] = max(w["network_fraction"] or 0.0 for w in run["waits"].values())
             row["slower_replica_wait_fraction_max"] = max(w["slower_replicas_fraction"] or 0.0 for w in run["waits"].values())
+            row["spare_batch_fraction_max"] = max(w["spare_fraction"] or 0.0 for w in run["waits"].values())
         if dense is not None:
             row["dense_run"] = f"{dense['placement']}, {dense['replicas']} replicas, {dense['steps']} steps"
             row["bytes_dense_over_mode"] = dense["bytes_sent_per_replica_per_step"] / max(
@@ -349,7 +362,8 @@ def targets(table: dict, counts: list[int], region_replicas: int) -> dict:
         f"outer validation loss / dense <= {LOSS_RATIO_TARGET} at equal steps ({counts[0]} replicas)": _judge(
             local.get("validation_loss_mode_over_dense"), lambda v: v <= LOSS_RATIO_TARGET),
     }  # fmt: skip
-    for mode in ("demo-overlap", "outer", "outer-overlap", *(m for m in regions if m.startswith("demo-overlap") and m != "demo-overlap")):
+    overlapped = (m for m in regions if m.startswith(("demo-overlap", "outer-overlap")))
+    for mode in dict.fromkeys(("demo-overlap", "outer", "outer-overlap", *overlapped)):
         figure = regions.get(mode, {}).get("compute_utilisation_min")
         verdicts[f"{mode} utilisation >= {UTILISATION_TARGET} in regions (lowest replica)"] = _judge(
             figure, lambda v: v >= UTILISATION_TARGET

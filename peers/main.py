@@ -36,6 +36,10 @@ from swarm.sync.pseudo_gradient import COMPRESSIONS, OuterConfig
 @click.option("--overlap-steps", type=click.IntRange(min=1, max=MAX_STEPS_IN_FLIGHT), default=1, show_default=True,
               help="demo-overlap: apply each step's gathered set this many steps late (more time for the "
               "exchange, a staler update).")
+@click.option("--spare-batch-size", type=click.IntRange(min=0), default=0, show_default=True,
+              help="demo, demo-overlap, outer, outer-overlap: while the other replicas' payloads are not all in, "
+              "compute spare batches of this many windows instead of waiting; the next step averages them in "
+              "(0: wait idle). At most --batch-size.")
 @click.option("--sync-trace", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Append each payload publish and each wait for the others' payloads to this file "
               "(JSON lines, monotonic times; demo, demo-overlap, outer and outer-overlap): benchmarks/sync.py tells "

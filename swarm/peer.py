@@ -99,6 +99,7 @@ class PeerConfig:
     sync: str = "demo"
     sync_deadline: float = 5.0  # seconds a step waits for the other replicas
     overlap_steps: int = 1  # demo-overlap: how many steps late each step's gathered set is applied
+    spare_batch_size: int = 0  # windows per spare batch computed while waiting for other replicas (0: wait idle)
     sync_trace: str | None = None  # a file that gets each payload publish and wait (JSON lines), for benchmarks
     wait_for_replicas: int = 1  # start once this many replicas (itself included) are seen; also the group size
     average_every: int = 100  # average parameters with the other replicas every this many steps (0: never)
@@ -122,6 +123,8 @@ class PeerConfig:
                              "only at the end of an outer round")
         if not 1 <= self.overlap_steps <= MAX_STEPS_IN_FLIGHT:
             raise SwarmError(f"--overlap-steps must be from 1 to {MAX_STEPS_IN_FLIGHT}")
+        if not 0 <= self.spare_batch_size <= self.batch_size:
+            raise SwarmError("--spare-batch-size must be from 0 (wait idle) to --batch-size")
         if self.average_every < 0:
             raise SwarmError("--average-every must be 0 (never) or a number of steps")
         if self.reachability not in ("auto", "direct", "relayed"):
@@ -268,7 +271,8 @@ class Peer:
             return []
         payloads = PayloadServicer(self.block, self.config.sync_deadline)
         exchange = Exchange(payloads, self.p2p, self.loop, self.peer_id, self.replica_ids,
-                            trace=json_lines(self.config.sync_trace) if self.config.sync_trace else None)  # fmt: skip
+                            trace=json_lines(self.config.sync_trace) if self.config.sync_trace else None,
+                            spare_windows=self.config.spare_batch_size)  # fmt: skip
         if self.config.sync in OUTER_MODES:
             overlapped = self.config.sync == "outer-overlap"
             self.sync = (OuterOverlapSync if overlapped else OuterSync)(OuterReplica(module, self.config.outer, self.config.lr), exchange)

@@ -32,10 +32,13 @@ def finished(directory, replicas: int) -> list:
 
 
 def test_two_replicas_that_get_every_payload_stay_identical(tmp_path):
+    """Lockstep DeMo. r1 computes spare batches while it waits for r2's payloads (its trace shows
+    them): they change what r1 sends, never its weights apart from the gathered sets."""
+    trace = tmp_path / "r1.sync-trace.jsonl"
     with tiny_swarm(tmp_path, "synctest", {"b": "1"}) as (local, _, client):
         directory = client.directory
         extra = [*SYNC, "--max-steps", "12", "--sync-deadline", "20", "--average-every", "4"]
-        local.start_peer("r1", "0", extra)
+        local.start_peer("r1", "0", [*extra, "--spare-batch-size", "2", "--sync-trace", str(trace)])
         local.start_peer("r2", "0", extra)
         r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
         assert r1.sync_steps == r2.sync_steps == 12
@@ -47,6 +50,8 @@ def test_two_replicas_that_get_every_payload_stay_identical(tmp_path):
         differing = [k for k in first if not (first[k] == second[k]).all()]
         assert not differing, differing
         assert "refused" not in local.started[-1].log() + local.started[-2].log()
+    waits = [json.loads(line) for line in trace.read_text().splitlines() if '"wait"' in line]
+    assert len(waits) == 12 and sum(w["spare_windows"] for w in waits) > 0, waits
 
 
 @pytest.mark.parametrize("sync, steps", [("demo", 300), ("dense", 30)])
@@ -200,7 +205,7 @@ class StepOrderExchange:
     def start(self, step: int, own: bytes) -> int:
         return step
 
-    def finish(self, round_):
+    def finish(self, round_, trainer=None):
         return None
 
     def in_order(self, round_, gathered, decode) -> list:

@@ -41,3 +41,30 @@ def test_autoregressive_generation_agrees_with_one_teacher_forced_pass(tiny_conf
         nll = continuation_nll(model, prefix, greedy)
     expected = torch.nn.functional.cross_entropy(logits.transpose(1, 2), greedy, reduction="none").mean(dim=1)
     assert torch.allclose(nll, expected)
+
+
+def test_spare_batches_leave_the_weights_and_join_the_next_steps_gradient(tiny_config, tiny_windows):
+    """What a replica computes while it waits for the others: `spare_batch` changes no weight, and
+    the next step's gradient is the mean over its own batch and the spare windows, each window
+    weighing the same (checked against the gradients of the same draws, taken one by one)."""
+    config = TrainConfig(batch_size=8, grad_clip=1e9)
+    trainer, twin = (block_trainer(tiny_config, 0, tiny_windows, config) for _ in range(2))  # same weights, same draws
+    before = {k: v.clone() for k, v in trainer.module.state_dict().items()}
+    trainer.spare_batch(4)
+    trainer.spare_batch(2)
+    assert all(torch.equal(v, before[k]) for k, v in trainer.module.state_dict().items())
+    seen = []
+    trainer.update = lambda t: seen.extend(p.grad.clone() for p in t.module.parameters() if p.requires_grad)
+    trainer.step()
+
+    params = [p for p in twin.module.parameters() if p.requires_grad]
+
+    def gradients(windows: int) -> tuple:
+        window = twin.windows.sample(windows, twin.generator)
+        return torch.autograd.grad(twin.loss_fn(window, twin.generator), params)
+
+    four, two, own = gradients(4), gradients(2), gradients(8)
+    for got, a, b, c in zip(seen, four, two, own, strict=True):
+        torch.testing.assert_close(got, (4 * a + 2 * b + 8 * c) / 14, rtol=1e-5, atol=1e-7)
+    assert not torch.equal(own[0], seen[0])  # the spare windows did count
+    assert trainer.spare_windows == 0 and trainer.spare_windows_total == 6

@@ -4,7 +4,9 @@ A `Trainer` owns one module, its AdamW state and its own random stream, and `ste
 one update. `block_trainer(config, b, ...)` builds block b alone: its weights and optimizer
 state are the only ones in memory, and no gradient from any other block can reach it.
 The peer program calls the same trainer step by step; `train()` runs it for a set number
-of steps with a progress bar.
+of steps with a progress bar. A replica whose update would otherwise sit waiting for the other
+replicas can compute spare batches meanwhile (`spare_batch`): their gradients join the next
+step's, which then averages over more windows.
 """
 
 from __future__ import annotations
@@ -68,6 +70,11 @@ class Trainer:
     compute_seconds: float = 0.0
     first_step_at: float | None = None
     last_step_at: float | None = None
+    # spare batches waiting for the next step: the sum of their gradients, each times its window
+    # count, and the windows they hold; `spare_windows_total` counts every spare window ever taken
+    spare_gradients: list[torch.Tensor] | None = None
+    spare_windows: int = 0
+    spare_windows_total: int = 0
 
     def __post_init__(self) -> None:
         self.optimizer = torch.optim.AdamW(
@@ -88,6 +95,7 @@ class Trainer:
         loss = self.loss_fn(window, self.generator)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        self._add_spare_gradients()
         nn.utils.clip_grad_norm_(self.module.parameters(), self.config.grad_clip)
         if self.update is not None:
             self.update(self)
@@ -99,6 +107,33 @@ class Trainer:
         self.losses.append(loss.item())
         self.step_seconds.append(time.perf_counter() - started)
         return self.losses[-1]
+
+    def spare_batch(self, windows: int) -> None:
+        """Compute the gradient of one more batch of `windows` windows for the next step (called
+        while the update waits for other replicas: time that would otherwise be idle). The
+        weights and this step's gradients are left as they are."""
+        self.module.train()
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        window = self.windows.sample(windows, self.generator).to(self.device)
+        grads = torch.autograd.grad(self.loss_fn(window, self.generator), params, allow_unused=True)
+        if self.spare_gradients is None:
+            self.spare_gradients = [torch.zeros_like(p) for p in params]
+        for spare, grad in zip(self.spare_gradients, grads):
+            if grad is not None:
+                spare.add_(grad, alpha=windows)
+        self.spare_windows += windows
+        self.spare_windows_total += windows
+
+    def _add_spare_gradients(self) -> None:
+        """Make this step's gradient the mean over its batch and the spare batches taken since the last step."""
+        if self.spare_gradients is None:
+            return
+        batch, total = self.config.batch_size, self.config.batch_size + self.spare_windows
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        for param, spare in zip(params, self.spare_gradients):
+            if param.grad is not None:
+                param.grad.mul_(batch).add_(spare).div_(total)
+        self.spare_gradients, self.spare_windows = None, 0
 
     def utilisation(self, waited: float) -> float | None:
         """Time computing (forward, backward, update less `waited`, what the update spent waiting

@@ -29,6 +29,12 @@ With a trace (`swarm-peer --sync-trace FILE`) every publish and every wait is wr
 with its CLOCK_MONOTONIC time, which all processes of one host share: benchmarks/sync.py
 splits each wait into the part before the last replica had published its payload (waiting
 for a slower replica's compute) and the part after it (waiting for the network).
+
+With `spare_windows` (`swarm-peer --spare-batch-size N`) a trainer does not sit idle while a gather
+it needs is still running: it computes the gradients of spare batches of N windows, which its
+next step averages in (swarm/model/train.py). A replica faster than the others, or one whose
+exchange is slower than a step, then trains on more windows per step instead of waiting. The
+weights still change only by the gathered sets, so replicas stay as identical as without.
 """
 
 from __future__ import annotations
@@ -226,6 +232,7 @@ class Exchange:
     applied: bytes = b"started"  # fingerprint of the last set applied
     _missing: int = 0  # replicas whose payload the last gather went without
     trace: Callable[[dict], None] | None = None  # gets each publish and wait, with its monotonic time
+    spare_windows: int = 0  # batch size of the spare batches a trainer computes instead of waiting (0: it waits)
     _request_bytes: int = 0
     _reply_bytes: int = 0
 
@@ -246,14 +253,21 @@ class Exchange:
         coro = gather(self.p2p, self.servicer.block, step, self.replica_ids(), deadline)
         return Round(step, own, self.applied, self.loop.submit(asyncio.wait_for(coro, deadline + FINISH_GRACE_S)))
 
-    def finish(self, round_: Round) -> Gathered:
-        """Wait for a round's gather (counted as waiting), count its bytes, and notice drift."""
+    def finish(self, round_: Round, trainer: Trainer | None = None) -> Gathered:
+        """Wait for a round's gather (counted as waiting), count its bytes, and notice drift. With
+        `spare_windows` and a trainer, the trainer computes spare batches for its next step until
+        the gather is done, instead of waiting (the last batch may end a little after it)."""
+        spare_from, windows = time.monotonic(), 0
+        while trainer is not None and self.spare_windows and not round_.gathering.done():
+            trainer.spare_batch(self.spare_windows)
+            windows += self.spare_windows
         waited_from = time.monotonic()
         gathered: Gathered = round_.gathering.result(self.servicer.deadline + 2 * FINISH_GRACE_S)
         waited_to = time.monotonic()
         self.wait_seconds += waited_to - waited_from
         if self.trace:
-            self.trace({"event": "wait", "step": round_.step, "seconds": waited_to - waited_from, "t": waited_to})
+            self.trace({"event": "wait", "step": round_.step, "seconds": waited_to - waited_from, "t": waited_to,
+                        "spare_seconds": waited_from - spare_from, "spare_windows": windows})  # fmt: skip
         self.round_seconds = gathered.seconds
         self._request_bytes += gathered.bytes_sent
         self._reply_bytes += gathered.bytes_received

@@ -33,7 +33,7 @@ class DeMoSync(Exchanging):
 
     def apply(self, round_: Round, trainer: Trainer) -> None:
         """Wait for a round's gather, take the sign step on its set, and follow a majority that is ahead."""
-        gathered = self.exchange.finish(round_)
+        gathered = self.exchange.finish(round_, trainer)
         voters = self.replica.apply(self.exchange.in_order(round_, gathered, self._decode))
         self.exchange.applied_set(round_, voters)
         self.exchange.follow_majority(gathered, trainer)

@@ -51,7 +51,7 @@ class OuterSync(Exchanging):
 
     def apply(self, round_: Round, trainer: Trainer, progress: Changes | None = None) -> None:
         """Wait for a round's gather, take the outer step on its set, and follow a majority that is ahead."""
-        gathered = self.exchange.finish(round_)
+        gathered = self.exchange.finish(round_, trainer)
         decoded = self.exchange.in_order(round_, gathered, self.replica.decode)
         self.replica.apply([changes for _, changes in decoded], progress)
         self.exchange.applied_set(round_, [peer_id for peer_id, _ in decoded])
