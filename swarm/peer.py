@@ -125,6 +125,8 @@ class PeerConfig:
             raise SwarmError(f"--overlap-steps must be from 1 to {MAX_STEPS_IN_FLIGHT}")
         if not 0 <= self.spare_batch_size <= self.batch_size:
             raise SwarmError("--spare-batch-size must be from 0 (wait idle) to --batch-size")
+        if self.spare_batch_size and self.sync not in ("demo", "demo-overlap", *OUTER_MODES):
+            raise SwarmError("--spare-batch-size needs a payload exchange: --sync demo, demo-overlap, outer or outer-overlap")
         if self.average_every < 0:
             raise SwarmError("--average-every must be 0 (never) or a number of steps")
         if self.reachability not in ("auto", "direct", "relayed"):
@@ -272,7 +274,7 @@ class Peer:
         payloads = PayloadServicer(self.block, self.config.sync_deadline)
         exchange = Exchange(payloads, self.p2p, self.loop, self.peer_id, self.replica_ids,
                             trace=json_lines(self.config.sync_trace) if self.config.sync_trace else None,
-                            spare_windows=self.config.spare_batch_size)  # fmt: skip
+                            spare_batch_size=self.config.spare_batch_size)  # fmt: skip
         if self.config.sync in OUTER_MODES:
             overlapped = self.config.sync == "outer-overlap"
             self.sync = (OuterOverlapSync if overlapped else OuterSync)(OuterReplica(module, self.config.outer, self.config.lr), exchange)

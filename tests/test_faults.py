@@ -93,7 +93,7 @@ def _tiny_checkpoint_bytes(folder) -> int:
 
 
 def test_a_peer_refuses_a_swarm_that_trains_another_config(tmp_path):
-    with tiny_swarm(tmp_path, "confighash", {"b": "1"}) as (local, _, client):
+    with tiny_swarm(tmp_path, "confighash", {}) as (local, _, client):
         directory = client.directory
         real = directory.wait_for_model(10).hash()
         wrong = ("0" if real[0] != "0" else "1") + real[1:16]
@@ -125,7 +125,7 @@ LONE = ["--sync", "none", "--average-every", "0", "--announce-period", "1", "--s
 
 
 def test_a_dht_that_stops_answering_kills_neither_a_peer_nor_the_bootstrap(tmp_path):
-    with tiny_swarm(tmp_path, "slowdht", {"b": "1"}) as (local, peers, client):
+    with tiny_swarm(tmp_path, "slowdht", {}) as (local, peers, client):
         # --sync demo: it reads its replicas from the DHT every announce period, from the training loop
         peer = local.start_peer("lone", "0", [*LONE, "--sync", "demo", "--max-steps", "100000"])
         wait_for(lambda: any(h.announcement.public_name == "lone" and h.announcement.step > 5
@@ -148,7 +148,7 @@ def test_a_dht_that_stops_answering_kills_neither_a_peer_nor_the_bootstrap(tmp_p
 
 
 def test_a_stopped_peer_ends_every_process_it_started_whatever_its_dht_is_doing(tmp_path):
-    with tiny_swarm(tmp_path, "stopdht", {"b": "1"}) as (local, _, client):
+    with tiny_swarm(tmp_path, "stopdht", {}) as (local, _, client):
         peer = local.start_peer("lone", "0", [*LONE, "--max-steps", "100000"])
         wait_for(lambda: any(h.announcement.public_name == "lone" and h.announcement.state == "training"
                              for h in client.directory.hosts(0)), 90, "the peer training")  # fmt: skip
@@ -161,7 +161,7 @@ def test_a_stopped_peer_ends_every_process_it_started_whatever_its_dht_is_doing(
 
 
 def test_a_child_process_that_inherited_the_peers_signal_handler_still_dies_of_sigterm(tmp_path):
-    with tiny_swarm(tmp_path, "childsig", {"b": "1"}) as (local, _, client):
+    with tiny_swarm(tmp_path, "childsig", {}) as (local, _, client):
         peer = local.start_peer("lone", "0", LONE)
         wait_for(lambda: any(h.announcement.public_name == "lone" for h in client.directory.hosts(0)), 90, "the peer")
         dht = dht_child(peer.process.pid)

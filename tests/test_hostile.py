@@ -24,7 +24,7 @@ HONEST = ["--sync", "demo", "--wait-for-replicas", "3", "--max-steps", "8", "--s
 
 @pytest.mark.parametrize("attack", ["nan payloads", "lying replies"])
 def test_a_hostile_replica_cannot_poison_or_derail_honest_ones(tmp_path, attack):
-    with tiny_swarm(tmp_path, "hostilesync", {"b": "1"}) as (local, _, client):
+    with tiny_swarm(tmp_path, "hostilesync", {}) as (local, _, client):
         config = client.directory.read_model()
         with HostileNode("hostilesync", local.initial_peers) as node:
             if attack == "nan payloads":

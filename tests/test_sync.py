@@ -15,7 +15,8 @@ from swarm_helpers import tiny_swarm, wait_for
 
 from swarm.model.data import load_corpus
 from swarm.model.train import TrainConfig
-from swarm.peer import Peer, replica_trainer
+from swarm.errors import SwarmError
+from swarm.peer import Peer, PeerConfig, replica_trainer
 from swarm.sync.overlap import DeMoOverlapSync
 
 SYNC = ["--sync", "demo", "--wait-for-replicas", "2", "--save-every", "50", "--announce-period", "1"]
@@ -35,7 +36,7 @@ def test_two_replicas_that_get_every_payload_stay_identical(tmp_path):
     """Lockstep DeMo. r1 computes spare batches while it waits for r2's payloads (its trace shows
     them): they change what r1 sends, never its weights apart from the gathered sets."""
     trace = tmp_path / "r1.sync-trace.jsonl"
-    with tiny_swarm(tmp_path, "synctest", {"b": "1"}) as (local, _, client):
+    with tiny_swarm(tmp_path, "synctest", {}) as (local, _, client):
         directory = client.directory
         extra = [*SYNC, "--max-steps", "12", "--sync-deadline", "20", "--average-every", "4"]
         local.start_peer("r1", "0", [*extra, "--spare-batch-size", "2", "--sync-trace", str(trace)])
@@ -54,9 +55,22 @@ def test_two_replicas_that_get_every_payload_stay_identical(tmp_path):
     assert len(waits) == 12 and sum(w["spare_windows"] for w in waits) > 0, waits
 
 
-@pytest.mark.parametrize("sync, steps", [("demo", 300), ("dense", 30)])
+@pytest.mark.parametrize("options, fragment", [
+    ({"batch_size": 32, "spare_batch_size": 33}, "--spare-batch-size must be from 0"),
+    ({"sync": "dense", "spare_batch_size": 4}, "needs a payload exchange"),
+    ({"sync": "none", "spare_batch_size": 4}, "needs a payload exchange"),
+])  # fmt: skip
+def test_spare_batches_are_refused_where_they_cannot_apply(options, fragment):
+    """Larger than a step's batch, one spare batch would hold a step up by more than a step; with
+    no payload exchange nothing would ever compute one (and the option would be silently ignored)."""
+    with pytest.raises(SwarmError, match=fragment):
+        PeerConfig(**options).checked()
+    assert PeerConfig(sync="demo-overlap", batch_size=32, spare_batch_size=32).checked()  # where it applies: taken
+
+
+@pytest.mark.parametrize("sync, steps", [("demo", 300), ("dense", 15)])
 def test_a_killed_replica_does_not_stop_the_others(tmp_path, sync, steps):
-    with tiny_swarm(tmp_path, f"synckill{sync}", {"b": "1"}) as (local, _, client):
+    with tiny_swarm(tmp_path, f"synckill{sync}", {}) as (local, _, client):
         directory = client.directory
         extra = [*SYNC, "--sync", sync, "--max-steps", str(steps), "--sync-deadline", "1", "--average-every", "0"]
         survivor = local.start_peer("r1", "0", extra)
@@ -74,7 +88,7 @@ def test_a_killed_replica_does_not_stop_the_others(tmp_path, sync, steps):
 def two_replicas(tmp_path, swarm: str, steps: int, options: list[str]):
     """Replicas r1 and r2 of block 0 trained `steps` steps: their final records, and how far
     apart their final checkpoints are (largest absolute difference), and r1's checkpoint."""
-    with tiny_swarm(tmp_path, swarm, {"b": "1"}) as (local, _, client):
+    with tiny_swarm(tmp_path, swarm, {}) as (local, _, client):
         directory = client.directory
         extra = [*SYNC, "--max-steps", str(steps), "--sync-deadline", "10", *options]
         local.start_peer("r1", "0", extra)
@@ -109,7 +123,7 @@ def test_a_replica_that_misses_steps_is_averaged_back_in(tmp_path, mode):
         "demo": (100, ["--average-every", "25"]),
         "outer": (200, ["--sync", "outer", "--outer-steps", "5", "--average-every", "50"]),
     }[mode]
-    with tiny_swarm(tmp_path, f"syncpause{mode}", {"b": "1"}) as (local, _, client):
+    with tiny_swarm(tmp_path, f"syncpause{mode}", {}) as (local, _, client):
         directory = client.directory
         extra = [*SYNC, "--sync-deadline", "1", "--max-steps", str(steps), *options]
         local.start_peer("r1", "0", extra)
@@ -137,7 +151,7 @@ def test_overlapped_replicas_stay_identical(tmp_path, sync, rounds):
     one in flight is applied before each checkpoint, so checkpoints 6 and 12 are equal too. r1's
     sync trace holds each exchange's publish and wait, in time order."""
     trace = tmp_path / "r1.sync-trace.jsonl"
-    with tiny_swarm(tmp_path, "syncoverlap", {"b": "1"}) as (local, _, client):
+    with tiny_swarm(tmp_path, "syncoverlap", {}) as (local, _, client):
         extra = [*SYNC, "--sync", sync, "--outer-steps", "3", "--max-steps", "12", "--save-every", "6",
                  "--sync-deadline", "20", "--average-every", "4"]  # fmt: skip
         local.start_peer("r1", "0", [*extra, "--sync-trace", str(trace)])
@@ -236,7 +250,7 @@ def test_outer_steps_of_one_step_without_compression_are_parameter_averaging(tmp
     after their AdamW steps. Replayed here: the same trainers (same start, same batches, as the
     peers' ids seed them), with plain averaging after every step."""
     steps = 6
-    with tiny_swarm(tmp_path, "syncouter", {"b": "1"}) as (local, _, client):
+    with tiny_swarm(tmp_path, "syncouter", {}) as (local, _, client):
         extra = [*SYNC, "--sync", "outer", "--outer-steps", "1", "--outer-compression", "none",
                  "--max-steps", str(steps), "--sync-deadline", "20", "--average-every", "0"]  # fmt: skip
         local.start_peer("r1", "0", extra)

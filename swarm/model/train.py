@@ -71,10 +71,9 @@ class Trainer:
     first_step_at: float | None = None
     last_step_at: float | None = None
     # spare batches waiting for the next step: the sum of their gradients, each times its window
-    # count, and the windows they hold; `spare_windows_total` counts every spare window ever taken
+    # count, and the windows they hold
     spare_gradients: list[torch.Tensor] | None = None
     spare_windows: int = 0
-    spare_windows_total: int = 0
 
     def __post_init__(self) -> None:
         self.optimizer = torch.optim.AdamW(
@@ -122,7 +121,6 @@ class Trainer:
             if grad is not None:
                 spare.add_(grad, alpha=windows)
         self.spare_windows += windows
-        self.spare_windows_total += windows
 
     def _add_spare_gradients(self) -> None:
         """Make this step's gradient the mean over its batch and the spare batches taken since the last step."""

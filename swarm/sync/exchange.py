@@ -30,11 +30,16 @@ with its CLOCK_MONOTONIC time, which all processes of one host share: benchmarks
 splits each wait into the part before the last replica had published its payload (waiting
 for a slower replica's compute) and the part after it (waiting for the network).
 
-With `spare_windows` (`swarm-peer --spare-batch-size N`) a trainer does not sit idle while a gather
-it needs is still running: it computes the gradients of spare batches of N windows, which its
-next step averages in (swarm/model/train.py). A replica faster than the others, or one whose
+With `spare_batch_size` (`swarm-peer --spare-batch-size N`) a trainer does not sit idle while a
+gather it needs is still running: it computes the gradients of spare batches of N windows, which
+its next step averages in (swarm/model/train.py). A replica faster than the others, or one whose
 exchange is slower than a step, then trains on more windows per step instead of waiting. The
-weights still change only by the gathered sets, so replicas stay as identical as without.
+weights still change only by the gathered sets, so replicas stay as identical as without. The
+spare gradients are taken at the weights before the update waited for, one update stale (for
+outer modes, before the outer step's jump), as an overlapped update is. In lockstep demo the
+gather is never done the moment it starts, so every step takes at least one spare batch, and a
+step ends up to one spare batch later than the gather. Before a checkpoint (`finish` of the
+overlapped strategies) the spare batches fall outside any step: wall time, as the idle wait was.
 """
 
 from __future__ import annotations
@@ -232,7 +237,7 @@ class Exchange:
     applied: bytes = b"started"  # fingerprint of the last set applied
     _missing: int = 0  # replicas whose payload the last gather went without
     trace: Callable[[dict], None] | None = None  # gets each publish and wait, with its monotonic time
-    spare_windows: int = 0  # batch size of the spare batches a trainer computes instead of waiting (0: it waits)
+    spare_batch_size: int = 0  # windows of each spare batch a trainer computes instead of waiting (0: it waits)
     _request_bytes: int = 0
     _reply_bytes: int = 0
 
@@ -255,19 +260,20 @@ class Exchange:
 
     def finish(self, round_: Round, trainer: Trainer | None = None) -> Gathered:
         """Wait for a round's gather (counted as waiting), count its bytes, and notice drift. With
-        `spare_windows` and a trainer, the trainer computes spare batches for its next step until
+        `spare_batch_size` and a trainer, the trainer computes spare batches for its next step until
         the gather is done, instead of waiting (the last batch may end a little after it)."""
         spare_from, windows = time.monotonic(), 0
-        while trainer is not None and self.spare_windows and not round_.gathering.done():
-            trainer.spare_batch(self.spare_windows)
-            windows += self.spare_windows
+        give_up_at = spare_from + self.servicer.deadline + 2 * FINISH_GRACE_S  # as the wait below
+        while trainer is not None and self.spare_batch_size and not round_.gathering.done() and time.monotonic() < give_up_at:
+            trainer.spare_batch(self.spare_batch_size)
+            windows += self.spare_batch_size
         waited_from = time.monotonic()
         gathered: Gathered = round_.gathering.result(self.servicer.deadline + 2 * FINISH_GRACE_S)
         waited_to = time.monotonic()
         self.wait_seconds += waited_to - waited_from
         if self.trace:
             self.trace({"event": "wait", "step": round_.step, "seconds": waited_to - waited_from, "t": waited_to,
-                        "spare_seconds": waited_from - spare_from, "spare_windows": windows})  # fmt: skip
+                        "spare_seconds": waited_from - spare_from if windows else 0.0, "spare_windows": windows})  # fmt: skip
         self.round_seconds = gathered.seconds
         self._request_bytes += gathered.bytes_sent
         self._reply_bytes += gathered.bytes_received
