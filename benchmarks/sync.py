@@ -79,10 +79,9 @@ MODES = {
     "outer-overlap": ["--sync", "outer-overlap"],  # the same, each round's exchange overlapped with the next round
     "outer-k128": ["--sync", "outer", "--outer-top-k", "128"],  # less compressed: what the bytes buy in loss
     "demo1": ["--sync", "demo", "--value-bits", "1", "--top-k", "4"],
-    # the same as their namesakes, but a replica computes spare batches instead of waiting (--spare-batch-size)
-    "demo-overlap2-spare": ["--sync", "demo-overlap", "--overlap-steps", "2", "--value-bits", "16", "--top-k", "8"],
-    "outer-overlap-spare": ["--sync", "outer-overlap"],
 }
+# the same as their namesakes, but a replica computes spare batches instead of waiting (--spare-batch-size, in run_mode)
+MODES |= {f"{mode}-spare": MODES[mode] for mode in ("demo-overlap2", "outer-overlap")}
 SPARE_BATCHES_PER_BATCH = 8  # a -spare mode's spare batches hold an eighth of a step's batch: a wait ends at most that late
 DEFAULT_MODES = ["dense", "demo", "demo-overlap", "outer", "outer-overlap", "outer-k128"]
 SMALL_MODEL = {"d_model": 128, "n_layers": 4, "n_blocks": 4, "n_heads": 4}  # a block of 0.38 M parameters
@@ -205,7 +204,9 @@ def wait_split(traces: dict[str, Path]) -> dict | None:
     publish to its last wait: for outer modes that leaves out the first round, so the fractions
     are larger than the same seconds over the run's wall time). None for a mode without a
     payload exchange (dense). Time spent on spare batches instead of waiting (the -spare modes)
-    is reported beside them (`spare_s`, `spare_fraction`, `spare_windows`): it is compute, not a wait."""
+    is reported beside them (`spare_s`, `spare_fraction`, `spare_windows`): it is compute, not a wait.
+    In those modes a wait begins only once the gather is done, so both kinds of wait are near 0
+    by construction: the spare fraction is what the others would have been."""
     events = {name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in traces.items() if path.exists()}
     published = {name: {e["step"]: e["t"] for e in evs if e["event"] == "publish"} for name, evs in events.items()}
     published = {name: steps for name, steps in published.items() if steps}  # a peer that died before its first step

@@ -34,7 +34,9 @@ With `spare_batch_size` (`swarm-peer --spare-batch-size N`) a trainer does not s
 gather it needs is still running: it computes the gradients of spare batches of N windows, which
 its next step averages in (swarm/model/train.py). A replica faster than the others, or one whose
 exchange is slower than a step, then trains on more windows per step instead of waiting. The
-weights still change only by the gathered sets, so replicas stay as identical as without. The
+weights still change only by the gathered sets, so replicas that gather the same sets stay
+identical (on a shared machine the spare batches slow the other replicas, which can make a
+payload miss the deadline: benchmarks/sync.py's outer-overlap-spare run once did). The
 spare gradients are taken at the weights before the update waited for, one update stale (for
 outer modes, before the outer step's jump), as an overlapped update is. In lockstep demo the
 gather is never done the moment it starts, so every step takes at least one spare batch, and a
@@ -263,12 +265,12 @@ class Exchange:
         `spare_batch_size` and a trainer, the trainer computes spare batches for its next step until
         the gather is done, instead of waiting (the last batch may end a little after it)."""
         spare_from, windows = time.monotonic(), 0
-        give_up_at = spare_from + self.servicer.deadline + 2 * FINISH_GRACE_S  # as the wait below
+        give_up_at = spare_from + self.servicer.deadline + 2 * FINISH_GRACE_S  # spare batches and waiting together
         while trainer is not None and self.spare_batch_size and not round_.gathering.done() and time.monotonic() < give_up_at:
             trainer.spare_batch(self.spare_batch_size)
             windows += self.spare_batch_size
         waited_from = time.monotonic()
-        gathered: Gathered = round_.gathering.result(self.servicer.deadline + 2 * FINISH_GRACE_S)
+        gathered: Gathered = round_.gathering.result(max(0.0, give_up_at - time.monotonic()))
         waited_to = time.monotonic()
         self.wait_seconds += waited_to - waited_from
         if self.trace:
