@@ -31,9 +31,8 @@ from swarm.cli.console import setup_logging
 from swarm.model.data import ByteWindows, load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import block_denoise_ce
-from swarm.model.train import TrainConfig, Trainer
+from swarm.model.train import TrainConfig, Trainer, trainable
 from swarm.peer import replica_trainer
-from swarm.sync.dense import trainable
 from swarm.sync.pseudo_gradient import OuterConfig, OuterReplica
 from sync import LOSS_RATIO_TARGET, SMALL_MODEL, VALIDATION_WINDOWS  # the model and validation windows of benchmarks/sync.py, beside this
 

@@ -225,10 +225,10 @@ def wait_split(traces: dict[str, Path]) -> dict | None:
             network += network_part
             slower += wait["seconds"] - network_part
         span = max(e["t"] for e in events[name]) - min(published[name].values())
+        share = lambda seconds: seconds / span if span > 0 else None  # noqa: E731
         split[name] = {"network_s": network, "slower_replicas_s": slower, "traced_s": span,
-                       "network_fraction": network / span if span > 0 else None,
-                       "slower_replicas_fraction": slower / span if span > 0 else None,
-                       "spare_s": spare, "spare_fraction": spare / span if span > 0 else None, "spare_windows": windows}  # fmt: skip
+                       "network_fraction": share(network), "slower_replicas_fraction": share(slower),
+                       "spare_s": spare, "spare_fraction": share(spare), "spare_windows": windows}  # fmt: skip
     return split
 
 

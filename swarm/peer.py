@@ -45,7 +45,7 @@ from swarm.model.autoregressive import ByteTransformer
 from swarm.model.checkpoint import decode_block
 from swarm.model.data import ByteWindows, load_corpus
 from swarm.model.denoiser import ModelConfig
-from swarm.model.train import TrainConfig, Trainer, block_trainer
+from swarm.model.train import TrainConfig, Trainer, block_trainer, trainable
 from swarm.p2p import reachability
 from swarm.p2p.choice import SpotCheck, choose_checkpoint
 from swarm.p2p.directory import DHTUnavailable, SwarmDirectory, least_hosted_block
@@ -58,7 +58,7 @@ from swarm.p2p.transfer import BlockServicer
 from swarm.serving.ar_pipeline import StageServicer
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica
-from swarm.sync.dense import DenseSync, ParameterAveraging, block_averager, trainable
+from swarm.sync.dense import DenseSync, ParameterAveraging, block_averager
 from swarm.sync.exchange import MAX_STEPS_IN_FLIGHT, Exchange, PayloadServicer, json_lines
 from swarm.sync.lockstep import DeMoSync
 from swarm.sync.outer import OuterOverlapSync, OuterSync

@@ -112,7 +112,7 @@ class Trainer:
         while the update waits for other replicas: time that would otherwise be idle). The
         weights and this step's gradients are left as they are."""
         self.module.train()
-        params = [p for p in self.module.parameters() if p.requires_grad]
+        params = trainable(self.module)
         window = self.windows.sample(windows, self.generator).to(self.device)
         grads = torch.autograd.grad(self.loss_fn(window, self.generator), params, allow_unused=True)
         if self.spare_gradients is None:
@@ -127,8 +127,7 @@ class Trainer:
         if self.spare_gradients is None:
             return
         batch, total = self.config.batch_size, self.config.batch_size + self.spare_windows
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        for param, spare in zip(params, self.spare_gradients):
+        for param, spare in zip(trainable(self.module), self.spare_gradients):
             if param.grad is not None:
                 param.grad.mul_(batch).add_(spare).div_(total)
         self.spare_gradients, self.spare_windows = None, 0
@@ -139,6 +138,12 @@ class Trainer:
         if self.first_step_at is None or self.last_step_at is None or self.last_step_at <= self.first_step_at:
             return None
         return min(1.0, max(0.0, (self.compute_seconds - waited) / (self.last_step_at - self.first_step_at)))
+
+
+def trainable(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters a step trains, in a fixed order: what spare gradients and an averager of
+    the block (swarm/sync/dense.py) hold a tensor for, one each."""
+    return [p for p in module.parameters() if p.requires_grad]
 
 
 def diffusion_loss_fn(denoiser: Denoiser, block: int | None) -> LossFn:

@@ -32,7 +32,7 @@ from hivemind.averaging.allreduce import AllReduceRunner
 from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import as_aiter, azip
 
-from swarm.model.train import Trainer
+from swarm.model.train import Trainer, trainable
 
 logger = logging.getLogger(__name__)
 
@@ -80,11 +80,6 @@ class CountingAverager(DecentralizedAverager):
         self._running_groups[group_id].set_result(runner)
         async for tensor, update in azip(as_aiter(*tensors), runner):
             tensor.add_(update, alpha=self._averaging_alpha)
-
-
-def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The tensors an averager of this block holds: its trainable parameters (or their gradients)."""
-    return [p for p in module.parameters() if p.requires_grad]
 
 
 def block_averager(
