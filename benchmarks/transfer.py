@@ -12,7 +12,10 @@ DHT node and its daemon, as `swarm-fetch` or a joining peer starts), through
   eu-west); beside it, the same checkpoint from one of those hosts alone (what a one-source
   download gives).
 - long-fat: one host and the joiner at 100 Mbit/s, 80 ms round trip (us-east to eu-west);
-  the large payload again with the hosts and the joiner on bbr (`--compare-congestion`).
+  beside each download, in turn, the baseline: the same bytes over one plain TCP connection
+  between the same namespaces, made fresh (`plain_tcp_*`: what one connection gets through
+  these links, handshake and slow start included); the large payload again with the hosts and
+  the joiner on bbr (`--compare-congestion`).
 - corrupt: 4 hosts with half the joiner's downlink each (so that three of them can still fill
   it); all honest, against one that flips a byte of every chunk it sends (`CorruptChunks`,
   the honest chunk list), and one that also forges its list to match. The runs alternate.
@@ -39,9 +42,11 @@ import json
 import logging
 import random
 import signal
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -120,6 +125,37 @@ class Links:
                 "dropped": {i: got.dropped[h.peer_id] for i, h in enumerate(hosts) if h.peer_id in got.dropped}}  # fmt: skip
 
 
+    def plain_tcp(self, payload: bytes) -> dict:
+        """The baseline: `payload` from the first host's namespace to the joiner's over one fresh
+        TCP connection, from this process as the download's ends are (the handshake and slow start
+        included): what any protocol over one connection can get through these links."""
+        host = self.nodes[0]
+        with host.inside():
+            server = socket.create_server((host.address, 0))
+        with self.joiner.inside():
+            client = socket.socket()
+        server.settimeout(DOWNLOAD_TIMEOUT_S)
+        client.settimeout(DOWNLOAD_TIMEOUT_S)
+
+        def send() -> None:
+            with server, server.accept()[0] as connection:
+                connection.settimeout(DOWNLOAD_TIMEOUT_S)
+                connection.sendall(payload)
+
+        sender = threading.Thread(target=send, name="plain-tcp-sender")
+        sender.start()
+        with client:
+            started, received = time.perf_counter(), 0
+            client.connect((host.address, server.getsockname()[1]))
+            while data := client.recv(1 << 20):
+                received += len(data)
+            ended = time.perf_counter()
+        sender.join()
+        assert received == len(payload), (received, len(payload))
+        return {"bytes": received, "hosts": 1, "seconds": ended - started, "mbit_per_s": 8 * received / (ended - started) / 1e6,
+                "transfer_mbit_per_s": 8 * received / (ended - started) / 1e6}  # fmt: skip
+
+
 @contextlib.contextmanager
 def links(folder: Path, down_mbit: float, host_up_mbit: list[float], rtt_s: float, congestion: str) -> Iterator[Links]:
     with netlab.NetLab("bswxfer") as lab:
@@ -134,14 +170,23 @@ def payload(megabytes: float, seed: int) -> bytes:
     return random.Random(seed).randbytes(int(megabytes * 1e6))
 
 
+def alternating(measures: dict, repeats: int) -> dict[str, dict]:
+    """Each of `measures` (name: a function measuring one run), in turn, `repeats` times (so that
+    what the machine does meanwhile falls on all of them alike): every run, and the median of
+    each figure, by name."""
+    runs: dict[str, list[dict]] = {name: [] for name in measures}
+    for i in range(repeats):
+        for name, measure in measures.items():
+            runs[name].append(measure())
+            logger.info("%s, run %d: %.2f s, %.1f Mbit/s", name, i + 1, runs[name][-1]["seconds"], runs[name][-1]["mbit_per_s"])
+    figures = ("seconds", "mbit_per_s", "transfer_mbit_per_s")
+    return {name: {**{k: statistics.median(r[k] for r in rs) for k in figures}, "bytes": rs[0]["bytes"], "hosts": rs[0]["hosts"],
+                   "runs": rs} for name, rs in runs.items()}  # fmt: skip
+
+
 def repeated(measure, repeats: int, what: str) -> dict:
     """`measure()` `repeats` times: every run, and the median of each figure."""
-    runs = []
-    for i in range(repeats):
-        runs.append(measure())
-        logger.info("%s, run %d: %.2f s, %.1f Mbit/s", what, i + 1, runs[-1]["seconds"], runs[-1]["mbit_per_s"])
-    medians = {k: statistics.median(r[k] for r in runs) for k in ("seconds", "mbit_per_s", "transfer_mbit_per_s")}
-    return {**medians, "bytes": runs[0]["bytes"], "hosts": runs[0]["hosts"], "runs": runs}
+    return alternating({what: measure}, repeats)[what]
 
 
 def with_cap(figures: dict, cap_mbit: float) -> dict:
@@ -173,7 +218,10 @@ def long_fat(args, folder: Path, sizes: dict) -> dict:
         for name, size_mb in (("default", sizes["default"]), ("large", cap * args.seconds / 8)):
             data = payload(size_mb, seed=2)
             info = lab.hold(data)
-            result[f"one_host_{name}"] = with_cap(repeated(lambda: lab.fetch(data, info, hosts), args.repeats, f"long fat link, {name}"), cap)
+            runs = alternating({f"one_host_{name}": lambda: lab.fetch(data, info, hosts),
+                                f"plain_tcp_{name}": lambda: lab.plain_tcp(data)}, args.repeats)  # fmt: skip
+            result.update({key: with_cap(figures, cap) for key, figures in runs.items()})
+            result[f"one_host_{name}_over_plain_tcp"] = runs[f"one_host_{name}"]["mbit_per_s"] / runs[f"plain_tcp_{name}"]["mbit_per_s"]
         for other in args.compare_congestion:
             lab.lab.set_congestion(other)
             hosts = lab.start_hosts(["honest"])

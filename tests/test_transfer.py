@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import random
 
 import hivemind
@@ -21,10 +22,10 @@ from swarm.lab.attacks import CorruptChunks, Impersonating, TricklingDownloads
 from swarm.lab.hosting import CheckpointHost
 from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import ModelConfig, build_block
-from swarm.p2p.chunks import CHUNK_BYTES, MAX_COPIES, ChunkPlan, Run
+from swarm.p2p.chunks import CHUNK_BYTES, MAX_COPIES, ChunkList, ChunkPlan, Run, chunk_hashes
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import Host, SwarmDirectory
-from swarm.p2p.download import STREAM_RETRIES, download, fetch_verified
+from swarm.p2p.download import STREAM_RETRIES, _Whole, download, fetch_verified
 from swarm.p2p.messages import DownloadHeader, DownloadRequest, PayloadReply, PayloadRequest
 from swarm.p2p.network import NetworkOptions
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, block_key
@@ -119,6 +120,22 @@ def test_a_chunk_plan_hands_out_long_runs_first_then_halves_and_last_chunks():
         if run.left:
             plan.received(stream, run.next)
     assert plan.complete
+
+
+def test_chunks_put_together_in_any_order_give_the_file_and_give_each_chunk_back():
+    data = PAYLOAD[: 5 * CHUNK_BYTES + 1000]  # a short last chunk
+    chunk = {i: data[i * CHUNK_BYTES : (i + 1) * CHUNK_BYTES] for i in range(6)}
+    whole = _Whole(ChunkList(len(data), chunk_hashes(data)))
+    for index in (3, 0, 5, 1):
+        whole.add(index, chunk[index], f"peer{index % 2}")
+    assert not whole.complete
+    assert {i: c.data for i, c in whole.chunks().items()} == {i: chunk[i] for i in (0, 1, 3, 5)}  # what a next list starts from
+    for index in (4, 2):
+        whole.add(index, chunk[index], "peer2")
+    assert whole.complete and whole.data() == data
+    assert whole.sha256() == hashlib.sha256(data).hexdigest()
+    assert whole.sources == {3: "peer1", 0: "peer0", 5: "peer1", 1: "peer1", 4: "peer2", 2: "peer2"}
+    assert {i: c.data for i, c in whole.chunks().items()} == chunk
 
 
 def test_a_first_run_can_be_assigned_and_a_stream_never_steals_from_its_own_host():
