@@ -28,7 +28,9 @@ rate the streams keep up, and both are reported. A rate is the payload over the 
 (transfer). Every namespace runs cubic (`--congestion`), the default of the home and desktop
 systems the peers stand for, not whatever this machine's kernel defaults to: where that is
 bbr, one long flow through a queue stalls for ~0.3 s every 10 s (ProbeRTT), which the bbr
-comparison row shows. Needs root, iptables and NetfilterQueue (see .ci/regions-setup).
+comparison row shows. Each run records the share of this machine's CPU time that the
+hypervisor gave to other guests meanwhile (`cpu_steal`), since the lab's rates fall with it.
+Needs root, iptables and NetfilterQueue (see .ci/regions-setup).
 
     python benchmarks/transfer.py            # about 8 minutes on 2 cores
 """
@@ -71,6 +73,10 @@ SWARM = "transfer"
 TARGET_OVER_CAP = 0.90
 TARGET_CORRUPT_OVER_CLEAN = 1.1
 DOWNLOAD_TIMEOUT_S = 600.0
+# /proc/stat's steal column: time this virtual machine's CPUs were ready and ran another guest.
+# A download's two ends, their daemons and the delay line share this machine's cores, so a run
+# is slower while the hypervisor takes their time; each run records the share taken (`cpu_steal`).
+STEAL = 7
 SERVICERS = {"honest": BlockServicer, "corrupt": CorruptChunks, "forged": functools.partial(CorruptChunks, forge_list=True)}
 
 
@@ -170,6 +176,11 @@ def payload(megabytes: float, seed: int) -> bytes:
     return random.Random(seed).randbytes(int(megabytes * 1e6))
 
 
+def cpu_times() -> list[int]:
+    """This machine's CPU time so far, by kind (/proc/stat's first line)."""
+    return [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+
 def alternating(measures: dict, repeats: int) -> dict[str, dict]:
     """Each of `measures` (name: a function measuring one run), in turn, `repeats` times (so that
     what the machine does meanwhile falls on all of them alike): every run, and the median of
@@ -177,9 +188,14 @@ def alternating(measures: dict, repeats: int) -> dict[str, dict]:
     runs: dict[str, list[dict]] = {name: [] for name in measures}
     for i in range(repeats):
         for name, measure in measures.items():
+            before = cpu_times()
             runs[name].append(measure())
-            logger.info("%s, run %d: %.2f s, %.1f Mbit/s", name, i + 1, runs[name][-1]["seconds"], runs[name][-1]["mbit_per_s"])
-    figures = ("seconds", "mbit_per_s", "transfer_mbit_per_s")
+            spent = [after - then for after, then in zip(cpu_times(), before)]
+            run = runs[name][-1]
+            run["cpu_steal"] = spent[STEAL] / max(1, sum(spent))
+            logger.info("%s, run %d: %.2f s, %.1f Mbit/s, CPU stolen %.0f%%", name, i + 1, run["seconds"], run["mbit_per_s"],
+                        100 * run["cpu_steal"])  # fmt: skip
+    figures = ("seconds", "mbit_per_s", "transfer_mbit_per_s", "cpu_steal")
     return {name: {**{k: statistics.median(r[k] for r in rs) for k in figures}, "bytes": rs[0]["bytes"], "hosts": rs[0]["hosts"],
                    "runs": rs} for name, rs in runs.items()}  # fmt: skip
 
