@@ -232,7 +232,7 @@ class Exchange:
     loop: EventLoopThread
     own_id: str
     replica_ids: Callable[[], list[str]]  # peer ids of the other replicas of the block, now
-    rounds: int = 0  # steps whose set was applied
+    rounds: int = 0  # steps whose set held another replica's payload
     drifted: bool = False  # some replica applied other payloads than we did since the last averaging
     wait_seconds: float = 0.0  # how long the trainer waited for gathers, in all
     round_seconds: float | None = None  # how long the last gather took
@@ -301,9 +301,10 @@ class Exchange:
         return decoded
 
     def applied_set(self, round_: Round, peer_ids: list[str]) -> None:
-        """The round's update was made of the payloads of `peer_ids`: this replica's fingerprint."""
+        """The round's update was made of the payloads of `peer_ids`: this replica's fingerprint,
+        and one more round exchanged if another replica's payload was among them."""
         self.applied = applied_fingerprint(round_.step, peer_ids)
-        self.rounds += 1
+        self.rounds += any(peer_id != self.own_id for peer_id in peer_ids)
 
     def follow_majority(self, gathered: Gathered, trainer: Trainer, round_steps: int = 1) -> bool:
         """Jump the trainer's step ahead to where a majority of the replicas asked is, if that is
