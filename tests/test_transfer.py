@@ -18,7 +18,7 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
 from swarm.errors import SwarmError
-from swarm.lab.attacks import CorruptChunks, Impersonating, TricklingDownloads
+from swarm.lab.attacks import CorruptChunks, GiantReplies, Impersonating, TricklingDownloads
 from swarm.lab.hosting import CheckpointHost
 from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import ModelConfig, build_block
@@ -82,6 +82,16 @@ def test_a_host_serving_corrupt_chunks_is_named_dropped_and_the_rest_comes_from_
     assert corrupt.peer_id in messages(caplog)  # named where the operator looks
     assert set(got.served) == {node.peer_id for node in honest}
     assert corrupt.servicer.sent <= 2  # one run of its first stream: the others waited for a chunk that verifies
+
+
+def test_a_reply_announced_longer_than_a_chunk_is_not_read_and_its_host_is_dropped(start):
+    giant, honest = start("giant", GiantReplies), start("honest")
+    info = giant.put(PAYLOAD, 5)
+    honest.put(PAYLOAD, 5)
+    got = fetch([giant, honest], info, inactivity_timeout=5)
+    assert got.data == PAYLOAD and got.served == {honest.peer_id: len(PAYLOAD)}
+    reason = got.dropped.get(giant.peer_id, "not dropped")
+    assert f"announced a reply of {2**30} bytes" in reason, reason  # before reading it: not a timeout, nor after 16 MiB
 
 
 def test_a_forged_chunk_list_cannot_make_bad_bytes_pass(start, caplog):

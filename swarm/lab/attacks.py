@@ -7,6 +7,7 @@ with the project's own code, or with a few lines around hivemind.
 - `HostileNode`: a real DHT node in this process under its own key (swarm/lab/hosting.py), which
   announces what it likes and answers P2P calls with the servicers below:
   - `TricklingDownloads`: checkpoint streams that announce a size and send a byte now and then;
+  - `GiantReplies`: checkpoint streams whose reply announces a gigabyte and keeps coming;
   - `CorruptChunks`: a host of an honest checkpoint that changes a byte of every chunk it sends,
     with the honest chunk list or one forged to match what it sends;
   - `WrongAnswers`: remote denoising that answers for the checkpoint it claims, wrongly;
@@ -26,7 +27,7 @@ from typing import AsyncIterator, Callable, Iterator
 
 import msgpack
 import torch
-from hivemind.p2p import P2PContext
+from hivemind.p2p import P2P, P2PContext
 from hivemind.proto import runtime_pb2
 
 from swarm.lab.hosting import InProcessNode
@@ -132,6 +133,33 @@ class TricklingDownloads(Impersonating, BlockServicer):
         while True:
             await asyncio.sleep(self.every_s)
             yield runtime_pb2.ExpertResponse(metadata=b"\0")
+
+
+class GiantReplies(Impersonating, BlockServicer):
+    """Lists and owns its checkpoints honestly, but answers every download with a reply that
+    announces `length` bytes (hivemind's framing, written raw) and then sends `sends` bytes of it
+    and holds the stream open: a reader that believes the announced length buffers all it gets."""
+
+    imitates = BlockServicer
+
+    def __init__(self, block: int, store: CheckpointStore, info: Callable[[], PeerInfo], length: int = 2**30,
+                 sends: int = 16 * 2**20):  # fmt: skip
+        super().__init__(block, store, info)
+        self.length, self.sends = length, sends
+
+    async def add_p2p_handlers(self, p2p: P2P, *args, **kwargs) -> None:
+        await super().add_p2p_handlers(p2p, *args, **kwargs)
+        name = self._get_handle_name(None, "rpc_download")
+        await p2p.remove_binary_stream_handler(name)
+        await p2p.add_binary_stream_handler(name, self._giant_reply)
+
+    async def _giant_reply(self, _, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(P2P.MESSAGE_MARKER + self.length.to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
+        for _ in range(self.sends // CHUNK_BYTES):
+            writer.write(bytes(CHUNK_BYTES))
+            await writer.drain()
+        await reader.read()  # until the reader gives up and closes the stream
+        writer.close()
 
 
 class CorruptChunks(Impersonating, BlockServicer):

@@ -6,8 +6,11 @@ The service (`BlockServicer`) answers three calls:
   (`ChunkListRequest` in, `ChunkListReply` out; chunks.py);
 - `rpc_download` (a stream): a run of the checkpoint's chunks. The request's metadata is a
   `DownloadRequest` (which checkpoint, which chunks), the first response's a `DownloadHeader`
-  (the file's size, or why not), and the later responses carry the run's bytes, one chunk each
-  (hivemind messages are capped at 4 MiB).
+  (the file's size, or why not), and the later responses carry the run's bytes, one chunk each.
+  A downloader reads these replies itself (`open_run`), each only if it announces at most
+  `REPLY_BYTES`: hivemind's reader of a stream takes a message of any length it is announced,
+  so a host could make it hold whatever it cares to send (unary replies pass through the
+  libp2p daemon, which caps them at 4 MiB).
 A downloader reads `STREAMS_PER_HOST` of these from one host at once (one stream moves at most
 its libp2p window per round trip; in the lab of benchmarks/transfer.py, 8 streams fill a 100
 Mbit/s link at 80 ms better than 4); each caller may hold `DOWNLOADS_PER_PEER` (twice that)
@@ -22,6 +25,7 @@ record, every chunk against the list, and the whole against the record's sha256.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -30,8 +34,10 @@ from pathlib import Path
 from typing import AsyncIterator  # hivemind tells a streaming handler by typing's AsyncIterator
 
 import torch
+from google.protobuf.message import DecodeError
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
+from hivemind.proto.p2pd_pb2 import RPCError
 
 from swarm.model.denoiser import ModelConfig, build_block
 from swarm.p2p.chunks import CHUNK_BYTES, MAX_CHUNKS, ChunkList, chunk_count, chunk_hashes
@@ -60,6 +66,7 @@ HEADER_SLACK_BYTES = 256 * 1024  # a block file's safetensors header and metadat
 BUSY_RETRIES = 5  # a stream refused as busy is asked again this many times (a closed one frees its slot a moment later)
 BUSY_WAIT_S = 0.2
 LISTS_KEPT = 4  # chunk lists a service keeps computed (a peer serves its newest checkpoints)
+REPLY_BYTES = CHUNK_BYTES + 1024  # the largest rpc_download reply read: a chunk and its protobuf framing
 
 
 class TransferError(Exception):
@@ -202,15 +209,14 @@ async def ask_chunk_list(p2p: P2P, host: Host, info: CheckpointInfo, timeout: fl
         raise HostFailed(f"peer {host.peer_id}: {error}") from None
 
 
-async def open_run(p2p: P2P, host: Host, request: DownloadRequest, size: int, timings: dict) -> AsyncIterator:
-    """A stream of the chunks `request` asks `host` for, past its header (asked again while the
-    host says busy); HostFailed if the host refuses or announces another size. `timings["header"]`
-    gets the perf_counter of the first header."""
-    stub = BlockServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
+async def open_run(p2p: P2P, host: Host, request: DownloadRequest, size: int, timings: dict) -> AsyncIterator[bytes]:
+    """The chunks `request` asks `host` for, a reply's bytes at a time, past its header (asked
+    again while the host says busy); HostFailed if the host refuses or announces another size.
+    `timings["header"]` gets the perf_counter of the first header."""
     for attempt in range(BUSY_RETRIES + 1):
-        stream = await asyncio.wait_for(stub.rpc_download(runtime_pb2.ExpertRequest(metadata=request.encode())), FIRST_BYTE_TIMEOUT_S)
+        stream = await asyncio.wait_for(_download_replies(p2p, host.peer_id, request), FIRST_BYTE_TIMEOUT_S)
         try:
-            header = DownloadHeader.decode((await asyncio.wait_for(anext(stream), FIRST_BYTE_TIMEOUT_S)).metadata)
+            header = DownloadHeader.decode(await asyncio.wait_for(anext(stream), FIRST_BYTE_TIMEOUT_S))
         except BaseException:  # no header in time, or a malformed one: the stream is ours to close
             await stream.aclose()
             raise
@@ -226,3 +232,37 @@ async def open_run(p2p: P2P, host: Host, request: DownloadRequest, size: int, ti
         raise HostFailed(f"peer {host.peer_id} sends {header.size} bytes, not the announced {size}")
     timings.setdefault("header", time.perf_counter())
     return stream
+
+
+async def _download_replies(p2p: P2P, peer_id: str, request: DownloadRequest) -> AsyncIterator[bytes]:
+    """Open an `rpc_download` stream to `peer_id` with `request`: its replies' bytes, as they come.
+    Written to hivemind's framing of a protobuf stream (a marker byte, the length, the message),
+    as its client would, but a reply announced longer than `REPLY_BYTES` is refused before it is
+    read (HostFailed), and so is an error reply or one that does not parse."""
+    handle = BlockServicer._get_handle_name(None, "rpc_download")
+    _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), handle)
+    await P2P.send_protobuf(runtime_pb2.ExpertRequest(metadata=request.encode()), writer)
+    await P2P.send_protobuf(P2P.END_OF_STREAM, writer)
+    return _replies(peer_id, reader, writer)
+
+
+async def _replies(peer_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> AsyncIterator[bytes]:
+    """The replies on an open stream until it ends (one cut mid-reply ends there too)."""
+    with contextlib.closing(writer):
+        while True:
+            try:
+                marker = await reader.readexactly(1)
+                length = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
+                if length > REPLY_BYTES:
+                    raise HostFailed(f"peer {peer_id} announced a reply of {length} bytes, more than the {REPLY_BYTES} of a chunk")
+                body = await reader.readexactly(length)
+            except asyncio.IncompleteReadError:
+                return
+            try:
+                if marker == P2P.ERROR_MARKER:
+                    raise HostFailed(f"peer {peer_id} failed: {RPCError.FromString(body).message}")
+                if marker != P2P.MESSAGE_MARKER:
+                    raise HostFailed(f"peer {peer_id} sent a reply that is not a message")
+                yield runtime_pb2.ExpertResponse.FromString(body).metadata
+            except DecodeError:
+                raise HostFailed(f"peer {peer_id} sent a reply that does not parse") from None

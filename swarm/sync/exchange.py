@@ -304,7 +304,7 @@ class Exchange:
         """The round's update was made of the payloads of `peer_ids`: this replica's fingerprint,
         and one more round exchanged if another replica's payload was among them."""
         self.applied = applied_fingerprint(round_.step, peer_ids)
-        self.rounds += any(peer_id != self.own_id for peer_id in peer_ids)
+        self.rounds += int(any(peer_id != self.own_id for peer_id in peer_ids))
 
     def follow_majority(self, gathered: Gathered, trainer: Trainer, round_steps: int = 1) -> bool:
         """Jump the trainer's step ahead to where a majority of the replicas asked is, if that is
