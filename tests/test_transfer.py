@@ -13,6 +13,7 @@ import random
 
 import hivemind
 import pytest
+from hivemind.p2p import P2P
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
@@ -29,7 +30,7 @@ from swarm.p2p.download import STREAM_RETRIES, _Whole, download, fetch_verified
 from swarm.p2p.messages import DownloadHeader, DownloadRequest, PayloadReply, PayloadRequest
 from swarm.p2p.network import NetworkOptions
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, block_key
-from swarm.p2p.transfer import DOWNLOADS_PER_PEER, BlockServicer, TransferError, max_checkpoint_bytes
+from swarm.p2p.transfer import DOWNLOAD, DOWNLOADS_PER_PEER, BlockServicer, TransferError, download_replies, max_checkpoint_bytes
 from swarm.sync.exchange import POLLS_PER_PEER, PayloadServicer
 
 SWARM = "transfer"
@@ -91,7 +92,26 @@ def test_a_reply_announced_longer_than_a_chunk_is_not_read_and_its_host_is_dropp
     got = fetch([giant, honest], info, inactivity_timeout=5)
     assert got.data == PAYLOAD and got.served == {honest.peer_id: len(PAYLOAD)}
     reason = got.dropped.get(giant.peer_id, "not dropped")
-    assert f"announced a reply of {2**30} bytes" in reason, reason  # before reading it: not a timeout, nor after 16 MiB
+    assert f"announced a message of {2**30} bytes" in reason, reason  # before reading it: not a timeout, nor after 16 MiB
+
+
+def test_a_download_request_announced_longer_than_a_request_is_not_read(start):
+    node = start("host")
+    with client_of(node) as client:
+
+        async def giant_request() -> bytes:
+            handle = BlockServicer._get_handle_name(None, DOWNLOAD)
+            _, reader, writer = await client.p2p.call_binary_stream_handler(node.dht.peer_id, handle)
+            try:
+                writer.write(P2P.MESSAGE_MARKER + (2**30).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + bytes(1024))
+                await writer.drain()
+                return await asyncio.wait_for(reader.read(), 10)  # a reader that believed it would wait for the rest
+            except ConnectionError:
+                return b""
+            finally:
+                writer.close()
+
+        assert client.run(giant_request(), 30) == b""  # the host closed the stream at once
 
 
 def test_a_forged_chunk_list_cannot_make_bad_bytes_pass(start, caplog):
@@ -269,12 +289,14 @@ def test_one_peer_may_hold_only_a_few_downloads_and_sync_polls_at_once(start):
     big = node.put(bytes(64 * 1024**2), 6)  # large enough that a stream stays open while unread
     node.serve(PayloadServicer(block=0, deadline=3.0))
     with client_of(node) as client:
-        blocks = BlockServicer.get_stub(client.p2p, node.dht.peer_id)
-        request = runtime_pb2.ExpertRequest(metadata=DownloadRequest(block=0, sha256=big.sha256).encode())
+        request = DownloadRequest(block=0, sha256=big.sha256)
 
         async def open_streams(count: int) -> list[DownloadHeader]:
-            streams = [await blocks.rpc_download(request) for _ in range(count)]
-            return [DownloadHeader.decode((await anext(s)).metadata) for s in streams]
+            streams = [await download_replies(client.p2p, node.peer_id, request) for _ in range(count)]
+            headers = [DownloadHeader.decode(await anext(s)) for s in streams]
+            for stream in streams:
+                await stream.aclose()
+            return headers
 
         headers = client.run(open_streams(DOWNLOADS_PER_PEER + 1), 60)
         busy = ["busy" in h.error and h.busy for h in headers]

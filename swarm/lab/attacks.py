@@ -39,7 +39,7 @@ from swarm.p2p.chunks import CHUNK_BYTES, HASH_BYTES, chunk_count, chunk_hashes
 from swarm.p2p.messages import ChunkListReply, DownloadHeader, PayloadReply, PayloadRequest, PeerInfo
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo
 from swarm.p2p.store import CheckpointStore
-from swarm.p2p.transfer import BlockServicer
+from swarm.p2p.transfer import DOWNLOAD, BlockServicer
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica, decode_payload, encode_payload
 from swarm.sync.exchange import PayloadServicer, gather
@@ -126,7 +126,7 @@ class TricklingDownloads(Impersonating, BlockServicer):
         hashes = bytes(HASH_BYTES * chunk_count(self.size))
         return runtime_pb2.ExpertResponse(metadata=ChunkListReply(size=self.size, hashes=hashes).encode())
 
-    async def rpc_download(
+    async def _download(
         self, request: runtime_pb2.ExpertRequest, context: P2PContext
     ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
         yield runtime_pb2.ExpertResponse(metadata=DownloadHeader(size=self.size).encode())
@@ -149,7 +149,7 @@ class GiantReplies(Impersonating, BlockServicer):
 
     async def add_p2p_handlers(self, p2p: P2P, *args, **kwargs) -> None:
         await super().add_p2p_handlers(p2p, *args, **kwargs)
-        name = self._get_handle_name(None, "rpc_download")
+        name = self._get_handle_name(None, DOWNLOAD)
         await p2p.remove_binary_stream_handler(name)
         await p2p.add_binary_stream_handler(name, self._giant_reply)
 

@@ -7,10 +7,10 @@ The service (`BlockServicer`) answers three calls:
 - `rpc_download` (a stream): a run of the checkpoint's chunks. The request's metadata is a
   `DownloadRequest` (which checkpoint, which chunks), the first response's a `DownloadHeader`
   (the file's size, or why not), and the later responses carry the run's bytes, one chunk each.
-  A downloader reads these replies itself (`open_run`), each only if it announces at most
-  `REPLY_BYTES`: hivemind's reader of a stream takes a message of any length it is announced,
-  so a host could make it hold whatever it cares to send (unary replies pass through the
-  libp2p daemon, which caps them at 4 MiB).
+  Both ends read this stream themselves, in hivemind's framing but with a bound (framing.py):
+  the host takes a request of at most `REQUEST_BYTES`, the downloader a reply of at most
+  `REPLY_BYTES` (`download_replies`); hivemind's own stream handler and reader would buffer a
+  message of any length announced.
 A downloader reads `STREAMS_PER_HOST` of these from one host at once (one stream moves at most
 its libp2p window per round trip; in the lab of benchmarks/transfer.py, 8 streams fill a 100
 Mbit/s link at 80 ms better than 4); each caller may hold `DOWNLOADS_PER_PEER` (twice that)
@@ -36,12 +36,14 @@ from typing import AsyncIterator  # hivemind tells a streaming handler by typing
 import torch
 from google.protobuf.message import DecodeError
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from hivemind.proto import runtime_pb2
 from hivemind.proto.p2pd_pb2 import RPCError
 
 from swarm.model.denoiser import ModelConfig, build_block
 from swarm.p2p.chunks import CHUNK_BYTES, MAX_CHUNKS, ChunkList, chunk_count, chunk_hashes
 from swarm.p2p.directory import Host
+from swarm.p2p.framing import FramingError, read_frame
 from swarm.p2p.limits import Busy, PerPeerLimit
 from swarm.p2p.messages import (
     ChunkListReply,
@@ -66,7 +68,9 @@ HEADER_SLACK_BYTES = 256 * 1024  # a block file's safetensors header and metadat
 BUSY_RETRIES = 5  # a stream refused as busy is asked again this many times (a closed one frees its slot a moment later)
 BUSY_WAIT_S = 0.2
 LISTS_KEPT = 4  # chunk lists a service keeps computed (a peer serves its newest checkpoints)
+REQUEST_BYTES = 1024  # the largest rpc_download request read: a DownloadRequest and its protobuf framing
 REPLY_BYTES = CHUNK_BYTES + 1024  # the largest rpc_download reply read: a chunk and its protobuf framing
+DOWNLOAD = "rpc_download"
 
 
 class TransferError(Exception):
@@ -84,6 +88,7 @@ class BlockServicer(ServicerBase):
         self.block, self.store, self._info = block, store, info
         self.limit = PerPeerLimit(DOWNLOADS_PER_PEER)
         self._lists: OrderedDict[tuple, bytes] = OrderedDict()
+        self._own_id: PeerID | None = None  # of the P2P instance it serves on
 
     async def rpc_info(self, request: runtime_pb2.ExpertUID, context: P2PContext) -> runtime_pb2.ExpertInfo:
         return runtime_pb2.ExpertInfo(serialized_info=self._info().encode())
@@ -103,7 +108,48 @@ class BlockServicer(ServicerBase):
             reply = ChunkListReply(error=str(error))
         return runtime_pb2.ExpertResponse(metadata=reply.encode())
 
-    async def rpc_download(
+    async def add_p2p_handlers(self, p2p: P2P, wrapper: object | None = None, *, namespace: str | None = None,
+                               balanced: bool = False) -> None:  # fmt: skip
+        """`rpc_info` and `rpc_chunk_list` through hivemind; `rpc_download` as a stream of our own
+        (`_serve_download`), whose request is read with a bound."""
+        await super().add_p2p_handlers(p2p, wrapper, namespace=namespace, balanced=balanced)
+        self._own_id = p2p.peer_id
+        await p2p.add_binary_stream_handler(self._get_handle_name(namespace, DOWNLOAD), self._serve_download, balanced)
+
+    async def _serve_download(self, stream: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One `rpc_download` stream: its request and the end-of-stream mark after it (taken only
+        if each announces at most `REQUEST_BYTES` and comes in time: a stream closed with bytes
+        unread is reset, and a reset can overtake the last replies), then the replies of
+        `_download`, each sent in time, until they end or the caller closes the stream."""
+        context = P2PContext(handle_name=DOWNLOAD, local_id=self._own_id, remote_id=stream.peer_id)
+        with contextlib.closing(writer):
+            try:
+                async with asyncio.timeout(FIRST_BYTE_TIMEOUT_S):
+                    error, body = await read_frame(reader, REQUEST_BYTES)
+                    ended, _ = await read_frame(reader, REQUEST_BYTES)
+                if error or not ended:
+                    return
+                request = runtime_pb2.ExpertRequest.FromString(body)
+            except (TimeoutError, FramingError, DecodeError, asyncio.IncompleteReadError, ConnectionError) as failure:
+                logger.debug("refused a download stream from %s: %s", stream.peer_id, failure)
+                return
+            gone = asyncio.create_task(reader.read(1))  # the stream's end (or more bytes): the caller is done
+            replying = asyncio.create_task(self._send_replies(request, context, writer))
+            try:
+                await asyncio.wait({gone, replying}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if replying.done() and not replying.cancelled() and (failure := replying.exception()) is not None:
+                    logger.debug("a download stream to %s ended: %s", stream.peer_id, failure)
+                for task in (gone, replying):
+                    task.cancel()
+
+    async def _send_replies(self, request: runtime_pb2.ExpertRequest, context: P2PContext, writer: asyncio.StreamWriter) -> None:
+        """The replies of `_download`, each sent within `INACTIVITY_TIMEOUT_S` (a caller that
+        reads nothing for that long is given up)."""
+        async for reply in self._download(request, context):
+            await asyncio.wait_for(P2P.send_protobuf(reply, writer), INACTIVITY_TIMEOUT_S)
+
+    async def _download(
         self, request: runtime_pb2.ExpertRequest, context: P2PContext
     ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
         try:
@@ -214,7 +260,7 @@ async def open_run(p2p: P2P, host: Host, request: DownloadRequest, size: int, ti
     again while the host says busy); HostFailed if the host refuses or announces another size.
     `timings["header"]` gets the perf_counter of the first header."""
     for attempt in range(BUSY_RETRIES + 1):
-        stream = await asyncio.wait_for(_download_replies(p2p, host.peer_id, request), FIRST_BYTE_TIMEOUT_S)
+        stream = await asyncio.wait_for(download_replies(p2p, host.peer_id, request), FIRST_BYTE_TIMEOUT_S)
         try:
             header = DownloadHeader.decode(await asyncio.wait_for(anext(stream), FIRST_BYTE_TIMEOUT_S))
         except BaseException:  # no header in time, or a malformed one: the stream is ours to close
@@ -234,35 +280,42 @@ async def open_run(p2p: P2P, host: Host, request: DownloadRequest, size: int, ti
     return stream
 
 
-async def _download_replies(p2p: P2P, peer_id: str, request: DownloadRequest) -> AsyncIterator[bytes]:
-    """Open an `rpc_download` stream to `peer_id` with `request`: its replies' bytes, as they come.
-    Written to hivemind's framing of a protobuf stream (a marker byte, the length, the message),
-    as its client would, but a reply announced longer than `REPLY_BYTES` is refused before it is
-    read (HostFailed), and so is an error reply or one that does not parse."""
-    handle = BlockServicer._get_handle_name(None, "rpc_download")
-    _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), handle)
-    await P2P.send_protobuf(runtime_pb2.ExpertRequest(metadata=request.encode()), writer)
-    await P2P.send_protobuf(P2P.END_OF_STREAM, writer)
-    return _replies(peer_id, reader, writer)
+async def download_replies(p2p: P2P, peer_id: str, request: DownloadRequest) -> AsyncIterator[bytes]:
+    """Open an `rpc_download` stream to `peer_id` with `request` (as hivemind's client would:
+    the request, then its end-of-stream mark): its replies' bytes, as they come (`DownloadReplies`)."""
+    _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), BlockServicer._get_handle_name(None, DOWNLOAD))
+    try:
+        await P2P.send_protobuf(runtime_pb2.ExpertRequest(metadata=request.encode()), writer)
+        await P2P.send_protobuf(P2P.END_OF_STREAM, writer)
+    except BaseException:
+        writer.close()
+        raise
+    return DownloadReplies(peer_id, reader, writer)
 
 
-async def _replies(peer_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> AsyncIterator[bytes]:
-    """The replies on an open stream until it ends (one cut mid-reply ends there too)."""
-    with contextlib.closing(writer):
-        while True:
-            try:
-                marker = await reader.readexactly(1)
-                length = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
-                if length > REPLY_BYTES:
-                    raise HostFailed(f"peer {peer_id} announced a reply of {length} bytes, more than the {REPLY_BYTES} of a chunk")
-                body = await reader.readexactly(length)
-            except asyncio.IncompleteReadError:
-                return
-            try:
-                if marker == P2P.ERROR_MARKER:
-                    raise HostFailed(f"peer {peer_id} failed: {RPCError.FromString(body).message}")
-                if marker != P2P.MESSAGE_MARKER:
-                    raise HostFailed(f"peer {peer_id} sent a reply that is not a message")
-                yield runtime_pb2.ExpertResponse.FromString(body).metadata
-            except DecodeError:
-                raise HostFailed(f"peer {peer_id} sent a reply that does not parse") from None
+class DownloadReplies:
+    """The replies on an open `rpc_download` stream, each read only if it announces at most
+    `REPLY_BYTES` (HostFailed otherwise, and for an error reply or one that does not parse);
+    it ends where the stream does, and `aclose()` closes the stream."""
+
+    def __init__(self, peer_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.peer_id, self.reader, self.writer = peer_id, reader, writer
+
+    def __aiter__(self) -> "DownloadReplies":
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            error, body = await read_frame(self.reader, REPLY_BYTES)
+            if error:
+                raise HostFailed(f"peer {self.peer_id} failed: {RPCError.FromString(body).message[:200]}")
+            return runtime_pb2.ExpertResponse.FromString(body).metadata
+        except asyncio.IncompleteReadError:  # the stream ended (one cut mid-reply ends there too)
+            raise StopAsyncIteration from None
+        except FramingError as error:
+            raise HostFailed(f"peer {self.peer_id} {error}") from None
+        except DecodeError:
+            raise HostFailed(f"peer {self.peer_id} sent a reply that does not parse") from None
+
+    async def aclose(self) -> None:
+        self.writer.close()
