@@ -23,7 +23,7 @@ import dataclasses
 import itertools
 import random
 from pathlib import Path
-from typing import AsyncIterator, Callable, Iterator
+from typing import Callable, Iterator
 
 import msgpack
 import torch
@@ -39,7 +39,7 @@ from swarm.p2p.chunks import CHUNK_BYTES, HASH_BYTES, chunk_count, chunk_hashes
 from swarm.p2p.messages import ChunkListReply, DownloadHeader, PayloadReply, PayloadRequest, PeerInfo
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo
 from swarm.p2p.store import CheckpointStore
-from swarm.p2p.transfer import DOWNLOAD, BlockServicer
+from swarm.p2p.transfer import BlockServicer
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica, decode_payload, encode_payload
 from swarm.sync.exchange import PayloadServicer, gather
@@ -114,7 +114,7 @@ class Impersonating:
 
 class TricklingDownloads(Impersonating, BlockServicer):
     """Lists a file of `size` bytes (a huge one by default) for any checkpoint it is asked for, and
-    answers every download with its header and then one byte per `every_s`."""
+    answers every download with its header and then a chunk's reply, one byte per `every_s`."""
 
     imitates = BlockServicer
 
@@ -126,13 +126,14 @@ class TricklingDownloads(Impersonating, BlockServicer):
         hashes = bytes(HASH_BYTES * chunk_count(self.size))
         return runtime_pb2.ExpertResponse(metadata=ChunkListReply(size=self.size, hashes=hashes).encode())
 
-    async def _download(
-        self, request: runtime_pb2.ExpertRequest, context: P2PContext
-    ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
-        yield runtime_pb2.ExpertResponse(metadata=DownloadHeader(size=self.size).encode())
-        while True:
+    async def _send_replies(self, request: runtime_pb2.ExpertRequest, context: P2PContext, writer: asyncio.StreamWriter) -> None:
+        await P2P.send_protobuf(runtime_pb2.ExpertResponse(metadata=DownloadHeader(size=self.size).encode()), writer)
+        chunk = runtime_pb2.ExpertResponse(metadata=bytes(CHUNK_BYTES)).SerializeToString()
+        writer.write(P2P.MESSAGE_MARKER + len(chunk).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))  # a chunk's reply, a byte at a time
+        for byte in chunk:
             await asyncio.sleep(self.every_s)
-            yield runtime_pb2.ExpertResponse(metadata=b"\0")
+            writer.write(bytes([byte]))
+            await writer.drain()
 
 
 class GiantReplies(Impersonating, BlockServicer):
@@ -147,19 +148,17 @@ class GiantReplies(Impersonating, BlockServicer):
         super().__init__(block, store, info)
         self.length, self.sends = length, sends
 
-    async def add_p2p_handlers(self, p2p: P2P, *args, **kwargs) -> None:
-        await super().add_p2p_handlers(p2p, *args, **kwargs)
-        name = self._get_handle_name(None, DOWNLOAD)
-        await p2p.remove_binary_stream_handler(name)
-        await p2p.add_binary_stream_handler(name, self._giant_reply)
-
-    async def _giant_reply(self, _, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(P2P.MESSAGE_MARKER + self.length.to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
-        for _ in range(self.sends // CHUNK_BYTES):
-            writer.write(bytes(CHUNK_BYTES))
-            await writer.drain()
-        await reader.read()  # until the reader gives up and closes the stream
-        writer.close()
+    async def _serve_download(self, _, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            writer.write(P2P.MESSAGE_MARKER + self.length.to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
+            for _ in range(self.sends // CHUNK_BYTES):
+                writer.write(bytes(CHUNK_BYTES))
+                await writer.drain()
+            await reader.read()  # until the reader gives up and closes the stream
+        except ConnectionError:  # it did
+            pass
+        finally:
+            writer.close()
 
 
 class CorruptChunks(Impersonating, BlockServicer):

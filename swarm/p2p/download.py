@@ -239,9 +239,9 @@ class _Whole:
     only the chunks that came ahead of the prefix wait apart. So a download holds its bytes
     once, not once in chunks and again joined, and its end hashes and copies only the chunks
     still ahead of the prefix: `io.BytesIO.getvalue()` hands its buffer over (CPython). The
-    streams of one host fetch runs spread over the file, so the prefix lags: over 125 MB from one
-    host the longest any chunk's arrival took to put together was 72-75 ms, where joining every
-    chunk at the end took 92-100 ms."""
+    streams of one host fetch runs spread over the file, so the prefix lags: in one traced
+    download of 125 MB from one host, the longest any chunk's arrival took to put together was
+    72-75 ms, where joining every chunk at the end took 92-100 ms."""
 
     def __init__(self, chunk_list: ChunkList):
         self.chunk_list = chunk_list

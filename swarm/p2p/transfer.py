@@ -8,9 +8,9 @@ The service (`BlockServicer`) answers three calls:
   `DownloadRequest` (which checkpoint, which chunks), the first response's a `DownloadHeader`
   (the file's size, or why not), and the later responses carry the run's bytes, one chunk each.
   Both ends read this stream themselves, in hivemind's framing but with a bound (framing.py):
-  the host takes a request of at most `REQUEST_BYTES`, the downloader a reply of at most
-  `REPLY_BYTES` (`download_replies`); hivemind's own stream handler and reader would buffer a
-  message of any length announced.
+  the host takes a request of at most `REQUEST_BYTES` (`BlockServicer._serve_download`), the
+  downloader a reply of at most `REPLY_BYTES` (`DownloadReplies`); hivemind's own stream
+  handler and reader would buffer a message of any length announced.
 A downloader reads `STREAMS_PER_HOST` of these from one host at once (one stream moves at most
 its libp2p window per round trip; in the lab of benchmarks/transfer.py, 8 streams fill a 100
 Mbit/s link at 80 ms better than 4); each caller may hold `DOWNLOADS_PER_PEER` (twice that)
@@ -29,9 +29,8 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import AsyncIterator  # hivemind tells a streaming handler by typing's AsyncIterator
 
 import torch
 from google.protobuf.message import DecodeError
@@ -63,6 +62,9 @@ STREAMS_PER_HOST = 8  # chunk streams a downloader reads from one host at once
 DOWNLOADS_PER_PEER = 2 * STREAMS_PER_HOST
 FIRST_BYTE_TIMEOUT_S = 15.0
 INACTIVITY_TIMEOUT_S = 15.0  # a stream that sends nothing for this long is given up, whatever its size
+# a host gives up a caller that reads nothing for this long: a downloader leaves a host's first run
+# unread until every host's key and chunk list are in (each up to FIRST_BYTE_TIMEOUT_S)
+READER_PATIENCE_S = 4 * FIRST_BYTE_TIMEOUT_S
 SLOWEST_RATE_BYTES_S = 128 * 1024  # a download slower than this on average (1 Mbit/s) is given up
 HEADER_SLACK_BYTES = 256 * 1024  # a block file's safetensors header and metadata stay far below this
 BUSY_RETRIES = 5  # a stream refused as busy is asked again this many times (a closed one frees its slot a moment later)
@@ -138,16 +140,19 @@ class BlockServicer(ServicerBase):
             try:
                 await asyncio.wait({gone, replying}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                if replying.done() and not replying.cancelled() and (failure := replying.exception()) is not None:
-                    logger.debug("a download stream to %s ended: %s", stream.peer_id, failure)
                 for task in (gone, replying):
                     task.cancel()
+                ended = await asyncio.gather(gone, replying, return_exceptions=True)  # a reset stream fails both
+                if isinstance(ended[1], Exception):
+                    logger.debug("a download stream to %s ended: %s", stream.peer_id, ended[1])
 
     async def _send_replies(self, request: runtime_pb2.ExpertRequest, context: P2PContext, writer: asyncio.StreamWriter) -> None:
-        """The replies of `_download`, each sent within `INACTIVITY_TIMEOUT_S` (a caller that
-        reads nothing for that long is given up)."""
-        async for reply in self._download(request, context):
-            await asyncio.wait_for(P2P.send_protobuf(reply, writer), INACTIVITY_TIMEOUT_S)
+        """The replies of `_download`, each sent within `READER_PATIENCE_S` (a caller that reads
+        nothing for that long is given up; the download's generator is closed here, so its slot
+        and file are let go at once)."""
+        async with contextlib.aclosing(self._download(request, context)) as replies:
+            async for reply in replies:
+                await asyncio.wait_for(P2P.send_protobuf(reply, writer), READER_PATIENCE_S)
 
     async def _download(
         self, request: runtime_pb2.ExpertRequest, context: P2PContext
@@ -255,7 +260,7 @@ async def ask_chunk_list(p2p: P2P, host: Host, info: CheckpointInfo, timeout: fl
         raise HostFailed(f"peer {host.peer_id}: {error}") from None
 
 
-async def open_run(p2p: P2P, host: Host, request: DownloadRequest, size: int, timings: dict) -> AsyncIterator[bytes]:
+async def open_run(p2p: P2P, host: Host, request: DownloadRequest, size: int, timings: dict) -> DownloadReplies:
     """The chunks `request` asks `host` for, a reply's bytes at a time, past its header (asked
     again while the host says busy); HostFailed if the host refuses or announces another size.
     `timings["header"]` gets the perf_counter of the first header."""
@@ -280,7 +285,7 @@ async def open_run(p2p: P2P, host: Host, request: DownloadRequest, size: int, ti
     return stream
 
 
-async def download_replies(p2p: P2P, peer_id: str, request: DownloadRequest) -> AsyncIterator[bytes]:
+async def download_replies(p2p: P2P, peer_id: str, request: DownloadRequest) -> DownloadReplies:
     """Open an `rpc_download` stream to `peer_id` with `request` (as hivemind's client would:
     the request, then its end-of-stream mark): its replies' bytes, as they come (`DownloadReplies`)."""
     _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), BlockServicer._get_handle_name(None, DOWNLOAD))
@@ -301,7 +306,7 @@ class DownloadReplies:
     def __init__(self, peer_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.peer_id, self.reader, self.writer = peer_id, reader, writer
 
-    def __aiter__(self) -> "DownloadReplies":
+    def __aiter__(self) -> DownloadReplies:
         return self
 
     async def __anext__(self) -> bytes:
