@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from swarm.checkpoints.store import CheckpointStore
+from swarm.checkpoints.transfer import BlockServicer
 from swarm.cli.console import setup_logging
 from swarm.lab.attacks import (
     STEP_LIE,
@@ -54,9 +56,8 @@ from swarm.model.diffusion import local_runner
 from swarm.model.evaluate import block_denoise_ce, denoise_ce
 from swarm.model.generate import continue_text
 from swarm.p2p.client import SwarmClient
+from swarm.p2p.info import InfoServicer
 from swarm.p2p.records import CheckpointInfo
-from swarm.p2p.store import CheckpointStore
-from swarm.p2p.transfer import BlockServicer
 from swarm.serving.remote import RemoteBlocks
 from swarm.sync.decoupled_momentum import DeMoConfig
 from swarm.waiting import WaitTimeout, wait_for
@@ -157,7 +158,7 @@ def attack_step_lie(args, local, client, config, folder: Path, poisoned: bool) -
 def attack_oversized(args, local, client, config) -> dict:
     honest = max(h.announcement.checkpoint.step for h in hosts_of(client, 1))
     with HostileNode(local.swarm, local.initial_peers) as node:
-        node.serve(TricklingDownloads(1, lambda: node.info(1)))
+        node.serve(InfoServicer(lambda: node.info(1)), TricklingDownloads(1))
         node.announce(1, **checkpoint_of(CheckpointInfo(step=honest + 1, sha256="ab" * 32, size=2**33)))
         return {"fetch": fetch(local, "oversized-fetch", args.windows)}
 
@@ -176,7 +177,7 @@ def attack_wrong_answers(args, local, client, config, reference) -> dict:
     honest = max(announced, key=announced.count)  # the checkpoint most hosts vouch for
     with HostileNode(local.swarm, local.initial_peers) as node:
         empty = CheckpointStore(local.workdir / "wrong-answers", config, 1, local.swarm)  # it holds no file: downloads refused
-        node.serve(BlockServicer(1, empty, lambda: node.info(1)), WrongAnswers(config, 1, honest.sha256))
+        node.serve(InfoServicer(lambda: node.info(1)), BlockServicer(1, empty), WrongAnswers(config, 1, honest.sha256))
         node.announce(1, state="serving", **checkpoint_of(honest))
         wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(1)}, 30, "the liar's record")
         return {"generation": generation(client, config, reference, liar=node.peer_id),

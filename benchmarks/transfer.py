@@ -6,7 +6,7 @@ on their links, and the router's delay line between the joiner's region and the 
 are `CheckpointHost`s (real DHT nodes and libp2p daemons, their services driven from this
 process); each download is made by a fresh client in the joiner's namespace (a client-mode
 DHT node and its daemon, as `swarm-fetch` or a joining peer starts), through
-`swarm.p2p.download.download` from every host given, as `choose_checkpoint` does.
+`swarm.checkpoints.download.download` from every host given, as `choose_checkpoint` does.
 - quarters: a joiner with a downlink of `--downlink` (20 Mbit/s, the home region of
   regions.yaml) and 4 hosts with an uplink of a quarter of it each, 100 ms round trip (home to
   eu-west); beside it, the same checkpoint from one of those hosts alone (what a one-source
@@ -55,6 +55,8 @@ from pathlib import Path
 
 from hivemind.utils.mpfuture import MPFuture
 
+from swarm.checkpoints.download import Downloaded, download
+from swarm.checkpoints.transfer import BlockServicer, max_checkpoint_bytes
 from swarm.cli.console import setup_logging
 from swarm.errors import SwarmError
 from swarm.lab import netlab
@@ -62,10 +64,8 @@ from swarm.lab.attacks import CorruptChunks
 from swarm.lab.hosting import CheckpointHost
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.client import SwarmClient
-from swarm.p2p.download import Downloaded, download
 from swarm.p2p.network import NetworkOptions
 from swarm.p2p.records import CheckpointInfo
-from swarm.p2p.transfer import BlockServicer, max_checkpoint_bytes
 
 logger = logging.getLogger("benchmarks.transfer")
 

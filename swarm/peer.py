@@ -40,6 +40,9 @@ import torch
 from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm import __version__
+from swarm.checkpoints.choice import SpotCheck, choose_checkpoint
+from swarm.checkpoints.store import CheckpointStore
+from swarm.checkpoints.transfer import BlockServicer
 from swarm.errors import SwarmError
 from swarm.model.autoregressive import ByteTransformer
 from swarm.model.checkpoint import decode_block
@@ -47,14 +50,12 @@ from swarm.model.data import ByteWindows, load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.train import TrainConfig, Trainer, block_trainer, trainable
 from swarm.p2p import reachability
-from swarm.p2p.choice import SpotCheck, choose_checkpoint
 from swarm.p2p.directory import DHTUnavailable, SwarmDirectory, least_hosted_block
+from swarm.p2p.info import InfoServicer
 from swarm.p2p.messages import PeerInfo
 from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht, stop_child
 from swarm.p2p.pings import NeighbourPings
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, PeerState, Reached, check_swarm_name
-from swarm.p2p.store import CheckpointStore
-from swarm.p2p.transfer import BlockServicer
 from swarm.serving.ar_pipeline import StageServicer
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica
@@ -245,7 +246,8 @@ class Peer:
         """Checkpoints and info, remote denoising, and (for benchmarks) an autoregressive stage."""
         module = self.trainer.module
         servicers = [
-            BlockServicer(self.block, self.store, self.info),
+            InfoServicer(self.info),
+            BlockServicer(self.block, self.store),
             self.denoise_service,
             reachability.ReachabilityServicer(self.p2p, public=self.reached == "direct"),
         ]
@@ -335,7 +337,7 @@ class Peer:
         return block
 
     def _load_start_state(self) -> None:
-        """Start from the checkpoint chosen on evidence (swarm/p2p/choice.py): the one the
+        """Start from the checkpoint chosen on evidence (swarm/checkpoints/choice.py): the one the
         replicas agree on that passes the spot check, unless its own newest is as fresh; else
         fresh weights."""
         own = self.store.latest()

@@ -15,16 +15,16 @@ import pytest
 from helpers import assert_one_line_error
 from swarm_helpers import tiny_swarm, wait_for, write_tiny_setup
 
+from swarm.checkpoints.store import CheckpointStore
 from swarm.lab.launch import LocalSwarm
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import ModelConfig
-from swarm.p2p.store import CheckpointStore
 
 # a saver that resumes from its newest checkpoint and saves the next steps as fast as it can
 SAVER = """
 import sys
 from swarm.model.denoiser import ModelConfig, build_block
-from swarm.p2p.store import CheckpointStore
+from swarm.checkpoints.store import CheckpointStore
 config = ModelConfig(d_model=256, n_heads=4, n_layers=8, n_blocks=4, prefix_len=64, gen_len=32)
 store = CheckpointStore(sys.argv[1], config, block=0, swarm="crash")
 latest = store.latest()

@@ -24,10 +24,10 @@ from swarm.health.app import Board, build_app
 from swarm.health.state import SwarmMonitor
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import SwarmDirectory
+from swarm.p2p.info import InfoServicer
 from swarm.p2p.messages import PeerInfo
 from swarm.p2p.network import EventLoopThread
 from swarm.p2p.records import MAX_PINGS, BlockAnnouncement, CheckpointInfo, Ping, block_key, parse_record
-from swarm.p2p.transfer import BlockServicer
 
 # a public name as a stranger might write it: markup that would run if the page pasted it as HTML
 HOSTILE = "<script>pwned=1</script><img src=x onerror=pwned=2>"
@@ -49,7 +49,7 @@ def test_the_state_skips_malformed_records_and_keeps_what_peers_wrote_as_data(tm
     p2p, asking_p2p = loop.run(dht.replicate_p2p(), 30), loop.run(asker.replicate_p2p(), 30)
     try:
         me = dht.peer_id.to_base58()
-        loop.run(BlockServicer(0, None, lambda: PeerInfo(block=0, owner=owner)).add_p2p_handlers(p2p), 30)
+        loop.run(InfoServicer(lambda: PeerInfo(block=0, owner=owner)).add_p2p_handlers(p2p), 30)
         expiration, key0 = get_dht_time() + 60, block_key("health", 0)
         good = BlockAnnouncement(peer_id=me, state="serving", step=3, checkpoint=CHECKPOINT, loss=2.5,
                                  pings=(Ping(peer_id="nobody", seconds=0.01),))  # fmt: skip

@@ -17,12 +17,13 @@ BASE = {"swarm", "swarm.errors", "swarm.waiting"}
 MAY_IMPORT = {
     "model": set(),
     "p2p": {"model"},
+    "checkpoints": {"model", "p2p"},
     "sync": {"model", "p2p"},
-    "serving": {"model", "p2p"},
-    "peer": {"model", "p2p", "sync", "serving"},
-    "lab": {"model", "p2p", "sync", "serving"},
+    "serving": {"model", "p2p", "checkpoints"},
     "health": {"model", "p2p"},
-    "cli": {"model", "p2p", "sync", "serving", "peer", "lab", "health"},
+    "peer": {"model", "p2p", "checkpoints", "sync", "serving"},
+    "lab": {"model", "p2p", "checkpoints", "sync", "serving"},
+    "cli": {"model", "p2p", "checkpoints", "sync", "serving", "peer", "lab", "health"},
 }
 PROGRAMS = ("peers", "bootstrap", "benchmarks", "tests")
 

@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file
 from swarm_helpers import tiny_swarm, wait_for
 
+from swarm.errors import SwarmError
 from swarm.model.data import load_corpus
 from swarm.model.train import TrainConfig
-from swarm.errors import SwarmError
 from swarm.peer import Peer, PeerConfig, replica_trainer
 from swarm.sync.overlap import DeMoOverlapSync
 

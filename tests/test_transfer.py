@@ -13,24 +13,31 @@ import random
 
 import hivemind
 import pytest
-from hivemind.p2p import P2P
 from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.p2p import P2P
 from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
+from swarm.checkpoints.chunks import CHUNK_BYTES, MAX_COPIES, ChunkList, ChunkPlan, Run, chunk_hashes
+from swarm.checkpoints.download import STREAM_RETRIES, _Whole, download, fetch_verified
+from swarm.checkpoints.transfer import (
+    DOWNLOAD,
+    DOWNLOADS_PER_PEER,
+    BlockServicer,
+    TransferError,
+    download_replies,
+    max_checkpoint_bytes,
+)
 from swarm.errors import SwarmError
 from swarm.lab.attacks import CorruptChunks, GiantReplies, Impersonating, TricklingDownloads
 from swarm.lab.hosting import CheckpointHost
 from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import ModelConfig, build_block
-from swarm.p2p.chunks import CHUNK_BYTES, MAX_COPIES, ChunkList, ChunkPlan, Run, chunk_hashes
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import Host, SwarmDirectory
-from swarm.p2p.download import STREAM_RETRIES, _Whole, download, fetch_verified
 from swarm.p2p.messages import DownloadHeader, DownloadRequest, PayloadReply, PayloadRequest
 from swarm.p2p.network import NetworkOptions
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, block_key
-from swarm.p2p.transfer import DOWNLOAD, DOWNLOADS_PER_PEER, BlockServicer, TransferError, download_replies, max_checkpoint_bytes
 from swarm.sync.exchange import POLLS_PER_PEER, PayloadServicer
 
 SWARM = "transfer"
@@ -266,7 +273,7 @@ def test_readers_skip_entries_that_break_the_schema():
 def test_a_stream_that_goes_quiet_is_given_up_whatever_its_size(start, tiny_config):
     """The record announces a plausible size; the host lists it, sends a header and then nothing."""
     info = CheckpointInfo(step=3, sha256="cd" * 32, size=max_checkpoint_bytes(tiny_config))
-    quiet = start("quiet", lambda block, store, peer_info: TricklingDownloads(block, peer_info, every_s=3600, size=info.size))
+    quiet = start("quiet", lambda block, store: TricklingDownloads(block, every_s=3600, size=info.size))
     with pytest.raises(TransferError, match="sent nothing for 1s"):
         fetch([quiet], info, inactivity_timeout=1.0)
 

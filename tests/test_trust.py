@@ -26,8 +26,8 @@ from swarm.model.checkpoint import load_model_folder
 from swarm.model.denoiser import ModelConfig
 from swarm.model.diffusion import local_runner
 from swarm.model.generate import continue_text
+from swarm.p2p.info import InfoServicer
 from swarm.p2p.records import CheckpointInfo, ModelRecord, model_key
-from swarm.p2p.transfer import BlockServicer
 from swarm.serving.cross_check import CrossCheckPolicy
 from swarm.serving.remote import RemoteBlocks
 
@@ -87,7 +87,7 @@ def test_an_oversized_trickling_announcement_is_never_downloaded(swarm):
     local, client, _ = swarm
     honest = honest_checkpoint(client)
     with HostileNode(SWARM, local.initial_peers) as node:
-        node.serve(TricklingDownloads(1, lambda: node.info(1)))
+        node.serve(InfoServicer(lambda: node.info(1)), TricklingDownloads(1))
         huge = CheckpointInfo(step=honest.step + 1, sha256="ab" * 32, size=2**33)  # newer, and heavy
         node.announce(1, **checkpoint_of(huge))
         manifest, _ = fetch_manifest(local, "after-trickle")  # never tried: no block of the model weighs 8 GiB
@@ -114,7 +114,7 @@ def test_a_replica_answering_wrongly_is_outvoted_and_banned(swarm):
     honest = honest_checkpoint(client)
     config = model.config
     with HostileNode(SWARM, local.initial_peers) as node:
-        node.serve(BlockServicer(1, None, lambda: node.info(1)), WrongAnswers(config, 1, honest.sha256))
+        node.serve(InfoServicer(lambda: node.info(1)), WrongAnswers(config, 1, honest.sha256))
         node.announce(1, state="serving", **checkpoint_of(honest))  # vouches for the honest checkpoint
         wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(1)}, 30, "the liar's record")
         runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=10,

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import click
 
+from swarm.checkpoints.download import download
+from swarm.checkpoints.transfer import TransferError
 from swarm.cli.console import run_command
 from swarm.cli.options import swarm_client, swarm_options
 from swarm.model.generate import continue_text
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import Host
-from swarm.p2p.download import download
 from swarm.p2p.reachability import ensure_direct, route
-from swarm.p2p.transfer import TransferError
 from swarm.serving.ar_pipeline import generate_autoregressive
 from swarm.serving.remote import RemoteBlocks
 

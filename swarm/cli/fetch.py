@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
+from swarm.checkpoints.choice import Choice, SpotCheck, choose_checkpoint, rank
 from swarm.cli.console import run_command
 from swarm.cli.options import swarm_client, swarm_options
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block, save_model_folder
-from swarm.p2p.choice import Choice, SpotCheck, choose_checkpoint, rank
 
 FETCH_TIMEOUT_S = 600.0
 
@@ -23,7 +23,7 @@ FETCH_TIMEOUT_S = 600.0
               help="The swarm's training text (default: the built-in corpus): its held-out windows spot-check each block.")
 def fetch_command(out, model_timeout, data, **kwargs):
     """Assemble the model from the swarm: for every block, the checkpoint its hosts agree on
-    that verifies and passes a spot check of its quality (see swarm/p2p/choice.py)."""
+    that verifies and passes a spot check of its quality (see swarm/checkpoints/choice.py)."""
     with swarm_client(kwargs) as client:
         config = client.directory.wait_for_model(model_timeout)
         hosts = client.directory.all_hosts(config.n_blocks)

@@ -28,9 +28,9 @@ from hivemind.utils import get_dht_time
 
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import DHTUnavailable, Host, SwarmDirectory
+from swarm.p2p.info import owns_record
 from swarm.p2p.messages import PeerInfo
 from swarm.p2p.pings import PING_TIMEOUT_S, ask_all
-from swarm.p2p.transfer import owns_record
 
 logger = logging.getLogger(__name__)
 

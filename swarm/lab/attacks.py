@@ -30,16 +30,16 @@ import torch
 from hivemind.p2p import P2P, P2PContext
 from hivemind.proto import runtime_pb2
 
+from swarm.checkpoints.chunks import CHUNK_BYTES, HASH_BYTES, chunk_count, chunk_hashes
+from swarm.checkpoints.store import CheckpointStore
+from swarm.checkpoints.transfer import BlockServicer
 from swarm.lab.hosting import InProcessNode
 from swarm.model.checkpoint import save_block
 from swarm.model.data import ByteWindows, Corpus, load_corpus
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block
 from swarm.model.train import TrainConfig, block_trainer
-from swarm.p2p.chunks import CHUNK_BYTES, HASH_BYTES, chunk_count, chunk_hashes
 from swarm.p2p.messages import ChunkListReply, DownloadHeader, PayloadReply, PayloadRequest, PeerInfo
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo
-from swarm.p2p.store import CheckpointStore
-from swarm.p2p.transfer import BlockServicer
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica, decode_payload, encode_payload
 from swarm.sync.exchange import PayloadServicer, gather
@@ -118,8 +118,8 @@ class TricklingDownloads(Impersonating, BlockServicer):
 
     imitates = BlockServicer
 
-    def __init__(self, block: int, info: Callable[[], PeerInfo], every_s: float = 1.0, size: int = 2**33):
-        super().__init__(block, store=None, info=info)
+    def __init__(self, block: int, every_s: float = 1.0, size: int = 2**33):
+        super().__init__(block, store=None)
         self.every_s, self.size = every_s, size
 
     async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
@@ -143,9 +143,9 @@ class GiantReplies(Impersonating, BlockServicer):
 
     imitates = BlockServicer
 
-    def __init__(self, block: int, store: CheckpointStore, info: Callable[[], PeerInfo], length: int = 2**30,
+    def __init__(self, block: int, store: CheckpointStore, length: int = 2**30,
                  sends: int = 16 * 2**20):  # fmt: skip
-        super().__init__(block, store, info)
+        super().__init__(block, store)
         self.length, self.sends = length, sends
 
     async def _serve_download(self, _, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -169,8 +169,8 @@ class CorruptChunks(Impersonating, BlockServicer):
 
     imitates = BlockServicer
 
-    def __init__(self, block: int, store: CheckpointStore, info: Callable[[], PeerInfo], forge_list: bool = False):
-        super().__init__(block, store, info)
+    def __init__(self, block: int, store: CheckpointStore, forge_list: bool = False):
+        super().__init__(block, store)
         self.forge_list = forge_list
         self.sent = 0  # chunks it sent: what a downloader let it cost
 

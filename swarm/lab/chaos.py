@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swarm.checkpoints.choice import SpotCheck, choose_checkpoint
 from swarm.lab.launch import STOP_TIMEOUT_S, LocalSwarm, Started
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import ModelConfig
-from swarm.p2p.choice import SpotCheck, choose_checkpoint
 from swarm.p2p.directory import SwarmDirectory
 from swarm.serving.remote import RemoteBlocks
 from swarm.waiting import wait_for

@@ -19,14 +19,15 @@ from pathlib import Path
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
+from swarm.checkpoints.store import CheckpointStore
+from swarm.checkpoints.transfer import BlockServicer
 from swarm.lab.netlab import Node
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import Host, SwarmDirectory
+from swarm.p2p.info import InfoServicer
 from swarm.p2p.messages import PeerInfo
 from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht, stop_child, visible_maddrs
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo
-from swarm.p2p.store import CheckpointStore
-from swarm.p2p.transfer import BlockServicer
 
 P2P_START_TIMEOUT_S = 30.0
 HOST_RECORD_S = 600.0  # how long the records `CheckpointHost.host` makes stay live
@@ -75,15 +76,15 @@ class InProcessNode:
 
 class CheckpointHost(InProcessNode):
     """A node that serves the checkpoint files of `block` in `folder` through `servicer` (called
-    as `servicer(block, store, info)`: BlockServicer, or a lying one)."""
+    as `servicer(block, store)`: BlockServicer, or a lying one), and answers `rpc_info`."""
 
     def __init__(self, folder: Path, swarm: str, block: int = 0, servicer: Callable[..., BlockServicer] = BlockServicer,
                  initial_peers: Sequence[str] = (), where: Node | None = None, config: ModelConfig | None = None):  # fmt: skip
         super().__init__(swarm, initial_peers, where)
         self.block = block
         self.store = CheckpointStore(Path(folder), config or ModelConfig(), block, swarm, keep=FILES_KEPT)
-        self.servicer = servicer(block, self.store, lambda: self.info(block))
-        self.serve(self.servicer)
+        self.servicer = servicer(block, self.store)
+        self.serve(InfoServicer(lambda: self.info(block)), self.servicer)
 
     def put(self, data: bytes, step: int) -> CheckpointInfo:
         """Keep `data` as this host's checkpoint of `step` (any bytes: a benchmark serves large ones)."""

@@ -21,13 +21,14 @@ import msgpack
 from hivemind.proto import runtime_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from swarm.p2p.chunks import HASH_BYTES, MAX_CHUNKS
 from swarm.p2p.records import MAX_BLOCKS, BlockAnnouncement
 
 MAX_MESSAGE_BYTES = 4 * 1024**2  # hivemind's own cap on one message
 MAX_PAYLOAD_BYTES = 3 * 1024**2  # a DeMo payload of the largest block we serve is far below this
 MAX_ERROR_CHARS = 300
 MAX_STEP = 2**53  # steps are counted in int64 on both sides; anything near this is a lie
+HASH_BYTES = 32  # sha256: one entry of a checkpoint's chunk list
+MAX_CHUNKS = 32768  # chunks a checkpoint may have: 2 GiB at 64 KiB, far above any block; its list then stays at 1 MiB
 
 M = TypeVar("M", bound="Message")
 

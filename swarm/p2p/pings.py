@@ -1,6 +1,6 @@
 """Round trips between peers over P2P: what a peer announces (`pings`) and what the health page measures.
 
-A ping is one `rpc_info` call (swarm/p2p/transfer.py): its reply also says which key the
+A ping is one `rpc_info` call (swarm/checkpoints/transfer.py): its reply also says which key the
 peer signs its records with, so the same call tells the health page whether a record's
 writer is alive and is who the record says.
 
@@ -21,10 +21,10 @@ from concurrent.futures import Future
 from hivemind.p2p import P2P
 
 from swarm.p2p.directory import SwarmDirectory
+from swarm.p2p.info import ask_info
 from swarm.p2p.messages import PeerInfo
 from swarm.p2p.network import EventLoopThread
 from swarm.p2p.records import MAX_PING_S, MAX_PINGS, Ping
-from swarm.p2p.transfer import ask_info
 
 logger = logging.getLogger(__name__)
 

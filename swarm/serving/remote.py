@@ -2,7 +2,7 @@
 
 `RemoteBlocks` is a block runner (see `swarm.model.diffusion.BlockRunner`) whose blocks live on
 other peers. For each block it takes the best-ranked checkpoint (agreement among hosts, then
-plausibility, then freshness: `swarm.p2p.choice.rank`) that a reachable host serves, and among
+plausibility, then freshness: `swarm.checkpoints.choice.rank`) that a reachable host serves, and among
 its hosts the one with the lowest measured round trip (pings are cached), hosts behind NAT last
 (they are reached by asking them to dial back: `swarm.p2p.reachability.ensure_direct`). Each request names
 that checkpoint. When a peer times out or refuses, it bans that peer for a while and retries
@@ -22,15 +22,15 @@ from hivemind.compression import deserialize_torch_tensor, serialize_torch_tenso
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
+from swarm.checkpoints.choice import rank
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
-from swarm.p2p.choice import rank
 from swarm.p2p.directory import Host, SwarmDirectory
+from swarm.p2p.info import owns_record
 from swarm.p2p.messages import DenoiseRequest, PeerInfo, refusal
 from swarm.p2p.network import EventLoopThread
 from swarm.p2p.pings import timed_info
 from swarm.p2p.reachability import ensure_direct
-from swarm.p2p.transfer import owns_record
 from swarm.serving.cross_check import Answer, CrossCheckPolicy, CrossCheckStats, agree, majority
 from swarm.serving.server import DenoiseServicer
 

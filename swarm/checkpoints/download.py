@@ -42,15 +42,8 @@ from typing import NamedTuple
 from hivemind.p2p import P2P
 from tqdm import tqdm
 
-from swarm.errors import SwarmError
-from swarm.model.checkpoint import decode_block
-from swarm.model.denoiser import Denoiser, ModelConfig
-from swarm.p2p.chunks import CHUNK_BYTES, ChunkList, ChunkPlan, Run, chunk_count
-from swarm.p2p.directory import Host
-from swarm.p2p.messages import DownloadRequest
-from swarm.p2p.reachability import ensure_direct
-from swarm.p2p.records import CheckpointInfo
-from swarm.p2p.transfer import (
+from swarm.checkpoints.chunks import CHUNK_BYTES, ChunkList, ChunkPlan, Run, chunk_count
+from swarm.checkpoints.transfer import (
     FIRST_BYTE_TIMEOUT_S,
     INACTIVITY_TIMEOUT_S,
     SLOWEST_RATE_BYTES_S,
@@ -62,6 +55,13 @@ from swarm.p2p.transfer import (
     max_checkpoint_bytes,
     open_run,
 )
+from swarm.errors import SwarmError
+from swarm.model.checkpoint import decode_block
+from swarm.model.denoiser import Denoiser, ModelConfig
+from swarm.p2p.directory import Host
+from swarm.p2p.messages import DownloadRequest
+from swarm.p2p.reachability import ensure_direct
+from swarm.p2p.records import CheckpointInfo
 
 logger = logging.getLogger(__name__)
 

@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 import torch
 from hivemind.p2p import P2P
 
+from swarm.checkpoints.download import download_verified, independent
+from swarm.checkpoints.transfer import TransferError, max_checkpoint_bytes
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block
 from swarm.model.data import Corpus, load_corpus
 from swarm.model.denoiser import VOCAB_SIZE, Denoiser, ModelConfig
 from swarm.model.evaluate import block_denoise_ce
 from swarm.p2p.directory import Host
-from swarm.p2p.download import download_verified, independent
 from swarm.p2p.records import CheckpointInfo
-from swarm.p2p.transfer import TransferError, max_checkpoint_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Block checkpoints between peers: a peer's P2P service, and the calls a downloader makes to one host.
 
-The service (`BlockServicer`) answers three calls:
-- `rpc_info`: what the peer hosts and the key its records are signed with (also the ping);
+The service (`BlockServicer`) answers two calls (who the peer is, `rpc_info`, is
+swarm/p2p/info.py's):
 - `rpc_chunk_list` (unary): the checkpoint's size and the sha256 of each of its chunks
   (`ChunkListRequest` in, `ChunkListReply` out; chunks.py);
 - `rpc_download` (a stream): a run of the checkpoint's chunks. The request's metadata is a
@@ -29,7 +29,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import torch
@@ -39,10 +39,12 @@ from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from hivemind.proto import runtime_pb2
 from hivemind.proto.p2pd_pb2 import RPCError
 
+from swarm.checkpoints.chunks import CHUNK_BYTES, MAX_CHUNKS, ChunkList, chunk_count, chunk_hashes
+from swarm.checkpoints.framing import FramingError, read_frame
+from swarm.checkpoints.store import CheckpointStore
 from swarm.model.denoiser import ModelConfig, build_block
-from swarm.p2p.chunks import CHUNK_BYTES, MAX_CHUNKS, ChunkList, chunk_count, chunk_hashes
 from swarm.p2p.directory import Host
-from swarm.p2p.framing import FramingError, read_frame
+from swarm.p2p.info import ask_info, owns_record
 from swarm.p2p.limits import Busy, PerPeerLimit
 from swarm.p2p.messages import (
     ChunkListReply,
@@ -50,10 +52,8 @@ from swarm.p2p.messages import (
     DownloadHeader,
     DownloadRequest,
     MessageError,
-    PeerInfo,
 )
 from swarm.p2p.records import CheckpointInfo
-from swarm.p2p.store import CheckpointStore
 
 logger = logging.getLogger(__name__)
 
@@ -84,16 +84,13 @@ class HostFailed(TransferError):
 
 
 class BlockServicer(ServicerBase):
-    """A peer's P2P handlers: `rpc_info`, `rpc_chunk_list` and `rpc_download` (see the module docstring)."""
+    """A peer's checkpoint handlers: `rpc_chunk_list` and `rpc_download` (see the module docstring)."""
 
-    def __init__(self, block: int, store: CheckpointStore, info: Callable[[], PeerInfo]):
-        self.block, self.store, self._info = block, store, info
+    def __init__(self, block: int, store: CheckpointStore):
+        self.block, self.store = block, store
         self.limit = PerPeerLimit(DOWNLOADS_PER_PEER)
         self._lists: OrderedDict[tuple, bytes] = OrderedDict()
         self._own_id: PeerID | None = None  # of the P2P instance it serves on
-
-    async def rpc_info(self, request: runtime_pb2.ExpertUID, context: P2PContext) -> runtime_pb2.ExpertInfo:
-        return runtime_pb2.ExpertInfo(serialized_info=self._info().encode())
 
     async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         try:
@@ -112,7 +109,7 @@ class BlockServicer(ServicerBase):
 
     async def add_p2p_handlers(self, p2p: P2P, wrapper: object | None = None, *, namespace: str | None = None,
                                balanced: bool = False) -> None:  # fmt: skip
-        """`rpc_info` and `rpc_chunk_list` through hivemind; `rpc_download` as a stream of our own
+        """`rpc_chunk_list` through hivemind; `rpc_download` as a stream of our own
         (`_serve_download`), whose request is read with a bound."""
         await super().add_p2p_handlers(p2p, wrapper, namespace=namespace, balanced=balanced)
         self._own_id = p2p.peer_id
@@ -211,24 +208,11 @@ def _header(header: DownloadHeader) -> runtime_pb2.ExpertResponse:
     return runtime_pb2.ExpertResponse(metadata=header.encode())
 
 
-async def ask_info(p2p: P2P, peer_id: str, timeout: float) -> PeerInfo:
-    """A peer's `rpc_info` answer; raises (MessageError, TimeoutError, a P2P error) if there is none."""
-    stub = BlockServicer.get_stub(p2p, PeerID.from_base58(peer_id))
-    reply = await stub.rpc_info(runtime_pb2.ExpertUID(uid="info"), timeout=timeout)
-    return PeerInfo.decode(reply.serialized_info)
-
-
 async def check_owner(p2p: P2P, host: Host, timeout: float) -> None:
     """TransferError unless the peer named by a record holds the key the record was written
     under (libp2p authenticates the peer we reach, so a record cannot borrow another's id)."""
     if not owns_record(await ask_info(p2p, host.peer_id, timeout), host):
         raise TransferError(f"peer {host.peer_id} does not own the record that names it: an impostor wrote it")
-
-
-def owns_record(info: PeerInfo, host: Host) -> bool:
-    """Whether a peer's rpc_info answer shows the key `host`'s record was written under (a Host
-    made locally, without an owner, is taken as is)."""
-    return not host.owner or info.owner == host.owner
 
 
 def max_checkpoint_bytes(config: ModelConfig) -> int:

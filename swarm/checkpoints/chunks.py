@@ -22,6 +22,8 @@ import math
 from collections.abc import Container, Hashable, Iterable
 from dataclasses import dataclass, field
 
+from swarm.p2p.messages import HASH_BYTES, MAX_CHUNKS  # the wire's bounds on a chunk list
+
 # Small: a host serving bad bytes is caught after little of them, and the end of a download
 # stays short. A host pushes a stream's chunks ahead of the reads (its window, its queues), so a
 # run cut short by work stealing, and the second copy of a last chunk, cost what was in flight;
@@ -30,8 +32,6 @@ from dataclasses import dataclass, field
 # 25 MB, two runs each): with 256 KiB chunks the joiner received 1.13-1.18x the file and got 0.84-0.85
 # of its cap; with 64 KiB, 1.06-1.07x (TCP/IP headers alone are 1.046x) and 0.90.
 CHUNK_BYTES = 64 * 1024
-HASH_BYTES = 32  # sha256
-MAX_CHUNKS = 32768  # 2 GiB at CHUNK_BYTES, far above any block; the list then stays at 1 MiB (a message holds 4)
 MAX_COPIES = 2  # streams that may fetch one chunk at once (the last chunks of a download)
 
 
