@@ -121,6 +121,33 @@ def test_a_download_request_announced_longer_than_a_request_is_not_read(start):
         assert client.run(giant_request(), 30) == b""  # the host closed the stream at once
 
 
+def test_a_stream_counts_against_its_callers_limit_from_the_moment_it_opens(start):
+    """Streams that send nothing hold their caller's slots: the next request is answered busy
+    (counted only once a request was read, any number of silent streams could be held)."""
+    node = start("host")
+    info = node.put(PAYLOAD, 5)
+    with client_of(node) as client:
+
+        async def silent_then_asked() -> DownloadHeader:
+            handle = BlockServicer._get_handle_name(None, DOWNLOAD)
+            silent = [await client.p2p.call_binary_stream_handler(node.dht.peer_id, handle) for _ in range(DOWNLOADS_PER_PEER)]
+            try:
+                async with asyncio.timeout(10):  # until the host has taken every silent stream (in any order)
+                    while sum(node.servicer.limit.in_flight.values()) < DOWNLOADS_PER_PEER:
+                        await asyncio.sleep(0.05)
+                replies = await download_replies(client.p2p, node.peer_id, DownloadRequest(block=0, sha256=info.sha256))
+                try:
+                    return DownloadHeader.decode(await asyncio.wait_for(anext(replies), 10))
+                finally:
+                    await replies.aclose()
+            finally:
+                for _, _, writer in silent:
+                    writer.close()
+
+        header = client.run(silent_then_asked(), 60)
+    assert header.busy and header.size == 0, header
+
+
 def test_a_forged_chunk_list_cannot_make_bad_bytes_pass(start, caplog):
     forgers = [start(f"f{i}", functools.partial(CorruptChunks, forge_list=True)) for i in range(2)]
     honest = [start(f"h{i}") for i in range(2)]

@@ -83,13 +83,6 @@ def _plausible(info: CheckpointInfo, vouching: list[Host], everyone: list[Host])
     return not others or info.step <= 2 * max(others) + STEP_LEAD
 
 
-def hosts_in_rank_order(hosts: list[Host], config: ModelConfig) -> list[Host]:
-    """Hosts by the rank of the checkpoint they announce, best first; hosts that announce none
-    yet (they serve their live weights) come last, and those with an impossible size not at all."""
-    ranked = [host for candidate in rank(hosts, config) for host in candidate.hosts]
-    return ranked + [h for h in hosts if h.announcement.checkpoint is None]
-
-
 @dataclass
 class SpotCheck:
     """Measures a block's loss on held-out windows at its own noise levels (fixed noise)."""

@@ -69,6 +69,7 @@ SLOWEST_RATE_BYTES_S = 128 * 1024  # a download slower than this on average (1 M
 HEADER_SLACK_BYTES = 256 * 1024  # a block file's safetensors header and metadata stay far below this
 BUSY_RETRIES = 5  # a stream refused as busy is asked again this many times (a closed one frees its slot a moment later)
 BUSY_WAIT_S = 0.2
+BUSY_REPLY_S = 1.0  # a stream refused as busy is given this long to take its reply
 LISTS_KEPT = 4  # chunk lists a service keeps computed (a peer serves its newest checkpoints)
 REQUEST_BYTES = 1024  # the largest rpc_download request read: a DownloadRequest and its protobuf framing
 REPLY_BYTES = CHUNK_BYTES + 1024  # the largest rpc_download reply read: a chunk and its protobuf framing
@@ -116,32 +117,42 @@ class BlockServicer(ServicerBase):
         await p2p.add_binary_stream_handler(self._get_handle_name(namespace, DOWNLOAD), self._serve_download, balanced)
 
     async def _serve_download(self, stream: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One `rpc_download` stream: its request and the end-of-stream mark after it (taken only
-        if each announces at most `REQUEST_BYTES` and comes in time: a stream closed with bytes
-        unread is reset, and a reset can overtake the last replies), then the replies of
-        `_download`, each sent in time, until they end or the caller closes the stream."""
+        """One `rpc_download` stream, counted against its caller's limit from the moment it opens
+        (a caller that opens streams and sends nothing holds slots too); past the limit it is
+        answered busy at once."""
         context = P2PContext(handle_name=DOWNLOAD, local_id=self._own_id, remote_id=stream.peer_id)
         with contextlib.closing(writer):
             try:
-                async with asyncio.timeout(FIRST_BYTE_TIMEOUT_S):
-                    error, body = await read_frame(reader, REQUEST_BYTES)
-                    ended, _ = await read_frame(reader, REQUEST_BYTES)
-                if error or not ended:
-                    return
-                request = runtime_pb2.ExpertRequest.FromString(body)
-            except (TimeoutError, FramingError, DecodeError, asyncio.IncompleteReadError, ConnectionError) as failure:
-                logger.debug("refused a download stream from %s: %s", stream.peer_id, failure)
+                with self.limit.admit(context):
+                    await self._serve_stream(context, reader, writer)
+            except Busy as error:
+                await _refuse_busy(reader, writer, error)
+
+    async def _serve_stream(self, context: P2PContext, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Its request and the end-of-stream mark after it (taken only if each announces at most
+        `REQUEST_BYTES` and comes in time: a stream closed with bytes unread is reset, and a reset
+        can overtake the last replies), then the replies of `_download`, each sent in time, until
+        they end or the caller closes the stream."""
+        try:
+            async with asyncio.timeout(FIRST_BYTE_TIMEOUT_S):
+                error, body = await read_frame(reader, REQUEST_BYTES)
+                ended, _ = await read_frame(reader, REQUEST_BYTES)
+            if error or not ended:
                 return
-            gone = asyncio.create_task(reader.read(1))  # the stream's end (or more bytes): the caller is done
-            replying = asyncio.create_task(self._send_replies(request, context, writer))
-            try:
-                await asyncio.wait({gone, replying}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in (gone, replying):
-                    task.cancel()
-                ended = await asyncio.gather(gone, replying, return_exceptions=True)  # a reset stream fails both
-                if isinstance(ended[1], Exception):
-                    logger.debug("a download stream to %s ended: %s", stream.peer_id, ended[1])
+            request = runtime_pb2.ExpertRequest.FromString(body)
+        except (TimeoutError, FramingError, DecodeError, asyncio.IncompleteReadError, ConnectionError) as failure:
+            logger.debug("refused a download stream from %s: %s", context.remote_id, failure)
+            return
+        gone = asyncio.create_task(reader.read(1))  # the stream's end (or more bytes): the caller is done
+        replying = asyncio.create_task(self._send_replies(request, context, writer))
+        try:
+            await asyncio.wait({gone, replying}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (gone, replying):
+                task.cancel()
+            ended = await asyncio.gather(gone, replying, return_exceptions=True)  # a reset stream fails both
+            if isinstance(ended[1], Exception):
+                logger.debug("a download stream to %s ended: %s", context.remote_id, ended[1])
 
     async def _send_replies(self, request: runtime_pb2.ExpertRequest, context: P2PContext, writer: asyncio.StreamWriter) -> None:
         """The replies of `_download`, each sent within `READER_PATIENCE_S` (a caller that reads
@@ -155,17 +166,13 @@ class BlockServicer(ServicerBase):
         self, request: runtime_pb2.ExpertRequest, context: P2PContext
     ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
         try:
-            with self.limit.admit(context):  # before any work: finding the file may hash it
-                try:
-                    asked = DownloadRequest.decode(request.metadata)
-                    path = self._path(asked.block, asked.sha256)
-                except (MessageError, LookupError) as error:
-                    yield _header(DownloadHeader(error=str(error)))
-                    return
-                async for message in self._stream_run(path, asked.first_chunk, asked.chunks):
-                    yield message
-        except Busy as error:
-            yield _header(DownloadHeader(error=str(error), busy=True))
+            asked = DownloadRequest.decode(request.metadata)
+            path = self._path(asked.block, asked.sha256)
+        except (MessageError, LookupError) as error:
+            yield _header(DownloadHeader(error=str(error)))
+            return
+        async for message in self._stream_run(path, asked.first_chunk, asked.chunks):
+            yield message
 
     def _path(self, block: int, sha256: str) -> Path:
         path = self.store.find(sha256) if block == self.block else None
@@ -206,6 +213,14 @@ class BlockServicer(ServicerBase):
 
 def _header(header: DownloadHeader) -> runtime_pb2.ExpertResponse:
     return runtime_pb2.ExpertResponse(metadata=header.encode())
+
+
+async def _refuse_busy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, error: Busy) -> None:
+    """A busy header at once; then what the caller sent is read for a moment, so that closing
+    does not reset the stream before the header arrives (a caller asks again when told busy)."""
+    with contextlib.suppress(ConnectionError, TimeoutError):
+        await asyncio.wait_for(P2P.send_protobuf(_header(DownloadHeader(error=str(error), busy=True)), writer), BUSY_REPLY_S)
+        await asyncio.wait_for(reader.read(2 * REQUEST_BYTES), BUSY_REPLY_S)
 
 
 async def check_owner(p2p: P2P, host: Host, timeout: float) -> None:
