@@ -42,3 +42,22 @@ def text_file(tmp_path) -> Path:
     path = tmp_path / "corpus.txt"
     path.write_text("\n\n".join(SAMPLE_TEXT[i : i + 300] for i in range(0, len(SAMPLE_TEXT), 300)))
     return path
+
+
+@pytest.fixture
+def start(tmp_path, tiny_config):
+    """`start(name, servicer=BlockServicer)`: a CheckpointHost of block 0 of `tiny_config` on
+    127.0.0.1, in swarm_helpers.HOSTS_SWARM; all are closed after the test."""
+    from swarm.checkpoints.transfer import BlockServicer  # hivemind only for the tests that use it
+    from swarm.lab.hosting import CheckpointHost
+    from swarm_helpers import HOSTS_SWARM
+
+    started = []
+
+    def start_host(name: str, servicer=BlockServicer) -> CheckpointHost:
+        started.append(CheckpointHost(tmp_path / name, HOSTS_SWARM, servicer=servicer, config=tiny_config))
+        return started[-1]
+
+    yield start_host
+    for host in started:
+        host.close()

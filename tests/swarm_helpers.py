@@ -9,11 +9,15 @@ from typing import Iterator
 
 import conftest
 
+from swarm.lab.hosting import CheckpointHost
 from swarm.lab.launch import LocalSwarm, Started
 from swarm.p2p.client import SwarmClient
+from swarm.p2p.network import NetworkOptions
 from swarm.waiting import wait_for
 
-__all__ = ["FAST_PEER", "tiny_swarm", "wait_for", "write_tiny_setup"]
+__all__ = ["FAST_PEER", "HOSTS_SWARM", "client_of", "tiny_swarm", "wait_for", "write_tiny_setup"]
+
+HOSTS_SWARM = "transfer"  # the swarm of the checkpoint hosts that the `start` fixture (conftest.py) starts
 
 
 def write_tiny_setup(folder: Path) -> tuple[str, str]:
@@ -45,3 +49,8 @@ def tiny_swarm(workdir: Path, swarm: str, blocks: dict[str, str]) -> Iterator[tu
             served = lambda: all(any(h.announcement.state == "serving" for h in directory.hosts(b)) for b in hosted)  # noqa: E731
             wait_for(served, 90, f"blocks {sorted(hosted)} served")
             yield local, peers, client
+
+
+def client_of(*nodes: CheckpointHost) -> SwarmClient:
+    """A client of the swarm the checkpoint hosts `nodes` are in, as `swarm-fetch` would join it."""
+    return SwarmClient(HOSTS_SWARM, NetworkOptions(initial_peers=[m for node in nodes for m in node.maddrs]))

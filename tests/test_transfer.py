@@ -13,6 +13,7 @@ import random
 
 import hivemind
 import pytest
+from swarm_helpers import HOSTS_SWARM, client_of
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.p2p import P2P
 from hivemind.proto import runtime_pb2
@@ -40,26 +41,7 @@ from swarm.p2p.network import NetworkOptions
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, block_key
 from swarm.sync.exchange import POLLS_PER_PEER, PayloadServicer
 
-SWARM = "transfer"
 PAYLOAD = random.Random(0).randbytes(24 * CHUNK_BYTES)  # a run of 2 chunks for each of 12 streams
-
-
-@pytest.fixture
-def start(tmp_path, tiny_config):
-    """`start(name, servicer=BlockServicer)`: a CheckpointHost of block 0 on 127.0.0.1; all are closed after the test."""
-    started = []
-
-    def start_host(name: str, servicer=BlockServicer) -> CheckpointHost:
-        started.append(CheckpointHost(tmp_path / name, SWARM, servicer=servicer, config=tiny_config))
-        return started[-1]
-
-    yield start_host
-    for host in started:
-        host.close()
-
-
-def client_of(*nodes: CheckpointHost) -> SwarmClient:
-    return SwarmClient(SWARM, NetworkOptions(initial_peers=[m for node in nodes for m in node.maddrs]))
 
 
 def fetch(nodes: list[CheckpointHost], info: CheckpointInfo, **options):

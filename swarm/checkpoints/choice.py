@@ -152,7 +152,8 @@ async def choose_checkpoint(
         if (m := await _measure(p2p, candidate, config, block, spot_check, show_progress)) is not None:
             measured.append(m)
     own_loss = spot_check.measure(decode_block(own[0], config, block)[0], config, block) if own else None
-    best = min([m.loss for m in measured] + ([own_loss] if own_loss is not None else []), default=None)
+    losses = [m.loss for m in measured] + ([own_loss] if own_loss is not None else [])
+    best = min(filter(math.isfinite, losses), default=math.inf)  # a NaN is no loss to compare with
     believable = [m for m in measured if _believable(m, best, spot_check.tolerance)]  # logs every rejection
     for m in believable:
         if own is None or m.candidate.checkpoint.step > own[1].step:
@@ -175,9 +176,11 @@ async def _measure(p2p: P2P, candidate: Candidate, config: ModelConfig, block: i
 
 
 def _believable(m: Measured, best: float, tolerance: float) -> bool:
-    """Close to the best measured loss, better than knowing nothing, and near what its hosts announce."""
+    """A number, close to the best measured loss, better than knowing nothing, and near what its
+    hosts announce. Each test names what rejects (a NaN fails no comparison)."""
     announced = m.candidate.announced_loss()
     checks = {
+        f"loss {m.loss} is not a finite number": not math.isfinite(m.loss),
         f"loss {m.loss:.3f} is more than {tolerance} above the best candidate's {best:.3f}": m.loss > best + tolerance,
         f"loss {m.loss:.3f} is worse than a uniform guess": m.loss > UNIFORM_CE + 0.5,
         f"loss {m.loss:.3f} is far above the {announced} its hosts announce": (
