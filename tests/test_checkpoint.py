@@ -7,6 +7,8 @@ import torch
 
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import (
+    decode_block,
+    encode_block,
     load_block,
     load_model_folder,
     read_block_metadata,
@@ -93,3 +95,13 @@ def test_failed_atomic_write_keeps_the_old_file(tmp_path):
         write_atomic(path, "not bytes")  # fails inside the write, after the temp file exists
     assert path.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_block_with_a_weight_that_is_not_finite_is_refused(tiny_config, value):
+    denoiser = build_block(tiny_config, 1)
+    with torch.no_grad():
+        next(denoiser.parameters()).view(-1)[7] = value
+    data = encode_block(denoiser, tiny_config, 1, step=3)
+    with pytest.raises(SwarmError, match="not finite"):
+        decode_block(data, tiny_config, 1)

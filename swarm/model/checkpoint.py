@@ -25,8 +25,8 @@ from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 from torch import nn
 
-from swarm.model.autoregressive import ByteTransformer
 from swarm.errors import SwarmError
+from swarm.model.autoregressive import ByteTransformer
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_to_end
 
 FORMAT_VERSION = "1"
@@ -134,6 +134,11 @@ def _decode(data: bytes) -> dict[str, torch.Tensor]:
 
 
 def _load_into(module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """The tensors as the module's weights, if they fit it and are all finite (a NaN weight from
+    another peer would otherwise reach the spot check, generation or training)."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise SwarmError(f"tensor {name} holds a value that is not finite")
     try:
         module.load_state_dict(tensors, strict=True)
     except RuntimeError as error:
