@@ -6,8 +6,10 @@ caught up with what the top-k left behind. This runs the same replicas in one pr
 network, for each --steps length:
 - dense: each step, the replicas' gradients averaged (what hivemind's all-reduce gives every
   replica), then each replica's AdamW step;
-- outer: each replica's own AdamW steps, and every H steps the peers' own outer step
-  (`OuterReplica`: the payload each replica would send, decoded and applied by all alike).
+- outer: the peers' own `--sync outer` strategy (`OuterSync`: each replica's AdamW steps, and
+  every H steps its payload exchanged and the outer step taken on the set, as a peer does), each
+  replica in a thread of its own, the payloads passed in this process (swarm/sync/in_process.py)
+  instead of over P2P.
 Replicas are `replica_trainer`s of block --block of the small model of benchmarks/sync.py,
 batches drawn from streams named as peers' are; each length is a fresh run with its own cosine
 schedule. Prints JSON and writes outer_gap.json and outer_gap.png: loss of each, the ratio,
@@ -22,9 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from sync import (  # the model and validation windows of benchmarks/sync.py, beside this
+    LOSS_RATIO_TARGET,
+    SMALL_MODEL,
+    VALIDATION_WINDOWS,
+)
 from tqdm import tqdm
 
 from swarm.cli.console import setup_logging
@@ -32,48 +40,59 @@ from swarm.model.data import ByteWindows, load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import block_denoise_ce
 from swarm.model.train import TrainConfig, Trainer, trainable
-from swarm.peer import replica_trainer
-from swarm.sync.pseudo_gradient import OuterConfig, OuterReplica
-from sync import LOSS_RATIO_TARGET, SMALL_MODEL, VALIDATION_WINDOWS  # the model and validation windows of benchmarks/sync.py, beside this
+from swarm.peer.life import replica_trainer
+from swarm.sync.exchange import Exchange
+from swarm.sync.in_process import LocalBoard
+from swarm.sync.outer import OuterSync
+from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer
+from swarm.sync.strategy import train_step
 
 logger = logging.getLogger("benchmarks.outer_gap")
+
+GATHER_DEADLINE_S = 120.0  # how long replicas wait for each other at a round's end (threads sharing the cores)
+
+
+def peer_ids(args: argparse.Namespace) -> list[str]:
+    return [f"replica{i}" for i in range(args.replicas)]
 
 
 def replicas(config: ModelConfig, args: argparse.Namespace, windows: ByteWindows, steps: int) -> list[Trainer]:
     train = TrainConfig(steps=steps, batch_size=args.batch_size)
-    return [replica_trainer(config, args.block, windows, train, f"replica{i}") for i in range(args.replicas)]
+    return [replica_trainer(config, args.block, windows, train, peer_id) for peer_id in peer_ids(args)]
 
 
 def dense(trainers: list[Trainer], steps: int, what: str) -> None:
     """Every step: each replica's gradient, their mean into every replica, each one's AdamW step."""
-    for trainer in trainers:
-        trainer.update = lambda _: None  # the AdamW step waits for the mean below
     for _ in tqdm(range(steps), desc=what, unit="step", mininterval=5.0):
-        for trainer in trainers:
-            trainer.step()
+        open_steps = [trainer.compute_gradients() for trainer in trainers]
         with torch.no_grad():
             for params in zip(*(trainable(t.module) for t in trainers)):  # as DenseSync averages them
                 mean = torch.stack([p.grad if p.grad is not None else torch.zeros_like(p) for p in params]).mean(dim=0)
                 for p in params:
                     p.grad.copy_(mean)
-        for trainer in trainers:
-            trainer.optimizer.step()
+        for trainer, open_step in zip(trainers, open_steps):
+            trainer.optimizer_step()
+            trainer.end_step(open_step)
 
 
-def outer(trainers: list[Trainer], steps: int, outer_config: OuterConfig, what: str) -> float:
-    """H AdamW steps each, then the outer step on every replica's payload; bytes of one payload per step."""
-    states = [OuterReplica(t.module, outer_config, t.config.lr) for t in trainers]
-    payload_bytes = 0
-    for step in tqdm(range(steps), desc=what, unit="step", mininterval=5.0):
-        for trainer in trainers:
-            trainer.step()
-        if (step + 1) % outer_config.steps == 0:
-            payloads = [state.make_payload() for state in states]
-            payload_bytes += len(payloads[0])
-            gathered = [states[0].decode(payload) for payload in payloads]  # every replica decodes them alike
-            for state in states:
-                state.apply(gathered)
-    return payload_bytes / steps
+def outer(trainers: list[Trainer], ids: list[str], steps: int, outer_config: OuterConfig, what: str) -> float:
+    """`OuterSync` on every replica, each in a thread of its own, the payloads passed in this
+    process; the payload bytes per step of one replica (replica 0's, one copy)."""
+    board = LocalBoard(GATHER_DEADLINE_S)
+    syncs = [OuterSync(OuterOptimizer(t.module, outer_config, t.config.lr),
+                       Exchange(board.transport(own), own, lambda own=own: [p for p in ids if p != own]))
+             for t, own in zip(trainers, ids)]  # fmt: skip
+    with tqdm(total=steps, desc=what, unit="step", mininterval=5.0) as bar:
+
+        def run(index: int) -> None:
+            for _ in range(steps):
+                train_step(trainers[index], syncs[index])
+                bar.update(int(index == 0))
+
+        with ThreadPoolExecutor(len(trainers)) as pool:
+            for running in [pool.submit(run, index) for index in range(len(trainers))]:
+                running.result()
+    return syncs[0].bytes_sent / (len(trainers) - 1) / steps
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -127,7 +146,7 @@ def main() -> None:
         dense(trainers, steps, f"dense, {steps} steps")
         dense_loss = block_denoise_ce(trainers[0].module, config, args.block, validation)
         trainers = replicas(config, args, windows, steps)
-        per_step = outer(trainers, steps, outer_config, f"outer, {steps} steps")
+        per_step = outer(trainers, peer_ids(args), steps, outer_config, f"outer, {steps} steps")
         outer_loss = block_denoise_ce(trainers[0].module, config, args.block, validation)
         rows.append({"steps": steps, "dense_loss": dense_loss, "outer_loss": outer_loss,
                      "outer_over_dense": outer_loss / dense_loss, "outer_payload_bytes_per_step": per_step})  # fmt: skip

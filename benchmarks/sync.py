@@ -6,7 +6,7 @@ replicas' payloads), `demo-overlap` (the same payloads, each step's exchange ove
 the next step's compute) and `outer` (H local AdamW steps, then one compressed pseudo-gradient
 exchange; the peer's defaults, see swarm/sync/pseudo_gradient.py `OuterConfig`),
 `outer-overlap` (the same, each round's exchange overlapped with the next round's steps), and
-`outer-k128`, the same with 128 values kept per 64 x 64 chunk instead of the default (what
+`outer-k128`, the same with 128 values kept per 64 x 64 tile instead of the default (what
 the extra bytes buy in loss). `demo1` (lockstep, 1-bit values) and `demo-overlap2` / `demo-overlap3`
 (each set applied two / three steps late: `--overlap-steps`) can be added with --modes or
 --region-modes, and so can `demo-overlap2-spare` and `outer-overlap-spare`: the same, but a

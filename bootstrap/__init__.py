@@ -1,1 +1,4 @@
-"""The bootstrap program, swarm-bootstrap (main.py): a stable DHT entry point that can create a swarm."""
+"""The bootstrap program, swarm-bootstrap (main.py): option parsing over `swarm.p2p.bootstrap`.
+
+Installed as the package `swarm_bootstrap` (setup.cfg's package_dir), not under the generic name `bootstrap`.
+"""

@@ -2,13 +2,15 @@
 
 Where things are (imports run down this list, never up):
 - model/: the model, its training, evaluation, generation and checkpoint files (no network)
-- p2p/: the DHT, its records, the P2P messages, checkpoint transfer, the swarm client
-- sync/: keeping the replicas of a block in step (DeMo exchange, dense averaging)
+- p2p/: the DHT, its records, the P2P messages, identity, reachability, the bootstrap node, the swarm client
+- checkpoints/: block checkpoints on disk and on the wire, and which one to believe
+- sync/: keeping the replicas of a block in step (the `--sync` modes in one table, their strategies,
+  the payload exchange, dense averaging)
 - serving/: remote denoising and generation through the swarm
-- peer.py: the life of a peer, wiring the above together
-- lab/: swarms of real processes on this machine (demo, tests, benchmarks), network namespaces, chaos
 - health/: the swarm's health page (swarm-health): state collection, web server, the page
-- cli/: every command-line program
+- peer/: the life of a peer, wiring the above together (its config, its announcer thread, its life)
+- lab/: swarms of real processes on this machine (demo, tests, benchmarks), network namespaces, chaos, attacks
+- cli/: every command-line program but swarm-peer and swarm-bootstrap (peers/ and bootstrap/)
 - errors.py: the one error type a user can cause; waiting.py: waiting on a condition with a timeout
 """
 

@@ -1,21 +1,21 @@
-"""DeMo compression: the DCT, chunking, top-k, error feedback and bit packing."""
+"""DeMo compression: the DCT, tiling, top-k, error feedback and bit packing."""
 
 import pytest
 import torch
 
 from swarm.sync.compression import (
-    chunk_size,
     compress,
     dct,
     decompress,
     extract,
     from_bits,
-    from_chunks,
+    from_tiles,
     idct,
-    keep_per_chunk,
+    keep_per_tile,
     pack_message,
+    tile_side,
     to_bits,
-    to_chunks,
+    to_tiles,
     unpack_message,
 )
 
@@ -28,18 +28,18 @@ def test_dct_then_inverse_is_the_identity(shape):
 
 
 @pytest.mark.parametrize("shape", [(256,), (768, 256), (96, 256), (4, 6, 10)])
-def test_chunks_round_trip_and_respect_the_largest_divisor(shape):
+def test_tiles_round_trip_and_respect_the_largest_divisor(shape):
     tensor = torch.randn(shape)
-    chunks, tile = to_chunks(tensor)
-    assert torch.equal(from_chunks(chunks, tensor.shape), tensor)
+    tiles, tile = to_tiles(tensor)
+    assert torch.equal(from_tiles(tiles, tensor.shape), tensor)
     assert all(t <= 64 for t in tile)
-    assert chunk_size(768) == 64 and chunk_size(96) == 48 and chunk_size(97) == 1
+    assert tile_side(768) == 64 and tile_side(96) == 48 and tile_side(97) == 1
 
 
-def test_keep_scales_with_chunk_size():
-    assert keep_per_chunk(8, 64 * 64) == 8
-    assert keep_per_chunk(8, 64) == 1  # a 1-D run of 64 keeps one value, not 8
-    assert keep_per_chunk(10_000, 64) == 64
+def test_keep_scales_with_tile_size():
+    assert keep_per_tile(8, 64 * 64) == 8
+    assert keep_per_tile(8, 64) == 1  # a 1-D run of 64 keeps one value, not 8
+    assert keep_per_tile(10_000, 64) == 64
 
 
 def test_full_k_reproduces_the_momentum_and_its_sign_step():
@@ -54,7 +54,7 @@ def test_error_feedback_keeps_exactly_what_was_not_sent():
     momentum = original.clone()
     sent = extract(momentum, top_k=8, value_bits=32)
     assert torch.allclose(momentum + decompress(sent), original, atol=1e-5)
-    remaining, _ = to_chunks(momentum)
+    remaining, _ = to_tiles(momentum)
     assert torch.allclose(dct(remaining).flatten(1).gather(1, sent.indices), torch.zeros(()), atol=1e-5)
     assert sent.indices.shape == (2, 8)
 
@@ -77,7 +77,7 @@ def test_bit_packing_round_trips_and_counts_bytes():
     assert compressed.payload_bytes(16) == 8 * (12 + 16) // 8
 
 
-def test_one_bit_sends_nothing_for_a_chunk_without_gradient():
+def test_one_bit_sends_nothing_for_a_tile_without_gradient():
     momentum = torch.zeros(64, 128)
     momentum[:, 64:] = torch.randn(64, 64)
     sent = compress(momentum, top_k=8, value_bits=1)

@@ -10,7 +10,7 @@ import torch
 from swarm.model.denoiser import ModelConfig, build_block
 from swarm.model.train import diffusion_loss_fn
 from swarm.sync.compression import decompress
-from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica, PayloadError, decode_payload, encode_payload
+from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, PayloadError, decode_payload, encode_payload
 
 
 def replicas(config, n: int, demo: DeMoConfig):
@@ -19,7 +19,7 @@ def replicas(config, n: int, demo: DeMoConfig):
     blocks = [first] + [build_block(config, 0) for _ in range(n - 1)]
     for block in blocks[1:]:
         block.load_state_dict(first.state_dict())
-    return blocks, [DeMoReplica(b, demo, lr=2e-3) for b in blocks]
+    return blocks, [DeMoOptimizer(b, demo, lr=2e-3) for b in blocks]
 
 
 def senders(payloads) -> list:
@@ -73,7 +73,7 @@ def test_bad_payloads_are_refused(tiny_config, tiny_windows):
         return encode_payload({**payload, name: dataclasses.replace(payload[name], **changes)}, 16)
 
     first = next(iter(payload))
-    widest = max(payload, key=lambda n: payload[n].indices.shape[1])  # most coefficients kept per chunk
+    widest = max(payload, key=lambda n: payload[n].indices.shape[1])  # most coefficients kept per tile
     odd_tile = next(n for n, c in payload.items() if (c.tile[0] * c.tile[1]) & (c.tile[0] * c.tile[1] - 1))
     largest_code = 2 ** math.ceil(math.log2(payload[odd_tile].tile[0] * payload[odd_tile].tile[1])) - 1  # > tile size
     bad = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import configparser
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +19,16 @@ MAY_IMPORT = {
     "model": set(),
     "p2p": {"model"},
     "checkpoints": {"model", "p2p"},
-    "sync": {"model", "p2p"},
+    "sync": {"model", "p2p", "checkpoints"},  # reconcile.py merges the replicas' downloaded checkpoints
     "serving": {"model", "p2p", "checkpoints"},
     "health": {"model", "p2p"},
     "peer": {"model", "p2p", "checkpoints", "sync", "serving"},
     "lab": {"model", "p2p", "checkpoints", "sync", "serving"},
     "cli": {"model", "p2p", "checkpoints", "sync", "serving", "peer", "lab", "health"},
 }
-PROGRAMS = ("peers", "bootstrap", "benchmarks", "tests")
+# the programs, by the names they install under (setup.cfg) and the folders they live in
+PROGRAMS = ("swarm_peer", "swarm_bootstrap", "peers", "bootstrap", "benchmarks", "tests")
+INSTALLED_PROGRAMS = {"swarm_peer": "peers", "swarm_bootstrap": "bootstrap"}
 
 
 def part_of(module: str) -> str | None:
@@ -68,6 +71,18 @@ def test_every_part_is_a_known_room():
     assert parts | modules == set(MAY_IMPORT) | {"errors", "waiting"}
 
 
+def test_setup_installs_every_package_and_the_programs_under_their_own_names():
+    """setup.cfg lists its packages (the programs' names differ from their folders, which `find:`
+    cannot give): every package of swarm/ is there, and no generic top-level name is installed."""
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    listed = set(setup["options"]["packages"].split())
+    library = {".".join(p.relative_to(ROOT).parts) for p in [LIBRARY, *LIBRARY.iterdir()] if (p / "__init__.py").exists()}
+    assert listed == library | set(INSTALLED_PROGRAMS)
+    mapped = dict(line.split(" = ") for line in setup["options"]["package_dir"].strip().splitlines())
+    assert mapped == INSTALLED_PROGRAMS
+
+
 def test_the_model_runs_without_hivemind():
     """Importing every model module (and what they import) loads no hivemind."""
     modules = [f"swarm.model.{p.stem}" for p in (LIBRARY / "model").glob("*.py") if p.stem != "__init__"]
@@ -77,9 +92,13 @@ def test_the_model_runs_without_hivemind():
     assert result.stdout.strip() == "False"
 
 
-def test_the_readme_layout_names_every_room():
-    readme = (ROOT / "README.md").read_text()
-    layout = readme[readme.index("## Layout") :]
-    for part in MAY_IMPORT:
-        room = f"swarm/{part}/" if (LIBRARY / part).is_dir() else f"swarm/{part}.py"
-        assert f"`{room}`" in layout, f"README's Layout does not name {room}"
+def test_the_layout_page_names_every_room_in_import_order():
+    """docs/layout.md names every room, each after every room it may import ("imports run down this list")."""
+    layout = (ROOT / "docs" / "layout.md").read_text()
+    rooms = {part: f"`swarm/{part}/`" if (LIBRARY / part).is_dir() else f"`swarm/{part}.py`" for part in MAY_IMPORT}
+    for room in rooms.values():
+        assert room in layout, f"docs/layout.md does not name {room}"
+    for part, allowed in MAY_IMPORT.items():
+        for below in allowed:
+            where = layout.index(rooms[below]), layout.index(rooms[part])
+            assert where[0] < where[1], f"docs/layout.md lists {rooms[part]} above {rooms[below]}, which it imports"

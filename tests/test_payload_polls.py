@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 from hivemind.proto import runtime_pb2
 
 from swarm.p2p.messages import PayloadReply, PayloadRequest
-from swarm.sync.exchange import PENDING_STEPS, Exchange, Gathered, PayloadServicer
+from swarm.sync.compression import PayloadError
+from swarm.sync.exchange import Exchange, Gathered, Round
+from swarm.sync.transport import PENDING_STEPS, PayloadServicer
 
 
 def poll(servicer: PayloadServicer, step: int) -> str:
@@ -41,9 +42,38 @@ def test_a_replica_jumps_only_past_the_end_of_the_round_it_is_in(majority_at, ro
     """DeMo (rounds of one step) follows a majority that is ahead at once; an overlapped outer
     replica, two steps into the round that ends at 60, does not jump to the others' 60 (they
     ended the round it is still in), only to a round past it."""
-    exchange = Exchange(servicer=None, p2p=None, loop=None, own_id="me", replica_ids=list)
-    trainer = SimpleNamespace(step_count=32)
+    exchange = Exchange(transport=None, own_id="me", replica_ids=list)
     gathered = Gathered(asked=3, reported_steps={"a": majority_at, "b": majority_at, "c": majority_at})
-    jumped = exchange.follow_majority(gathered, trainer, round_steps)
-    assert jumped == (jumps_to is not None)
-    assert trainer.step_count == (jumps_to - 1 if jumps_to else 32)  # the trainer adds the one
+    assert exchange.majority_ahead(gathered, 32, round_steps) == jumps_to  # the step to continue from, or None
+
+
+@pytest.mark.parametrize("asked", [1, 2])
+def test_one_voice_never_makes_a_replica_jump(asked):
+    """The only other replica, or one of two (the other silent), reporting a step ahead: nobody jumps."""
+    exchange = Exchange(transport=None, own_id="me", replica_ids=list)
+    assert exchange.majority_ahead(Gathered(asked=asked, reported_steps={"a": 60}), 32) is None
+
+
+def test_a_jump_is_bounded_even_when_a_majority_reports_it():
+    exchange = Exchange(transport=None, own_id="me", replica_ids=list)
+    far = {"a": 10**12, "b": 10**12, "c": 10**12}
+    assert exchange.majority_ahead(Gathered(asked=3, reported_steps=far), 32) is None
+
+
+def test_a_refused_payload_says_nothing_about_drift():
+    """A stranger whose payload is refused cannot mark the replicas as drifted with its fingerprint."""
+    exchange = Exchange(transport=None, own_id="me", replica_ids=list)
+    round_ = Round(step=5, own=b"mine", fingerprint=b"same", gathering=None)
+    gathered = Gathered(asked=2, payloads={"honest": b"ok", "liar": b"bad"},
+                        fingerprints={"honest": b"same", "liar": b"other"})  # fmt: skip
+
+    def decode(data: bytes) -> bytes:
+        if data == b"bad":
+            raise PayloadError("does not fit")
+        return data
+
+    assert [p for p, _ in exchange.in_order(round_, gathered, decode)] == ["honest", "me"]
+    assert not exchange.drifted
+    gathered.payloads["liar"] = b"fits now"
+    exchange.in_order(round_, gathered, decode)
+    assert exchange.drifted  # an accepted payload's fingerprint counts

@@ -8,13 +8,13 @@ import torch
 
 from swarm.model.denoiser import build_block
 from swarm.sync.decoupled_momentum import PayloadError
-from swarm.sync.pseudo_gradient import OuterConfig, OuterReplica, majority_mean
+from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer, majority_mean
 
 
-def moved_replica(config, outer: OuterConfig, seed: int = 0, scale: float = 1e-3) -> OuterReplica:
+def moved_replica(config, outer: OuterConfig, seed: int = 0, scale: float = 1e-3) -> OuterOptimizer:
     """A replica whose weights moved away from its anchor by a random change of about `scale`."""
     torch.manual_seed(0)
-    replica = OuterReplica(build_block(config, 0), outer, lr=2e-3)
+    replica = OuterOptimizer(build_block(config, 0), outer, lr=2e-3)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in replica.params.values():

@@ -16,7 +16,8 @@ from swarm_helpers import tiny_swarm, wait_for
 from swarm.errors import SwarmError
 from swarm.model.data import load_corpus
 from swarm.model.train import TrainConfig
-from swarm.peer import Peer, PeerConfig, replica_trainer
+from swarm.peer.config import PeerConfig
+from swarm.peer.life import Peer, replica_trainer
 from swarm.sync.overlap import DeMoOverlapSync
 
 SYNC = ["--sync", "demo", "--wait-for-replicas", "2", "--save-every", "50", "--announce-period", "1"]
@@ -176,24 +177,27 @@ def test_overlapped_replicas_stay_identical(tmp_path, sync, rounds):
 
 
 class OneStepLatePeer:
-    """The peer's training loop (`Peer._train`) around a sync that applies each step's update one
-    step late, as demo-overlap does; records what each save holds."""
+    """The peer's training loop (`Peer._train`, `Peer._settle`) around a sync that applies each
+    step's update one step late, as demo-overlap does; records what each save holds."""
 
     _train = Peer._train
+    _settle = Peer._settle
 
     def __init__(self, max_steps: int, save_every: int):
         self.config = SimpleNamespace(max_steps=max_steps, save_every=save_every)
         self.stopping = threading.Event()
-        self.trainer = SimpleNamespace(step_count=0, step=self._step)
-        self.sync = SimpleNamespace(finish=self._finish)
+        self.trainer = SimpleNamespace(step_count=0, compute_gradients=lambda: None, end_step=self._end_step)
+        self.sync = SimpleNamespace(update=self._update, settle=self._settle_sync)
         self.applied = 0  # the last step whose update the weights hold
         self.saves: list[tuple[int, int]] = []  # (checkpoint step, last update it holds)
 
-    def _step(self) -> None:
-        self.applied = self.trainer.step_count  # the previous step's update lands as this one runs
+    def _update(self, trainer) -> None:
+        self.applied = trainer.step_count  # the previous step's update lands as this one runs
+
+    def _end_step(self, open_step, continue_from) -> None:
         self.trainer.step_count += 1
 
-    def _finish(self, trainer) -> None:
+    def _settle_sync(self, trainer) -> None:
         self.applied = trainer.step_count
 
     def _keep_replicas_together(self) -> None:
@@ -221,7 +225,7 @@ class StepOrderExchange:
     def start(self, step: int, own: bytes) -> int:
         return step
 
-    def finish(self, round_, trainer=None):
+    def collect(self, round_):
         return None
 
     def in_order(self, round_, gathered, decode) -> list:
@@ -230,8 +234,8 @@ class StepOrderExchange:
     def applied_set(self, round_: int, voters) -> None:
         self.applied.append((round_, self.trainer.step_count))
 
-    def follow_majority(self, gathered, trainer, round_steps: int = 1) -> bool:
-        return False
+    def majority_ahead(self, gathered, step: int, round_steps: int = 1) -> None:
+        return None
 
 
 @pytest.mark.parametrize("late", [1, 2])
@@ -241,9 +245,9 @@ def test_demo_overlap_applies_each_steps_set_that_many_steps_late_and_the_rest_b
     sync = DeMoOverlapSync(SimpleNamespace(apply=lambda decoded: []), exchange, late_steps=late)
     sync.own_payload = lambda trainer: b""
     for _ in range(5):
-        sync.update(trainer)
+        assert sync.update(trainer) is None
         trainer.step_count += 1
-    sync.finish(trainer)
+    assert sync.settle(trainer) is None
     assert exchange.applied == [(step, step + late) for step in range(5 - late)] + [(step, 5) for step in range(5 - late, 5)]
 
 

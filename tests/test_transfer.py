@@ -39,7 +39,7 @@ from swarm.p2p.directory import Host, SwarmDirectory
 from swarm.p2p.messages import DownloadHeader, DownloadRequest, PayloadReply, PayloadRequest
 from swarm.p2p.network import NetworkOptions
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, block_key
-from swarm.sync.exchange import POLLS_PER_PEER, PayloadServicer
+from swarm.sync.transport import POLLS_PER_PEER, PayloadServicer
 
 PAYLOAD = random.Random(0).randbytes(24 * CHUNK_BYTES)  # a run of 2 chunks for each of 12 streams
 

@@ -41,8 +41,8 @@ from swarm.model.train import TrainConfig, block_trainer
 from swarm.p2p.messages import ChunkListReply, DownloadHeader, PayloadReply, PayloadRequest, PeerInfo
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo
 from swarm.serving.server import DenoiseServicer
-from swarm.sync.decoupled_momentum import DeMoConfig, DeMoReplica, decode_payload, encode_payload
-from swarm.sync.exchange import PayloadServicer, gather
+from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, decode_payload, encode_payload
+from swarm.sync.transport import PayloadServicer, gather
 
 STEP_LIE = 999_999
 
@@ -193,7 +193,7 @@ class WrongAnswers(Impersonating, DenoiseServicer):
 
     def __init__(self, config: ModelConfig, block: int, claimed_sha256: str):
         super().__init__(config, block)
-        self.serve(garbage_block(config, block, scale=1.0), claimed_sha256)
+        self.swap_in(garbage_block(config, block, scale=1.0), claimed_sha256)
 
 
 class LyingSyncReplies(Impersonating, PayloadServicer):
@@ -230,7 +230,7 @@ class HostileReplica(Impersonating, PayloadServicer):
         assert mode in self.MODES, mode
         self.node, self.mode = node, mode
         self.trainer = block_trainer(config, block, windows, TrainConfig(lr=lr, steps=100_000, batch_size=16, seed=11))
-        self.replica = DeMoReplica(self.trainer.module, de_mo, lr)
+        self.optimizer = DeMoOptimizer(self.trainer.module, de_mo, lr)
         self.rng = torch.Generator().manual_seed(0)
         self.sent: dict[int, bytes] = {}
         self._stepping = asyncio.Lock()
@@ -247,14 +247,14 @@ class HostileReplica(Impersonating, PayloadServicer):
         honest replicas' updates of that step and its own true one, as an honest replica would."""
         loop = asyncio.get_running_loop()
         own = await loop.run_in_executor(None, self._own_payload, step)
-        self.sent[step] = encode_payload(dict(self._perturbed(own)), self.replica.config.value_bits)
+        self.sent[step] = encode_payload(dict(self._perturbed(own)), self.optimizer.config.value_bits)
         for old in [s for s in self.sent if s <= step - self.KEEP]:
             del self.sent[old]
         hosts = await loop.run_in_executor(None, self.node.directory.hosts, self.block)
         others = [h.peer_id for h in hosts if h.peer_id != self.node.peer_id]
         gathered = await gather(self.node.p2p, self.block, step, others, self.deadline)
-        honest = [(peer_id, decode_payload(data, self.replica)) for peer_id, data in sorted(gathered.payloads.items())]
-        await loop.run_in_executor(None, self.replica.apply, [*honest, (self.node.peer_id, own)])
+        honest = [(peer_id, decode_payload(data, self.optimizer)) for peer_id, data in sorted(gathered.payloads.items())]
+        await loop.run_in_executor(None, self.optimizer.apply, [*honest, (self.node.peer_id, own)])
 
     def _own_payload(self, step: int) -> dict:
         trainer = self.trainer
@@ -262,10 +262,10 @@ class HostileReplica(Impersonating, PayloadServicer):
         trainer.optimizer.zero_grad(set_to_none=True)
         trainer.loss_fn(window, trainer.generator).backward()
         torch.nn.utils.clip_grad_norm_(trainer.module.parameters(), trainer.config.grad_clip)
-        return self.replica.make_payload(trainer.config.lr_at(step))
+        return self.optimizer.make_payload(trainer.config.lr_at(step))
 
     def _perturbed(self, payload: dict) -> Iterator:
-        largest = 0.95 * (1.0 if self.replica.config.value_bits == 1 else self.replica.max_value)
+        largest = 0.95 * (1.0 if self.optimizer.config.value_bits == 1 else self.optimizer.max_value)
         for name, sent in payload.items():
             values = sent.values.float()
             if self.mode == "negated":

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swarm.model.diffusion import pick_bytes
 from swarm.model.denoiser import VOCAB_SIZE, ModelConfig, TransformerLayer, build_end_to_end, count_parameters
+from swarm.model.diffusion import pick_bytes
 
 
 def matched_depth(config: ModelConfig) -> int:

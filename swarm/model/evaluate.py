@@ -18,8 +18,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from swarm.model.autoregressive import ByteTransformer, continuation_nll
-from swarm.model.diffusion import DenoiserForBlock, NoisePartition, generate_span, local_runner, make_codebook, noisy_target
 from swarm.model.denoiser import VOCAB_SIZE, ModelConfig
+from swarm.model.diffusion import (
+    DenoiserForBlock,
+    NoisePartition,
+    generate_span,
+    local_runner,
+    make_codebook,
+    noisy_target,
+)
 
 GRID_POINTS_PER_BLOCK = 3
 NOISE_SEED = 4321

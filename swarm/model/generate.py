@@ -6,8 +6,8 @@ from typing import Iterator
 
 import torch
 
-from swarm.model.diffusion import BlockRunner, generate_span
 from swarm.model.denoiser import ModelConfig
+from swarm.model.diffusion import BlockRunner, generate_span
 
 PAD_BYTE = ord(" ")  # a prompt shorter than P bytes is left-padded with spaces
 

@@ -3,10 +3,11 @@
 A `Trainer` owns one module, its AdamW state and its own random stream, and `step()` runs
 one update. `block_trainer(config, b, ...)` builds block b alone: its weights and optimizer
 state are the only ones in memory, and no gradient from any other block can reach it.
-The peer program calls the same trainer step by step; `train()` runs it for a set number
-of steps with a progress bar. A replica whose update would otherwise sit waiting for the other
-replicas can compute spare batches meanwhile (`spare_batch`): their gradients join the next
-step's, which then averages over more windows.
+The peer program takes the same steps one at a time, with its sync strategy's update in the
+middle (`compute_gradients`, the update, `end_step`); `train()` runs plain AdamW steps for a set
+number of steps with a progress bar. A replica whose update would otherwise sit waiting for the
+other replicas can compute spare batches meanwhile (`spare_batch`): their gradients join the
+next step's, which then averages over more windows.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from tqdm import tqdm
 
 from swarm.model.autoregressive import ByteTransformer, next_byte_loss
 from swarm.model.data import ByteWindows
-from swarm.model.diffusion import NoisePartition, denoising_loss, make_codebook
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_to_end
+from swarm.model.diffusion import NoisePartition, denoising_loss, make_codebook
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +53,22 @@ class TrainConfig:
         return self.lr * (self.min_lr_fraction + (1 - self.min_lr_fraction) * cosine)
 
 
+@dataclass(frozen=True)
+class OpenStep:
+    """A step whose gradients are computed (in the module's `.grad`) and whose update is still to
+    come: its loss, and the clock at its start and where its compute began."""
+
+    loss: torch.Tensor
+    started: float
+    computing: float
+
+
 @dataclass
 class Trainer:
-    """One module, its optimizer and its data; `step()` is one optimizer update."""
+    """One module, its optimizer and its data. `step()` is one plain AdamW update. A peer whose
+    replicas sync takes the same step in three parts, so that no other room writes the trainer:
+    `compute_gradients()`, then its sync strategy's update (which may call `optimizer_step()`),
+    then `end_step()`, which lands a jump ahead that the update returned."""
 
     module: nn.Module
     loss_fn: LossFn
@@ -63,8 +77,6 @@ class Trainer:
     step_count: int = 0
     losses: list[float] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
-    # replaces the AdamW step (replica sync)
-    update: Callable[["Trainer"], None] | None = None
     # seconds in forward, backward and update, in all (a sync update's waits on other replicas
     # included: the strategy knows those), and the clock at the first step's start and last step's end
     compute_seconds: float = 0.0
@@ -83,6 +95,14 @@ class Trainer:
         self.device = next(self.module.parameters()).device
 
     def step(self) -> float:
+        """One step with the plain AdamW update; returns its loss."""
+        open_step = self.compute_gradients()
+        self.optimizer_step()
+        return self.end_step(open_step)
+
+    def compute_gradients(self) -> OpenStep:
+        """This step's forward and backward pass at its learning rate: the gradients of one batch,
+        with the spare batches taken since the last step averaged in, clipped, in `.grad`."""
         started = time.perf_counter()
         if self.first_step_at is None:
             self.first_step_at = started
@@ -96,21 +116,26 @@ class Trainer:
         loss.backward()
         self._add_spare_gradients()
         nn.utils.clip_grad_norm_(self.module.parameters(), self.config.grad_clip)
-        if self.update is not None:
-            self.update(self)
-        else:
-            self.optimizer.step()
+        return OpenStep(loss, started, computing)
+
+    def optimizer_step(self) -> None:
+        """AdamW on the gradients computed: the update of a step (a sync strategy may take its own instead)."""
+        self.optimizer.step()
+
+    def end_step(self, open_step: OpenStep, continue_from: int | None = None) -> float:
+        """Close a step after its update: count it, or continue from `continue_from` (the step a
+        majority of the replicas is at, as the sync update found); record its loss and time."""
         self.last_step_at = time.perf_counter()
-        self.compute_seconds += self.last_step_at - computing
-        self.step_count += 1
-        self.losses.append(loss.item())
-        self.step_seconds.append(time.perf_counter() - started)
+        self.compute_seconds += self.last_step_at - open_step.computing
+        self.step_count = self.step_count + 1 if continue_from is None else continue_from
+        self.losses.append(open_step.loss.item())
+        self.step_seconds.append(time.perf_counter() - open_step.started)
         return self.losses[-1]
 
-    def spare_batch(self, windows: int) -> None:
+    def spare_batch(self, windows: int) -> int:
         """Compute the gradient of one more batch of `windows` windows for the next step (called
-        while the update waits for other replicas: time that would otherwise be idle). The
-        weights and this step's gradients are left as they are."""
+        while the update waits for other replicas: time that would otherwise be idle); returns
+        the windows taken. The weights and this step's gradients are left as they are."""
         self.module.train()
         params = trainable(self.module)
         window = self.windows.sample(windows, self.generator).to(self.device)
@@ -121,6 +146,7 @@ class Trainer:
             if grad is not None:
                 spare.add_(grad, alpha=windows)
         self.spare_windows += windows
+        return windows
 
     def _add_spare_gradients(self) -> None:
         """Make this step's gradient the mean over its batch and the spare batches taken since the last step."""

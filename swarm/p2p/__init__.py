@@ -9,6 +9,7 @@
 - pings.py: round trips between peers (what a peer announces, what the health page measures)
 - reachability.py: whether a peer can be dialled, relays for one behind NAT
 - client.py: a process that joins a swarm to ask it things (commands, benchmarks, tests)
+- bootstrap.py: the bootstrap node (swarm-bootstrap): a stable DHT entry point that can create a swarm
 
 Checkpoints and their transfer are swarm/checkpoints/, above this.
 """

@@ -24,7 +24,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
-from swarm.p2p.network import DHT_CALL_TIMEOUT_S, RECORD_REPLICAS
+from swarm.p2p.network import DHT_CALL_TIMEOUT_S, RECORD_COPIES
 from swarm.p2p.records import BlockAnnouncement, ModelRecord, block_key, model_key, owner_fingerprint, parse_record
 from swarm.waiting import WaitTimeout, wait_for
 
@@ -155,15 +155,15 @@ class SwarmDirectory:
 
         A lookup asks the nodes that hold the record, all of them, and no more: with latest=True
         the search does not stop at the first answer that carries the record (one node's copy may
-        lack an entry, or an entry's newest version, that another replica has), it merges every
+        lack an entry, or an entry's newest version, that another copy has), it merges every
         answer's entries, newest of each subkey, until it has visited the `beam_size` nearest
         nodes it can find. hivemind's default beam is the bucket size (20), four times the
-        RECORD_REPLICAS nodes a store writes to; a beam of RECORD_REPLICAS still reaches every
-        replica (the writers found those same nearest nodes) and saves the round trips spent on
-        nodes that hold no copy. Its RECORD_REPLICAS workers ask the nearest nodes known all at
+        RECORD_COPIES nodes a store writes to; a beam of RECORD_COPIES still reaches every
+        copy (the writers found those same nearest nodes) and saves the round trips spent on
+        nodes that hold no copy. Its RECORD_COPIES workers ask the nearest nodes known all at
         once, so where the reader already knows them the lookup takes one round trip."""
         with self._submitting:
-            future = self.dht.get(key, latest=True, beam_size=RECORD_REPLICAS, num_workers=RECORD_REPLICAS,
+            future = self.dht.get(key, latest=True, beam_size=RECORD_COPIES, num_workers=RECORD_COPIES,
                                   return_future=True)  # fmt: skip
         found = self._result(future, f"reading {key}")
         if found is None or not isinstance(found.value, dict):

@@ -35,9 +35,9 @@ logger = logging.getLogger(__name__)
 DHT_START_TIMEOUT_S = 30.0
 DHT_CALL_TIMEOUT_S = 20.0
 # A DHT record lives on the nodes nearest its key, this many of them: every store (each peer's
-# entry is its own store under its own subkey) goes to the RECORD_REPLICAS nearest nodes its
+# entry is its own store under its own subkey) goes to the RECORD_COPIES nearest nodes its
 # writer finds, and readers (directory.py) ask exactly those (hivemind's default, made ours).
-RECORD_REPLICAS = 5
+RECORD_COPIES = 5
 CHILD_STOP_TIMEOUT_S = 10.0
 
 
@@ -122,7 +122,7 @@ def start_dht(swarm: str, options: NetworkOptions, private_key: RSAPrivateKey | 
         announce_maddrs=options.announce_maddrs or None,
         identity_path=options.identity_path,
         startup_timeout=options.start_timeout,
-        num_replicas=RECORD_REPLICAS,
+        num_replicas=RECORD_COPIES,
         **relays,
     )
     try:

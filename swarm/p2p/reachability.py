@@ -58,6 +58,7 @@ REVERSAL_TIMEOUT_S = 5.0  # a peer behind NAT dialing a caller back
 RELAY_TIMEOUT_S = 30.0  # a peer behind NAT getting a circuit address from its relays
 POLL_S = 0.05
 Route = Literal["direct", "relayed", "none"]
+REACHABILITY_CHOICES = ("auto", "direct", "relayed")  # what `plan` takes: probe, or say so
 
 
 @dataclass(frozen=True)

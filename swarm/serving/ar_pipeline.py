@@ -83,6 +83,13 @@ class StageServicer(ServicerBase):
             return run_stage(self.model, self.stage, self.n_stages, x)
 
 
+def untrained_stage(config: ModelConfig, block: int) -> list[ServicerBase]:
+    """The stage a peer of `block` serves for the serving benchmark (`swarm-peer --serve-ar-stage`):
+    every peer holds a stage of the same seeded, untrained model."""
+    torch.manual_seed(0)
+    return [StageServicer(ByteTransformer(config), block, config.n_blocks)]
+
+
 async def call_stage(p2p: P2P, peer_id: str, stage: int, x: torch.Tensor, timeout: float) -> torch.Tensor:
     stub = StageServicer.get_stub(p2p, PeerID.from_base58(peer_id))
     request = runtime_pb2.ExpertRequest(metadata=StageRequest(stage=stage).encode(), tensors=[serialize_torch_tensor(x)])

@@ -79,7 +79,7 @@ class DenoiseServicer(ServicerBase):
         self._slots = asyncio.Semaphore(MAX_CONCURRENT)
         self.limit = PerPeerLimit(MAX_PER_PEER)
 
-    def serve(self, weights: Denoiser, checkpoint: str) -> None:
+    def swap_in(self, weights: Denoiser, checkpoint: str) -> None:
         """From now on answer with a copy of `weights`, the checkpoint with sha256 `checkpoint`
         (and, for requests that name it, the one served before)."""
         copy = build_block(self.config, self.block).eval()
@@ -128,5 +128,5 @@ class DenoiseServicer(ServicerBase):
         return runtime_pb2.ExpertResponse(tensors=[serialize_torch_tensor(t) for t in outputs])
 
     def _run(self, denoiser: Denoiser, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor):
-        with torch.no_grad():  # a served copy is never written: `serve` replaces it whole
+        with torch.no_grad():  # a served copy is never written: `swap_in` replaces it whole
             return denoise_steps(denoiser, self.codebook, prefix, z, sigmas)

@@ -1,11 +1,11 @@
-"""DeMo compression of a momentum tensor: chunked DCT, top-k per chunk, error feedback, packing.
+"""DeMo compression of a momentum tensor: tiled DCT, top-k per tile, error feedback, packing.
 
 The first, network-free piece of replica sync (DESIGN.md, "Replica sync"). Each parameter is
-cut into chunks: 2-D tiles (each dimension split by its largest divisor up to 64) for
-matrices, runs for vectors. Each chunk goes through an orthonormal DCT-II, so that what is
+cut into tiles: 2-D (each dimension split by its largest divisor up to 64) for
+matrices, runs (1-row tiles) for vectors. Each tile goes through an orthonormal DCT-II, so that what is
 sent is exactly what error feedback removes and no coefficient is favoured by scale. The k
-largest coefficients of each chunk are kept (k scaled with the chunk's size against a
-64 x 64 tile, at least 1), their indices packed at ceil(log2(chunk size)) bits and their
+largest coefficients of each tile are kept (k scaled with the tile's size against a
+64 x 64 tile, at least 1), their indices packed at ceil(log2(tile size)) bits and their
 values sent as bfloat16 (float16 underflows at these magnitudes) or as 1-bit signs.
 
 The DeMo update that uses it is in decoupled_momentum.py, the outer step's in pseudo_gradient.py,
@@ -22,13 +22,13 @@ import msgpack
 import numpy as np
 import torch
 
-MAX_CHUNK = 64
-REFERENCE_TILE = MAX_CHUNK * MAX_CHUNK
+MAX_TILE_SIDE = 64
+REFERENCE_TILE = MAX_TILE_SIDE * MAX_TILE_SIDE
 
 
-def chunk_size(n: int) -> int:
-    """The largest divisor of n that is at most 64."""
-    return max(d for d in range(1, min(n, MAX_CHUNK) + 1) if n % d == 0)
+def tile_side(n: int) -> int:
+    """The side of a tile along a dimension of n values: the largest divisor of n that is at most 64."""
+    return max(d for d in range(1, min(n, MAX_TILE_SIDE) + 1) if n % d == 0)
 
 
 @lru_cache(maxsize=None)
@@ -41,26 +41,26 @@ def dct_matrix(n: int) -> torch.Tensor:
     return matrix.float()
 
 
-def to_chunks(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-    """(n_chunks, rows, cols) tiles of a tensor (a vector gives rows = 1) and the tile shape."""
+def to_tiles(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    """(n_tiles, rows, cols) tiles of a tensor (a vector gives rows = 1) and the tile shape."""
     matrix = tensor.reshape(1, -1) if tensor.dim() == 1 else tensor.reshape(tensor.shape[0], -1)
-    rows, cols = chunk_size(matrix.shape[0]), chunk_size(matrix.shape[1])
+    rows, cols = tile_side(matrix.shape[0]), tile_side(matrix.shape[1])
     r, c = matrix.shape[0] // rows, matrix.shape[1] // cols
     return matrix.reshape(r, rows, c, cols).permute(0, 2, 1, 3).reshape(r * c, rows, cols), (rows, cols)
 
 
-def from_chunks(chunks: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """The inverse of `to_chunks` for a tensor of `shape`."""
+def from_tiles(tiles: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The inverse of `to_tiles` for a tensor of `shape`."""
     matrix_shape = (1, math.prod(shape)) if len(shape) == 1 else (shape[0], math.prod(shape[1:]))
-    _, rows, cols = chunks.shape
+    _, rows, cols = tiles.shape
     r, c = matrix_shape[0] // rows, matrix_shape[1] // cols
-    return chunks.reshape(r, c, rows, cols).permute(0, 2, 1, 3).reshape(shape)
+    return tiles.reshape(r, c, rows, cols).permute(0, 2, 1, 3).reshape(shape)
 
 
-def dct(chunks: torch.Tensor) -> torch.Tensor:
+def dct(tiles: torch.Tensor) -> torch.Tensor:
     """2-D DCT-II of every tile (a 1-row tile gets the 1-D transform)."""
-    _, rows, cols = chunks.shape
-    return dct_matrix(rows) @ chunks @ dct_matrix(cols).T
+    _, rows, cols = tiles.shape
+    return dct_matrix(rows) @ tiles @ dct_matrix(cols).T
 
 
 def idct(coefficients: torch.Tensor) -> torch.Tensor:
@@ -68,9 +68,9 @@ def idct(coefficients: torch.Tensor) -> torch.Tensor:
     return dct_matrix(rows).T @ coefficients @ dct_matrix(cols)
 
 
-def keep_per_chunk(top_k: int, chunk_elements: int) -> int:
-    """Top-k scaled with the chunk's size against a 64 x 64 tile, at least 1, at most the chunk."""
-    return min(chunk_elements, max(1, round(top_k * chunk_elements / REFERENCE_TILE)))
+def keep_per_tile(top_k: int, tile_elements: int) -> int:
+    """Top-k scaled with the tile's size against a 64 x 64 tile, at least 1, at most the tile."""
+    return min(tile_elements, max(1, round(top_k * tile_elements / REFERENCE_TILE)))
 
 
 @dataclass
@@ -79,23 +79,23 @@ class Compressed:
 
     shape: torch.Size
     tile: tuple[int, int]
-    indices: torch.Tensor  # (n_chunks, k) int64, positions inside each flattened tile
-    values: torch.Tensor  # (n_chunks, k): bfloat16 (16 bits), float32 (32 bits), or +-1 signs (1 bit; 0 for an empty chunk)
+    indices: torch.Tensor  # (n_tiles, k) int64, positions inside each flattened tile
+    values: torch.Tensor  # (n_tiles, k): bfloat16 (16 bits), float32 (32 bits), or +-1 signs (1 bit; 0 for an empty tile)
     position: int = -1  # the parameter's position in its module, when it travels in a payload
 
     def payload_bytes(self, value_bits: int) -> int:
         """Bytes on the wire: indices at ceil(log2(tile size)) bits, values at value_bits (1-bit
-        values add one flag bit per chunk)."""
+        values add one flag bit per tile)."""
         index_bits = max(1, math.ceil(math.log2(self.tile[0] * self.tile[1])))
         flags = self.indices.shape[0] if value_bits == 1 else 0
         return math.ceil((self.indices.numel() * (index_bits + value_bits) + flags) / 8)
 
 
 def _top_k(momentum: torch.Tensor, top_k: int) -> tuple[tuple[int, int], torch.Tensor, torch.Tensor]:
-    """(tile, indices, values) of the k largest DCT coefficients of each chunk, in full precision."""
-    chunks, tile = to_chunks(momentum.detach().float())
-    coefficients = dct(chunks).flatten(1)
-    k = keep_per_chunk(top_k, coefficients.shape[1])
+    """(tile, indices, values) of the k largest DCT coefficients of each tile, in full precision."""
+    tiles, tile = to_tiles(momentum.detach().float())
+    coefficients = dct(tiles).flatten(1)
+    k = keep_per_tile(top_k, coefficients.shape[1])
     indices = coefficients.abs().topk(k, dim=1).indices.sort(dim=1).values
     return tile, indices, coefficients.gather(1, indices)
 
@@ -107,24 +107,24 @@ def _as_sent(kept: torch.Tensor, value_bits: int) -> torch.Tensor:
 
 
 def compress(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compressed:
-    """Top-k of each chunk's DCT, as sent: bfloat16 at 16 bits, signs at 1 bit, float32 at 32 (exact)."""
+    """Top-k of each tile's DCT, as sent: bfloat16 at 16 bits, signs at 1 bit, float32 at 32 (exact)."""
     tile, indices, kept = _top_k(momentum, top_k)
     return Compressed(momentum.shape, tile, indices, _as_sent(kept, value_bits))
 
 
 def _signs(kept: torch.Tensor) -> torch.Tensor:
-    """+-1 per kept coefficient (0 counts as +); a chunk whose kept values are all 0 sends zeros,
-    so a parameter with no gradient is not pushed around. On the wire: one flag bit per chunk."""
+    """+-1 per kept coefficient (0 counts as +); a tile whose kept values are all 0 sends zeros,
+    so a parameter with no gradient is not pushed around. On the wire: one flag bit per tile."""
     signs = torch.where(kept >= 0, 1.0, -1.0)
     return torch.where((kept == 0).all(dim=1, keepdim=True), 0.0, signs)
 
 
 def decompress(compressed: Compressed) -> torch.Tensor:
-    """The tensor whose chunk DCTs hold exactly the sent coefficients (zeros elsewhere)."""
+    """The tensor whose tile DCTs hold exactly the sent coefficients (zeros elsewhere)."""
     rows, cols = compressed.tile
     coefficients = torch.zeros(compressed.indices.shape[0], rows * cols)
     coefficients.scatter_(1, compressed.indices, compressed.values.float())
-    return from_chunks(idct(coefficients.view(-1, rows, cols)), compressed.shape)
+    return from_tiles(idct(coefficients.view(-1, rows, cols)), compressed.shape)
 
 
 def extract(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compressed:
@@ -152,17 +152,17 @@ def from_bits(bit_array: np.ndarray, offset: int, bits: int, count: int) -> tupl
     end = offset + count * bits
     if end > len(bit_array):
         raise ValueError("bit stream is too short")
-    chunk = bit_array[offset:end].reshape(count, bits).astype(np.int64)
-    return torch.from_numpy((chunk << np.arange(bits, dtype=np.int64)).sum(axis=1)), end
+    words = bit_array[offset:end].reshape(count, bits).astype(np.int64)
+    return torch.from_numpy((words << np.arange(bits, dtype=np.int64)).sum(axis=1)), end
 
 
 class PayloadError(ValueError):
     """A payload from another replica that must not be applied."""
 
 
-def index_bits(chunk_elements: int) -> int:
-    """Bits that one position inside a chunk of this many values takes on the wire."""
-    return max(1, math.ceil(math.log2(chunk_elements)))
+def index_bits(tile_elements: int) -> int:
+    """Bits that one position inside a tile of this many values takes on the wire."""
+    return max(1, math.ceil(math.log2(tile_elements)))
 
 
 def pack_message(header: dict, streams: list[np.ndarray]) -> bytes:

@@ -1,6 +1,6 @@
 """One replica's DeMo update: momentum, the payload it shares, and the sign step on what it gathered.
 
-Per parameter: m = beta * m + lr * grad; the top-k DCT coefficients of m per chunk are taken
+Per parameter: m = beta * m + lr * grad; the top-k DCT coefficients of m per tile are taken
 out of m (error feedback) and shared. The replica then decodes the payloads of every replica
 that arrived in time (its own included) and lets them vote: each payload votes, coordinate by
 coordinate, the sign of its decoded update, and the step goes where most voted (nowhere on a
@@ -9,7 +9,7 @@ vote: one replica's values, however large, weigh one vote, so an honest majority
 every coordinate it agrees on. Where the honest ones disagree, though, a third payload
 decides; so a payload that a strict majority of the others contradict on the sign of the DCT
 coefficients they both sent (an update negated or sent against its own direction) leaves the
-vote (`DeMoReplica.trusted`: judged on the counts of the last ~10 steps), and the honest
+vote (`DeMoOptimizer.trusted`: judged on the counts of the last ~10 steps), and the honest
 ones' disagreements become ties. Replicas that gathered the same sets compute the same update.
 
 Payloads cross the network as bytes (`encode_payload` / `decode_payload`); a payload that does
@@ -38,10 +38,10 @@ from swarm.sync.compression import (
     extract,
     from_bits,
     index_bits,
-    keep_per_chunk,
+    keep_per_tile,
     pack_message,
     to_bits,
-    to_chunks,
+    to_tiles,
     unpack_message,
 )
 
@@ -53,7 +53,7 @@ FORGOTTEN_BELOW = 0.01  # a pair's record is dropped once its shared count has d
 class DeMoConfig:
     """DeMo settings; the defaults follow the study in DESIGN.md (top-k 8, bfloat16, sign rate 2e-3)."""
 
-    top_k: int = 8  # coefficients kept per 64 x 64 tile (scaled with the chunk's size)
+    top_k: int = 8  # coefficients kept per 64 x 64 tile (scaled with the tile's size)
     value_bits: int = 16  # 16: bfloat16 values; 1: signs only
     momentum_decay: float = 0.999
     sign_lr: float = 2e-3
@@ -69,8 +69,9 @@ class DeMoConfig:
     evidence_decay: float = 0.9  # each step the counts of the steps before weigh this much less (~10 steps remembered)
 
 
-class DeMoReplica:
-    """The DeMo state of one replica of a block: a momentum buffer per parameter."""
+class DeMoOptimizer:
+    """One replica's DeMo optimizer (it takes the place of AdamW): a momentum buffer per parameter,
+    the payload made from it, the sign step on the gathered ones, and the evidence on who votes."""
 
     def __init__(self, module: nn.Module, config: DeMoConfig, lr: float):
         """`lr`: the peak learning rate the momentum is scaled with (it bounds honest values)."""
@@ -112,7 +113,7 @@ class DeMoReplica:
         """The positions of the (sender, payload) pairs that vote, and the record with this step's
         counts in (`apply` keeps it; this leaves the replica as it was). Every sender votes but
         those a strict majority of the others contradict. Two payloads are compared on the DCT
-        coefficients both of them sent (same parameter, chunk and index): honest replicas'
+        coefficients both of them sent (same parameter, tile and index): honest replicas'
         momenta share the gradient's large components, so where both picked one they agree on
         its sign (seen: 90-100% of shared coefficients early in training, ~70% or more later),
         while a payload negated, flipped to the largest values, or with random signs agrees on
@@ -163,7 +164,7 @@ class DeMoReplica:
 def encode_payload(payload: Payload, value_bits: int) -> bytes:
     """The wire form: which parameters (by position) are present, then one bit stream holding,
     parameter after parameter, the indices at ceil(log2(tile)) bits and the values (bfloat16
-    words, or sign bits followed by one empty-chunk flag per chunk). Both sides know the shapes."""
+    words, or sign bits followed by one empty-tile flag per tile). Both sides know the shapes."""
     present, streams = [], []
     for c in payload.values():
         present.append(c.position)
@@ -171,36 +172,36 @@ def encode_payload(payload: Payload, value_bits: int) -> bytes:
     return pack_message({"v": value_bits, "p": present}, streams)
 
 
-def decode_payload(data: bytes, replica: DeMoReplica) -> Payload:
-    """A payload from another replica, checked against this replica's parameters; PayloadError if bad."""
+def decode_payload(data: bytes, optimizer: DeMoOptimizer) -> Payload:
+    """A payload from another replica, checked against `optimizer`'s parameters; PayloadError if bad."""
     (value_bits, present), bit_array = unpack_message(data, ("v", "p"))
-    if value_bits != replica.config.value_bits or len(set(present)) != len(present):
+    if value_bits != optimizer.config.value_bits or len(set(present)) != len(present):
         raise PayloadError(f"payload has value bits {value_bits} or repeats a parameter")
     payload, offset = {}, 0
     for position in present:
-        if not isinstance(position, int) or not 0 <= position < len(replica.names):
+        if not isinstance(position, int) or not 0 <= position < len(optimizer.names):
             raise PayloadError(f"payload names parameter #{position}, which this block does not have")
-        name = replica.names[position]
-        payload[name], offset = _decode_entry(position, bit_array, offset, replica)
+        name = optimizer.names[position]
+        payload[name], offset = _decode_entry(position, bit_array, offset, optimizer)
     check_fully_read(bit_array, offset)
     return payload
 
 
-def _decode_entry(position: int, bit_array: np.ndarray, offset: int, replica: DeMoReplica):
-    name = replica.names[position]
-    param = replica.params[name]
-    chunks, tile = to_chunks(param.detach())
-    k = keep_per_chunk(replica.config.top_k, tile[0] * tile[1])
+def _decode_entry(position: int, bit_array: np.ndarray, offset: int, optimizer: DeMoOptimizer):
+    name = optimizer.names[position]
+    param = optimizer.params[name]
+    tiles, tile = to_tiles(param.detach())
+    k = keep_per_tile(optimizer.config.top_k, tile[0] * tile[1])
     try:
-        indices, offset = from_bits(bit_array, offset, index_bits(tile[0] * tile[1]), chunks.shape[0] * k)
-        values, offset = _read_values(bit_array, offset, replica.config.value_bits, (chunks.shape[0], k))
+        indices, offset = from_bits(bit_array, offset, index_bits(tile[0] * tile[1]), tiles.shape[0] * k)
+        values, offset = _read_values(bit_array, offset, optimizer.config.value_bits, (tiles.shape[0], k))
     except ValueError:
         raise PayloadError(f"{name}: payload is too short for this block") from None
     if indices.max() >= tile[0] * tile[1]:
         raise PayloadError(f"{name}: index out of range")
     if not (indices.view(-1, k).diff(dim=1) > 0).all():  # honest indices are sorted, each once
         raise PayloadError(f"{name}: indices repeated or out of order")
-    largest = 1.0 if replica.config.value_bits == 1 else replica.max_value  # 1-bit values are signs
+    largest = 1.0 if optimizer.config.value_bits == 1 else optimizer.max_value  # 1-bit values are signs
     if not torch.isfinite(values.float()).all() or values.float().abs().max() > largest:
         raise PayloadError(f"{name}: values are not finite, or larger than honest ones can be")
     return Compressed(param.shape, tile, indices.view(-1, k), values, position), offset

@@ -122,9 +122,9 @@ class DenseSync:
     # hivemind's all-reduce does not tell what it receives: about what it sends
     bytes_sent = bytes_received = 0
 
-    def __init__(self, trainer: Trainer, averager: CountingAverager, timeout: float):
+    def __init__(self, module: torch.nn.Module, averager: CountingAverager, timeout: float):
         self.averager, self.timeout = averager, timeout
-        self.params = trainable(trainer.module)
+        self.params = trainable(module)
         self.steps = 0  # steps averaged with at least one other replica
         self.round_seconds: float | None = None  # how long the last averaging round took
         self.wait_seconds = 0.0  # the trainer waits for every round
@@ -135,10 +135,10 @@ class DenseSync:
     def averaged(self, step: int) -> None:
         pass
 
-    def finish(self, trainer: Trainer) -> None:
-        pass
+    def settle(self, trainer: Trainer) -> int | None:
+        return None
 
-    def update(self, trainer: Trainer) -> None:
+    def update(self, trainer: Trainer) -> int | None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         started = time.monotonic()
         averaged = average(self.averager, grads, "grads", self.timeout)
@@ -148,7 +148,8 @@ class DenseSync:
             self.steps += 1
             for param, grad in zip(self.params, averaged):
                 param.grad = grad
-        trainer.optimizer.step()
+        trainer.optimizer_step()
+        return None
 
 
 class ParameterAveraging:

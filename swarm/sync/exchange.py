@@ -1,12 +1,12 @@
-"""The payload exchange over P2P, shared by every strategy that swaps payloads (demo, demo-overlap, outer).
+"""The payload exchange, shared by every strategy that swaps payloads (demo, demo-overlap, outer, outer-overlap).
 
 Each replica publishes its payload for a step t (for outer steps: the step that ends a round)
-and serves it (`rpc_payload`, a long poll that waits for that step's payload up to the
-deadline); it gathers the other replicas' payloads for t concurrently until `deadline` seconds
-have passed. A replica whose payload has not come by then is left out of that step: nobody
-waits longer for a slow or dead peer. Replies are read through their schema (`PayloadReply`);
-payloads that fail the strategy's checks are logged and not applied. Every replica decodes
-the gathered set in peer-id order, so replicas that gather the same set stay identical.
+and gathers the other replicas' payloads for t until the deadline, through a `Transport`:
+between peers over P2P (transport.py), or between replicas in one process (in_process.py, for
+benchmarks). A replica whose payload has not come by then is left out of that step: nobody
+waits longer for a slow or dead peer. Payloads that fail the strategy's checks are logged and
+not applied, and say nothing about drift. Every replica decodes the gathered set in peer-id
+order, so replicas that gather the same set stay identical.
 
 With its payload each replica sends a fingerprint (8 bytes) of the last set it applied: that
 step and the peers whose payloads it used (for DeMo, those that voted). Replicas that applied
@@ -17,22 +17,25 @@ checkpoint has no previous step in common with the others, so it differs.
 
 A replica that asks for a step the others no longer keep learns their steps from the replies
 and jumps its step counter ahead, so a late joiner enters the exchange at the next step; but
-only to a step that a majority of the replicas it asked report (a step is a claim: one replica
-claiming step 10^12 moves nobody).
+only to a step that a majority of the replicas it asked report, and at least two of them, and
+at most `MAX_JUMP_STEPS` ahead (a step is a claim: one replica claiming step 10^12 moves nobody,
+even when it is the only other replica). In a block of two, a joiner behind the other's kept
+payloads does not jump: it steps alone, without waiting, while the other waits up to the
+deadline for each of its steps, until the joiner reaches it and they are in step again.
 
 Bytes are counted as whole messages on both ends: a replica's sent bytes are every reply it
 served and every request that got an answer; its received bytes are every request it was
 sent and every reply it got. `Exchange.start` returns at once (the gather runs on the p2p
-loop), `Exchange.finish` waits for it: a strategy that calls them a step apart overlaps the
+loop), `Exchange.collect` waits for it: a strategy that calls them a step apart overlaps the
 exchange with its compute, and `wait_seconds` holds only what the trainer really waited.
 With a trace (`swarm-peer --sync-trace FILE`) every publish and every wait is written down
 with its CLOCK_MONOTONIC time, which all processes of one host share: benchmarks/sync.py
 splits each wait into the part before the last replica had published its payload (waiting
 for a slower replica's compute) and the part after it (waiting for the network).
 
-With `spare_batch_size` (`swarm-peer --spare-batch-size N`) a trainer does not sit idle while a
-gather it needs is still running: it computes the gradients of spare batches of N windows, which
-its next step averages in (swarm/model/train.py). A replica faster than the others, or one whose
+With a `spare_batch` callback (the peer hands one for `swarm-peer --spare-batch-size N`) a
+trainer does not sit idle while a gather it needs is still running: it computes the gradients
+of spare batches of N windows, which its next step averages in (swarm/model/train.py). A replica faster than the others, or one whose
 exchange is slower than a step, then trains on more windows per step instead of waiting. The
 weights still change only by the gathered sets, so replicas that gather the same sets stay
 identical (on a shared machine the spare batches slow the other replicas, which can make a
@@ -40,115 +43,31 @@ payload miss the deadline: benchmarks/sync.py's outer-overlap-spare run once did
 spare gradients are taken at the weights before the update waited for, one update stale (for
 outer modes, before the outer step's jump), as an overlapped update is. In lockstep demo the
 gather is never done the moment it starts, so every step takes at least one spare batch, and a
-step ends up to one spare batch later than the gather. Before a checkpoint (`finish` of the
+step ends up to one spare batch later than the gather. Before a checkpoint (`settle` of the
 overlapped strategies) the spare batches fall outside any step: wall time, as the idle wait was.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
-
-from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
-from hivemind.proto import runtime_pb2
+from typing import Callable, Protocol, TypeVar
 
 from swarm.model.train import Trainer
-from swarm.p2p.limits import Busy, PerPeerLimit
-from swarm.p2p.messages import MessageError, PayloadReply, PayloadRequest
-from swarm.p2p.network import EventLoopThread
-from swarm.p2p.reachability import ensure_direct
-from swarm.sync.decoupled_momentum import PayloadError
+from swarm.p2p.messages import PayloadReply
+from swarm.sync.compression import PayloadError
 
 logger = logging.getLogger(__name__)
 
-KEEP_PAYLOADS = 8  # own payloads (steps or outer rounds) kept for late askers: twice MAX_STEPS_IN_FLIGHT
-RETRY_S = 0.2  # pause before asking a peer again that could not answer yet
-PENDING_STEPS = 16  # steps not yet published that polls may wait for at once (honest ones ask the next one or two)
 MAX_STEPS_IN_FLIGHT = 4  # gathers one replica may have running at once (demo-overlap --overlap-steps)
-POLLS_PER_PEER = MAX_STEPS_IN_FLIGHT + 1  # long polls one replica may have waiting here at once
-FINISH_GRACE_S = 5.0  # beyond the deadline, how long waiting for a gather may take before it is given up
+GATHER_GRACE_S = 5.0  # beyond the deadline, how long waiting for a gather may take before it is given up
+MIN_REPORTERS = 2  # replicas that must report a step before anyone jumps to it: one voice is never enough
+MAX_JUMP_STEPS = 1000  # the most a jump may move a replica's step: a joiner is at most a save or two behind
 D = TypeVar("D")
-
-
-class PayloadServicer(ServicerBase):
-    """`rpc_payload`: this replica's payload of a step, once it exists (waits up to the deadline)."""
-
-    def __init__(self, block: int, deadline: float):
-        self.block, self.deadline = block, deadline
-        self.payloads: dict[int, tuple[bytes, bytes]] = {}  # step: (payload, parameter fingerprint)
-        self.bytes_sent = 0  # every reply, whole
-        self.bytes_received = 0  # every request, whole
-        self._published: dict[int, asyncio.Event] = {}
-        self._waiting: dict[int, int] = {}  # step: polls waiting for it now
-        self.limit = PerPeerLimit(POLLS_PER_PEER)
-
-    def _event(self, step: int) -> asyncio.Event:
-        return self._published.setdefault(step, asyncio.Event())
-
-    async def _published_in_time(self, step: int) -> bool:
-        """Wait up to the deadline for step's payload. An asker names any step it likes: an event
-        is kept only while someone waits for it (or once published), and for a bounded number of
-        steps at once, so polls for made-up future steps cannot pile up here."""
-        if step not in self._published and len(self._waiting) >= PENDING_STEPS:
-            return False
-        event = self._event(step)
-        self._waiting[step] = self._waiting.get(step, 0) + 1
-        try:
-            await asyncio.wait_for(event.wait(), self.deadline)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            self._waiting[step] -= 1
-            if not self._waiting[step]:
-                del self._waiting[step]
-                if not event.is_set():
-                    self._published.pop(step, None)
-
-    def publish(self, step: int, data: bytes, fingerprint: bytes) -> None:
-        """Called on the event loop: make step's payload available and drop all but the newest few."""
-        self.payloads[step] = data, fingerprint
-        self._event(step).set()
-        for old in sorted(self.payloads)[:-KEEP_PAYLOADS]:
-            self.payloads.pop(old, None)
-        for old in [s for s in self._published if s < min(self.payloads)]:
-            self._published.pop(old, None)
-
-    async def rpc_payload(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
-        self.bytes_received += request.ByteSize()
-        try:
-            with self.limit.admit(context):
-                reply = await self._payload(request)
-        except Busy:
-            reply = self._status("busy")
-        response = runtime_pb2.ExpertResponse(metadata=reply.encode())
-        self.bytes_sent += response.ByteSize()
-        return response
-
-    def _status(self, status: str) -> PayloadReply:
-        return PayloadReply(status=status, newest_step=max(self.payloads, default=-1))
-
-    async def _payload(self, request: runtime_pb2.ExpertRequest) -> PayloadReply:
-        try:
-            asked = PayloadRequest.decode(request.metadata)
-        except MessageError:
-            return self._status("wrong block")
-        if asked.block != self.block:
-            return self._status("wrong block")
-        if self.payloads and asked.step < min(self.payloads):  # dropped, or from before this replica began
-            return self._status("gone")
-        if not await self._published_in_time(asked.step):
-            return self._status("not yet")
-        if asked.step not in self.payloads:
-            return self._status("gone")
-        data, fingerprint = self.payloads[asked.step]
-        return PayloadReply(status="ok", payload=data, fingerprint=fingerprint, newest_step=asked.step)
 
 
 @dataclass
@@ -165,9 +84,9 @@ class Gathered:
     seconds: float = 0.0
 
     def majority_step(self) -> int:
-        """The newest step that a strict majority of the replicas asked report having reached
-        (-1 when no majority reports any)."""
-        needed = self.asked // 2 + 1
+        """The newest step that a strict majority of the replicas asked, and at least
+        `MIN_REPORTERS` of them, report having reached (-1 when none is so reported)."""
+        needed = max(MIN_REPORTERS, self.asked // 2 + 1)
         steps = sorted(self.reported_steps.values(), reverse=True)
         return steps[needed - 1] if len(steps) >= needed else -1
 
@@ -180,38 +99,6 @@ class Gathered:
         return reply.status in ("gone", "wrong block")
 
 
-async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline: float) -> Gathered:
-    """Ask every peer for its step payload at once; keep what arrives before the deadline."""
-    result = Gathered(asked=len(peer_ids))
-    started = time.monotonic()
-    stop_at = started + deadline
-    request = runtime_pb2.ExpertRequest(metadata=PayloadRequest(block=block, step=step).encode())
-
-    async def ask(peer_id: str) -> None:
-        await ensure_direct(p2p, peer_id, deadline)  # a replica behind NAT dials us back (once): relays cut at 128 KiB
-        stub = PayloadServicer.get_stub(p2p, PeerID.from_base58(peer_id))
-        while (left := stop_at - time.monotonic()) > 0:
-            try:
-                response = await stub.rpc_payload(request, timeout=left)
-            except Exception:  # not up yet, gone, or too slow: ask again while time is left
-                await asyncio.sleep(min(RETRY_S, max(0.0, stop_at - time.monotonic())))
-                continue
-            result.bytes_sent += request.ByteSize()
-            result.bytes_received += response.ByteSize()
-            try:
-                reply = PayloadReply.decode(response.metadata)
-            except MessageError as error:
-                logger.warning("step %d: %s sent a malformed reply (%s); left out of this step", step, peer_id, error)
-                return
-            if result.take(peer_id, reply):
-                return
-            await asyncio.sleep(RETRY_S)
-
-    await asyncio.gather(*(ask(peer_id) for peer_id in peer_ids))
-    result.seconds = time.monotonic() - started
-    return result
-
-
 @dataclass
 class Round:
     """One step's exchange in flight: what this replica published, and the gather of the others'."""
@@ -222,14 +109,29 @@ class Round:
     gathering: Future
 
 
+class Transport(Protocol):
+    """How an exchange's payloads travel: between peers over P2P (`swarm.sync.transport`), or
+    between replicas in one process (`swarm.sync.in_process`, for benchmarks)."""
+
+    deadline: float  # seconds a gather waits for the others' payloads of a step
+
+    def served_bytes(self) -> tuple[int, int]:
+        """Bytes this replica served the others and bytes of their requests, in all (its own
+        requests and the replies it got are counted in each `Gathered`)."""
+
+    def publish(self, step: int, payload: bytes, fingerprint: bytes) -> None:
+        """Make this replica's payload of `step` available to the others (before any gather of `step` starts)."""
+
+    def gather(self, step: int, peer_ids: list[str]) -> Future:
+        """Start gathering the payloads of `step` of `peer_ids` (a Future of `Gathered`; returns at once)."""
+
+
 @dataclass
 class Exchange:
     """One replica's side of the exchange: publish and gather a step, decode the set in order,
     notice drift, follow a majority that is ahead; and the figures a `SyncStrategy` reports."""
 
-    servicer: PayloadServicer
-    p2p: P2P
-    loop: EventLoopThread
+    transport: Transport
     own_id: str
     replica_ids: Callable[[], list[str]]  # peer ids of the other replicas of the block, now
     rounds: int = 0  # steps whose set held another replica's payload
@@ -239,36 +141,32 @@ class Exchange:
     applied: bytes = b"started"  # fingerprint of the last set applied
     _missing: int = 0  # replicas whose payload the last gather went without
     trace: Callable[[dict], None] | None = None  # gets each publish and wait, with its monotonic time
-    spare_batch_size: int = 0  # windows of each spare batch a trainer computes instead of waiting (0: it waits)
+    spare_batch: Callable[[], int] | None = None  # computes one spare batch for the trainer's next step; its windows
     _request_bytes: int = 0
     _reply_bytes: int = 0
 
     @property
     def bytes_sent(self) -> int:
-        return self.servicer.bytes_sent + self._request_bytes
+        return self.transport.served_bytes()[0] + self._request_bytes
 
     @property
     def bytes_received(self) -> int:
-        return self.servicer.bytes_received + self._reply_bytes
+        return self.transport.served_bytes()[1] + self._reply_bytes
 
     def start(self, step: int, own: bytes) -> Round:
         """Publish this replica's payload of `step` and start gathering the others' (returns at once)."""
-        deadline = self.servicer.deadline
         if self.trace:
             self.trace({"event": "publish", "step": step, "t": time.monotonic()})
-        self.loop.loop.call_soon_threadsafe(self.servicer.publish, step, own, self.applied)  # runs before the gather
-        coro = gather(self.p2p, self.servicer.block, step, self.replica_ids(), deadline)
-        return Round(step, own, self.applied, self.loop.submit(asyncio.wait_for(coro, deadline + FINISH_GRACE_S)))
+        self.transport.publish(step, own, self.applied)
+        return Round(step, own, self.applied, self.transport.gather(step, self.replica_ids()))
 
-    def finish(self, round_: Round, trainer: Trainer | None = None) -> Gathered:
-        """Wait for a round's gather (counted as waiting), count its bytes, and notice drift. With
-        `spare_batch_size` and a trainer, the trainer computes spare batches for its next step until
-        the gather is done, instead of waiting (the last batch may end a little after it)."""
-        spare_from, windows = time.monotonic(), 0
-        give_up_at = spare_from + self.servicer.deadline + 2 * FINISH_GRACE_S  # spare batches and waiting together
-        while trainer is not None and self.spare_batch_size and not round_.gathering.done() and time.monotonic() < give_up_at:
-            trainer.spare_batch(self.spare_batch_size)
-            windows += self.spare_batch_size
+    def collect(self, round_: Round) -> Gathered:
+        """Wait for a round's gather (counted as waiting) and count its bytes. With a `spare_batch`
+        callback, spare batches for the trainer's next step are computed until the gather is done,
+        instead of waiting (the last batch may end a little after it)."""
+        spare_from = time.monotonic()
+        give_up_at = spare_from + self.transport.deadline + 2 * GATHER_GRACE_S  # spare batches and waiting together
+        windows = self._spare_batches(round_, give_up_at)
         waited_from = time.monotonic()
         gathered: Gathered = round_.gathering.result(max(0.0, give_up_at - time.monotonic()))
         waited_to = time.monotonic()
@@ -276,6 +174,18 @@ class Exchange:
         if self.trace:
             self.trace({"event": "wait", "step": round_.step, "seconds": waited_to - waited_from, "t": waited_to,
                         "spare_seconds": waited_from - spare_from if windows else 0.0, "spare_windows": windows})  # fmt: skip
+        self._count(round_, gathered)
+        return gathered
+
+    def _spare_batches(self, round_: Round, give_up_at: float) -> int:
+        """Spare batches computed while the round's gather runs; the windows they took."""
+        windows = 0
+        while self.spare_batch is not None and not round_.gathering.done() and time.monotonic() < give_up_at:
+            windows += self.spare_batch()
+        return windows
+
+    def _count(self, round_: Round, gathered: Gathered) -> None:
+        """A gather's figures: its time, its bytes, and the replicas it went without (logged once per change)."""
         self.round_seconds = gathered.seconds
         self._request_bytes += gathered.bytes_sent
         self._reply_bytes += gathered.bytes_received
@@ -284,10 +194,6 @@ class Exchange:
             logger.warning("step %d: no payload from %d of the %d replicas asked in %.1fs (newest steps reported: %s)",
                            round_.step, missing, gathered.asked, gathered.seconds, gathered.reported_steps)  # fmt: skip
         self._missing = missing
-        if any(f != round_.fingerprint for f in gathered.fingerprints.values()) and not self.drifted:
-            logger.info("step %d: another replica applied other payloads than we did: parameters will be averaged", round_.step)
-            self.drifted = True
-        return gathered
 
     def in_order(self, round_: Round, gathered: Gathered, decode: Callable[[bytes], D]) -> list[tuple[str, D]]:
         """Every payload of the round, own included, decoded in peer-id order, with its sender;
@@ -298,7 +204,16 @@ class Exchange:
                 decoded.append((peer_id, decode(data)))
             except PayloadError as error:
                 logger.warning("refused the step %d payload of %s: %s", round_.step, peer_id, error)
+        self._notice_drift(round_, gathered, [peer_id for peer_id, _ in decoded])
         return decoded
+
+    def _notice_drift(self, round_: Round, gathered: Gathered, accepted: list[str]) -> None:
+        """Drifted if a replica whose payload was accepted applied another set than we did (the
+        fingerprint of a refused payload says nothing: anyone can send one)."""
+        theirs = [gathered.fingerprints[p] for p in accepted if p in gathered.fingerprints]
+        if any(f != round_.fingerprint for f in theirs) and not self.drifted:
+            logger.info("step %d: another replica applied other payloads than we did: parameters will be averaged", round_.step)
+            self.drifted = True
 
     def applied_set(self, round_: Round, peer_ids: list[str]) -> None:
         """The round's update was made of the payloads of `peer_ids`: this replica's fingerprint,
@@ -306,18 +221,21 @@ class Exchange:
         self.applied = applied_fingerprint(round_.step, peer_ids)
         self.rounds += int(any(peer_id != self.own_id for peer_id in peer_ids))
 
-    def follow_majority(self, gathered: Gathered, trainer: Trainer, round_steps: int = 1) -> bool:
-        """Jump the trainer's step ahead to where a majority of the replicas asked is, if that is
-        past the end of the round this replica is in (rounds of `round_steps` steps: an
-        overlapped outer round is applied mid-round, when the others may well have ended the
-        round this replica is still in); True if it jumped."""
+    def majority_ahead(self, gathered: Gathered, step: int, round_steps: int = 1) -> int | None:
+        """The step to continue from, where a majority of the replicas asked is, if that is past the
+        end of the round this replica's `step` is in (rounds of `round_steps` steps: an overlapped
+        outer round is applied mid-round, when the others may well have ended the round this
+        replica is still in); None to go on as it is. The trainer lands the jump (`end_step`)."""
         ahead = gathered.majority_step()
-        round_end = -(-(trainer.step_count + 1) // round_steps) * round_steps
+        round_end = -(-(step + 1) // round_steps) * round_steps
         if ahead <= round_end:
-            return False
-        logger.info("a majority of the replicas is at step %d: jumping from %d", ahead, trainer.step_count)
-        trainer.step_count = ahead - 1  # the trainer adds one after this update
-        return True
+            return None
+        if ahead - step > MAX_JUMP_STEPS:
+            logger.warning("replicas report step %d, %d steps ahead of this one: more than a jump may take; staying",
+                           ahead, ahead - step)  # fmt: skip
+            return None
+        logger.info("a majority of the replicas is at step %d: jumping from %d", ahead, step)
+        return ahead
 
     def averaged(self, step: int) -> None:
         """The replicas averaged their parameters at `step`: from here they hold the same again."""
@@ -355,8 +273,8 @@ class Exchanging:
     def averaged(self, step: int) -> None:
         self.exchange.averaged(step)
 
-    def finish(self, trainer: Trainer) -> None:
-        pass
+    def settle(self, trainer: Trainer) -> int | None:
+        return None
 
 
 def json_lines(path: str) -> Callable[[dict], None]:

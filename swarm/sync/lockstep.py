@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swarm.model.train import Trainer
-from swarm.sync.decoupled_momentum import DeMoReplica, Payload, decode_payload, encode_payload
+from swarm.sync.decoupled_momentum import DeMoOptimizer, Payload, decode_payload, encode_payload
 from swarm.sync.exchange import Exchange, Exchanging, Round
 
 
@@ -19,24 +19,25 @@ from swarm.sync.exchange import Exchange, Exchanging, Round
 class DeMoSync(Exchanging):
     """`--sync demo` (a `SyncStrategy`): the trainer's update when the block has replicas."""
 
-    replica: DeMoReplica
+    optimizer: DeMoOptimizer
     exchange: Exchange
 
-    def update(self, trainer: Trainer) -> None:
+    def update(self, trainer: Trainer) -> int | None:
         round_ = self.exchange.start(trainer.step_count, self.own_payload(trainer))
-        self.apply(round_, trainer)
+        return self.apply(round_, trainer.step_count)
 
     def own_payload(self, trainer: Trainer) -> bytes:
         """This step's gradient folded into the momentum; what is shared, on the wire."""
-        payload = self.replica.make_payload(trainer.config.lr_at(trainer.step_count))
-        return encode_payload(payload, self.replica.config.value_bits)
+        payload = self.optimizer.make_payload(trainer.config.lr_at(trainer.step_count))
+        return encode_payload(payload, self.optimizer.config.value_bits)
 
-    def apply(self, round_: Round, trainer: Trainer) -> None:
-        """Wait for a round's gather, take the sign step on its set, and follow a majority that is ahead."""
-        gathered = self.exchange.finish(round_, trainer)
-        voters = self.replica.apply(self.exchange.in_order(round_, gathered, self._decode))
+    def apply(self, round_: Round, step: int) -> int | None:
+        """Wait for a round's gather and take the sign step on its set, at the trainer's `step`;
+        the step to continue from when a majority of the replicas is ahead."""
+        gathered = self.exchange.collect(round_)
+        voters = self.optimizer.apply(self.exchange.in_order(round_, gathered, self._decode))
         self.exchange.applied_set(round_, voters)
-        self.exchange.follow_majority(gathered, trainer)
+        return self.exchange.majority_ahead(gathered, step)
 
     def _decode(self, data: bytes) -> Payload:
-        return decode_payload(data, self.replica)
+        return decode_payload(data, self.optimizer)

@@ -3,7 +3,7 @@
 Between outer steps each replica trains alone (its own AdamW, its own batches) and nothing
 crosses the network. At the end of a round (after steps H, 2H, ... of the step counter) it
 publishes its payload (pseudo_gradient.py: the change since the anchor, with error feedback,
-top-k per chunk at 2 or 1 bits), gathers the others' for the same round through the same
+top-k per tile at 2 or 1 bits), gathers the others' for the same round through the same
 exchange as DeMo (deadline, schema, per-peer limits, fingerprints, majority step), and takes
 the outer step on what a majority vouches for; every replica's weights become the new anchor.
 Rounds are named by the step that ends them, so a round number is a step, and a replica that
@@ -17,11 +17,11 @@ is one round trip per 15 s of compute, plus however far the slowest replica is b
 `--sync outer-overlap` (`OuterOverlapSync`) does not block: it publishes its payload at the
 end of a round and goes on with the next round's local steps; the outer step is applied at
 the first step whose update finds the gather done, on top of the local steps taken since
-(`OuterReplica.apply`'s `progress`). It waits for the gather at the latest a tenth of a round
+(`OuterOptimizer.apply`'s `progress`). It waits for the gather at the latest a tenth of a round
 after the round's end (`_overdue`): replicas that never waited would drift apart in time, a
 slower one further behind each round, until its payload missed the others' deadline.
 Replicas that apply the same sets hold the same anchor, whatever step each applied it at; at
-a checkpoint the peer first settles the round in flight (`finish`), so that checkpoints, which
+a checkpoint the peer first settles the round in flight (`settle`), so that checkpoints, which
 fall on round ends, hold the anchor itself and are identical across replicas, as `outer`'s are.
 """
 
@@ -31,36 +31,39 @@ from dataclasses import dataclass
 
 from swarm.model.train import Trainer
 from swarm.sync.exchange import Exchange, Exchanging, Round
-from swarm.sync.pseudo_gradient import Changes, OuterReplica
+from swarm.sync.pseudo_gradient import Changes, OuterOptimizer
 
 
 @dataclass
 class OuterSync(Exchanging):
     """`--sync outer` (a `SyncStrategy`): the inner AdamW step, and an outer step every H steps."""
 
-    replica: OuterReplica
+    optimizer: OuterOptimizer
     exchange: Exchange
 
-    def update(self, trainer: Trainer) -> None:
-        trainer.optimizer.step()
-        if self._ends_round(trainer):
-            self.apply(self.exchange.start(trainer.step_count + 1, self.replica.make_payload()), trainer)
+    def update(self, trainer: Trainer) -> int | None:
+        trainer.optimizer_step()
+        step = trainer.step_count
+        if not self._ends_round(step):
+            return None
+        return self.apply(self.exchange.start(step + 1, self.optimizer.make_payload()), step)
 
-    def _ends_round(self, trainer: Trainer) -> bool:
-        return (trainer.step_count + 1) % self.replica.config.steps == 0
+    def _ends_round(self, step: int) -> bool:
+        return (step + 1) % self.optimizer.config.steps == 0
 
-    def apply(self, round_: Round, trainer: Trainer, progress: Changes | None = None) -> None:
-        """Wait for a round's gather, take the outer step on its set, and follow a majority that is ahead."""
-        gathered = self.exchange.finish(round_, trainer)
-        decoded = self.exchange.in_order(round_, gathered, self.replica.decode)
-        self.replica.apply([changes for _, changes in decoded], progress)
+    def apply(self, round_: Round, step: int, progress: Changes | None = None) -> int | None:
+        """Wait for a round's gather and take the outer step on its set, at the trainer's `step`;
+        the step to continue from when a majority of the replicas is ahead."""
+        gathered = self.exchange.collect(round_)
+        decoded = self.exchange.in_order(round_, gathered, self.optimizer.decode)
+        self.optimizer.apply([changes for _, changes in decoded], progress)
         self.exchange.applied_set(round_, [peer_id for peer_id, _ in decoded])
-        self.exchange.follow_majority(gathered, trainer, self.replica.config.steps)
+        return self.exchange.majority_ahead(gathered, step, self.optimizer.config.steps)
 
     def averaged(self, step: int) -> None:
         """After parameter averaging the averaged weights are the anchor the next round starts from."""
         super().averaged(step)
-        self.replica.reset()
+        self.optimizer.reset()
 
 
 @dataclass
@@ -71,31 +74,35 @@ class OuterOverlapSync(OuterSync):
     pending: Round | None = None  # the round in flight
     sent_weights: Changes | None = None  # the weights its payload was made from
 
-    def update(self, trainer: Trainer) -> None:
-        trainer.optimizer.step()
-        ends_round = self._ends_round(trainer)
-        if self.pending is not None and (ends_round or self.pending.gathering.done() or self._overdue(trainer)):
-            self._apply_pending(trainer)
-        if ends_round:
-            self.sent_weights = self.replica.weights()
-            self.pending = self.exchange.start(trainer.step_count + 1, self.replica.make_payload())
+    def update(self, trainer: Trainer) -> int | None:
+        trainer.optimizer_step()
+        step, jump = trainer.step_count, None
+        ends_round = self._ends_round(step)
+        if self.pending is not None and (ends_round or self.pending.gathering.done() or self._overdue(step)):
+            jump = self._apply_pending(step)
+        if ends_round:  # a round of the step jumped to, if the one in flight jumped
+            self.sent_weights = self.optimizer.weights()
+            self.pending = self.exchange.start(step + 1 if jump is None else jump, self.optimizer.make_payload())
+        return jump
 
-    def _overdue(self, trainer: Trainer) -> bool:
+    def _overdue(self, step: int) -> bool:
         """Whether the round in flight ended a tenth of a round ago (at least a step): then it is waited for."""
-        return trainer.step_count + 1 - self.pending.step >= max(1, self.replica.config.steps // 10)
+        return step + 1 - self.pending.step >= max(1, self.optimizer.config.steps // 10)
 
-    def _apply_pending(self, trainer: Trainer) -> None:
+    def _apply_pending(self, step: int) -> int | None:
         """Apply the round in flight, keeping the local steps taken since its payload."""
         round_, sent_weights, self.pending, self.sent_weights = self.pending, self.sent_weights, None, None
-        self.apply(round_, trainer, self.replica.progress_since(sent_weights))
+        return self.apply(round_, step, self.optimizer.progress_since(sent_weights))
 
-    def finish(self, trainer: Trainer) -> None:
-        """The round in flight, applied between steps (as demo-overlap's `finish`: the wait is wall
+    def settle(self, trainer: Trainer) -> int | None:
+        """The round in flight, applied between steps (as demo-overlap's `settle`: the wait is wall
         time outside the trainer's compute, not counted again as waiting)."""
-        if self.pending is not None:
-            waited = self.exchange.wait_seconds
-            self._apply_pending(trainer)
-            self.exchange.wait_seconds = waited
+        if self.pending is None:
+            return None
+        waited = self.exchange.wait_seconds
+        jump = self._apply_pending(trainer.step_count)
+        self.exchange.wait_seconds = waited
+        return jump
 
     def averaged(self, step: int) -> None:
         """Averaged weights already hold every replica's change of the round in flight (uncompressed):

@@ -11,7 +11,7 @@ applies the same gathered set in the same order, D steps late alike (replicas of
 must run the same D), so replicas that gather
 the same sets stay bit-identical; the trust rules are those of lockstep DeMo (majority vote,
 bounded values, steps believed only from a majority). Before each checkpoint, and when
-training stops, the sets still in flight are applied (`finish`), so a checkpoint holds every step's
+training stops, the sets still in flight are applied (`settle`), so a checkpoint holds every step's
 update up to its own.
 """
 
@@ -32,22 +32,24 @@ class DeMoOverlapSync(DeMoSync):
     late_steps: int = 1
     pending: deque[Round] = field(default_factory=deque)  # the exchanges in flight, oldest first
 
-    def update(self, trainer: Trainer) -> None:
+    def update(self, trainer: Trainer) -> int | None:
         self.pending.append(self.exchange.start(trainer.step_count, self.own_payload(trainer)))
         if len(self.pending) > self.late_steps:
-            self.apply(self.pending.popleft(), trainer)
+            return self.apply(self.pending.popleft(), trainer.step_count)
+        return None
 
-    def apply(self, round_: Round, trainer: Trainer) -> None:
-        jumped_from = trainer.step_count
-        super().apply(round_, trainer)
-        if trainer.step_count != jumped_from:  # the exchanges in flight are for steps the others have left
+    def apply(self, round_: Round, step: int) -> int | None:
+        jump = super().apply(round_, step)
+        if jump is not None:  # the exchanges in flight are for steps the others have left
             self.pending.clear()
+        return jump
 
-    def finish(self, trainer: Trainer) -> None:
+    def settle(self, trainer: Trainer) -> int | None:
         """Apply the sets still in flight, so that the weights hold every step's update. A wait
         here comes between steps, outside the trainer's compute time: it lowers utilisation as
         wall time already and is not counted again as waiting."""
-        waited = self.exchange.wait_seconds
+        waited, jump = self.exchange.wait_seconds, None
         while self.pending:
-            self.apply(self.pending.popleft(), trainer)
+            jump = self.apply(self.pending.popleft(), trainer.step_count)
         self.exchange.wait_seconds = waited
+        return jump

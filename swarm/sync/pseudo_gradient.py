@@ -4,9 +4,9 @@
 compression. The replicas share an *anchor*, the weights they all hold after an outer step.
 Each replica takes H AdamW steps on its own batches from the anchor, then its pseudo-gradient
 is the change `anchor - weights`. It adds the change to its error buffer, sends the top-k
-values of each chunk of the buffer (chunks as in DeMo, 64 x 64 tiles; optionally after a DCT)
-at 2 bits (sign, and whether the value is above its chunk's median size: two bfloat16 sizes
-per chunk) or 1 bit (sign, one size per chunk), and takes what it sent out of the buffer
+values of each tile of the buffer (tiles as in DeMo, up to 64 x 64; optionally after a DCT)
+at 2 bits (sign, and whether the value is above its tile's median size: two bfloat16 sizes
+per tile) or 1 bit (sign, one size per tile), and takes what it sent out of the buffer
 (error feedback: what is not sent this round goes out in a later one). `none` sends every
 value as float32.
 
@@ -43,13 +43,13 @@ from swarm.sync.compression import (
     check_fully_read,
     dct,
     from_bits,
-    from_chunks,
+    from_tiles,
     idct,
     index_bits,
-    keep_per_chunk,
+    keep_per_tile,
     pack_message,
     to_bits,
-    to_chunks,
+    to_tiles,
     unpack_message,
 )
 
@@ -59,17 +59,17 @@ Changes = dict[str, torch.Tensor]  # decoded pseudo-gradient, by parameter name
 
 @dataclass
 class OuterConfig:
-    """Outer-step settings. With the defaults (H = 30, 20 values per 64 x 64 chunk, 2 bits) a
+    """Outer-step settings. With the defaults (H = 30, 20 values per 64 x 64 tile, 2 bits) a
     replica sends about 1/5,900 of the bytes of dense per-step averaging with 4 replicas (1/2,950
     with 8: every replica sends its payload to every other one); top_k was lowered from 32 (about
     1/4,000) to reach 1/5,000. At this compression, 300 steps of a small block ended about 12%
-    above dense's validation loss, and 128 values per chunk (1/1,080) about 4% above:
+    above dense's validation loss, and 128 values per tile (1/1,080) about 4% above:
     benchmarks/sync.py measures both (benchmarks/results/sync/)."""
 
     steps: int = 30  # H: local AdamW steps between outer steps
-    compression: str = "dct"  # "dct": top-k of each chunk's DCT; "raw": top-k of the change itself; "none": float32
-    top_k: int = 20  # values kept per 64 x 64 chunk (scaled with the chunk's size, at least 1)
-    value_bits: int = 2  # 2: sign and one of two sizes per chunk; 1: sign and one size per chunk
+    compression: str = "dct"  # "dct": top-k of each tile's DCT; "raw": top-k of the change itself; "none": float32
+    top_k: int = 20  # values kept per 64 x 64 tile (scaled with the tile's size, at least 1)
+    value_bits: int = 2  # 2: sign and one of two sizes per tile; 1: sign and one size per tile
     outer_lr: float = 1.0
     error_decay: float = 1.0  # the error buffer is multiplied by this before each round's change is added
     max_change_per_lr: float = 10.0  # refused: a decoded change above this many lr x H
@@ -89,8 +89,8 @@ def majority_mean(changes: list[torch.Tensor]) -> torch.Tensor:
     return torch.clamp(stacked.mean(dim=0), ordered[n - majority], ordered[majority - 1])
 
 
-class OuterReplica:
-    """One replica's outer-step state: the anchor, the error buffer, and the payloads in and out."""
+class OuterOptimizer:
+    """One replica's outer optimizer: the anchor, the error buffer, the payloads in and out, and the outer step."""
 
     def __init__(self, module: nn.Module, config: OuterConfig, lr: float):
         """`lr`: the peak inner learning rate (it bounds honest changes)."""
@@ -155,13 +155,13 @@ class OuterReplica:
 
 @dataclass
 class _Entry:
-    """One parameter's part of a payload: kept positions, their codes and their chunks' sizes
+    """One parameter's part of a payload: kept positions, their codes and their tiles' sizes
     (for `none`: every value, in `scales`)."""
 
-    indices: torch.Tensor  # (chunks, k) positions inside each flattened chunk
-    codes: torch.Tensor  # (chunks, k) bit 0: negative; bit 1 (2-bit values): above the chunk's median size
-    scales: torch.Tensor  # (chunks, levels) bfloat16 sizes; for `none`: the float32 values
-    chunk_elements: int = 0  # values per chunk (the indices' range)
+    indices: torch.Tensor  # (tiles, k) positions inside each flattened tile
+    codes: torch.Tensor  # (tiles, k) bit 0: negative; bit 1 (2-bit values): above the tile's median size
+    scales: torch.Tensor  # (tiles, levels) bfloat16 sizes; for `none`: the float32 values
+    tile_elements: int = 0  # values per tile (the indices' range)
 
 
 def _levels(config: OuterConfig) -> int:
@@ -169,15 +169,15 @@ def _levels(config: OuterConfig) -> int:
 
 
 def _coefficients(tensor: torch.Tensor, config: OuterConfig) -> tuple[torch.Tensor, tuple[int, int]]:
-    chunks, tile = to_chunks(tensor.detach().float())
-    return (dct(chunks) if config.compression == "dct" else chunks).flatten(1), tile
+    tiles, tile = to_tiles(tensor.detach().float())
+    return (dct(tiles) if config.compression == "dct" else tiles).flatten(1), tile
 
 
 def _compress(tensor: torch.Tensor, config: OuterConfig) -> _Entry:
     if config.compression == "none":
         return _Entry(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), tensor.detach().float().flatten().clone())
     coefficients, _ = _coefficients(tensor, config)
-    k = keep_per_chunk(config.top_k, coefficients.shape[1])
+    k = keep_per_tile(config.top_k, coefficients.shape[1])
     indices = coefficients.abs().topk(k, dim=1).indices.sort(dim=1).values
     kept = coefficients.gather(1, indices)
     size = kept.abs()
@@ -188,7 +188,7 @@ def _compress(tensor: torch.Tensor, config: OuterConfig) -> _Entry:
 
 
 def _masked_mean(size: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per chunk, the mean size of the masked values (0 where none is)."""
+    """Per tile, the mean size of the masked values (0 where none is)."""
     return (size * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
@@ -196,24 +196,24 @@ def _decompress(entry: _Entry, shape: torch.Size, config: OuterConfig) -> torch.
     """The change an entry stands for, as a tensor of the parameter's shape."""
     if config.compression == "none":
         return entry.scales.float().view(shape)
-    chunks, tile = to_chunks(torch.zeros(shape))
+    tiles, tile = to_tiles(torch.zeros(shape))
     sizes = entry.scales.float().gather(1, entry.codes >> 1)
     values = torch.where(entry.codes & 1 == 1, -sizes, sizes)
-    coefficients = torch.zeros(chunks.shape[0], tile[0] * tile[1]).scatter_(1, entry.indices, values)
+    coefficients = torch.zeros(tiles.shape[0], tile[0] * tile[1]).scatter_(1, entry.indices, values)
     coefficients = coefficients.view(-1, *tile)
-    return from_chunks(idct(coefficients) if config.compression == "dct" else coefficients, shape)
+    return from_tiles(idct(coefficients) if config.compression == "dct" else coefficients, shape)
 
 
 def _encode(entries: list[_Entry], config: OuterConfig) -> bytes:
     """Wire form: compression, value bits, and one bit stream holding, parameter after parameter,
-    the indices at ceil(log2(chunk size)) bits, the codes at value_bits, then the sizes as
+    the indices at ceil(log2(tile size)) bits, the codes at value_bits, then the sizes as
     bfloat16 words (`none`: every value as a float32 word). Both sides know the shapes."""
     streams = []
     for entry in entries:
         if config.compression == "none":
             streams.append(to_bits(entry.scales.view(torch.int32).to(torch.int64) & 0xFFFFFFFF, 32))
             continue
-        streams += [to_bits(entry.indices, index_bits(entry.chunk_elements)), to_bits(entry.codes, config.value_bits),
+        streams += [to_bits(entry.indices, index_bits(entry.tile_elements)), to_bits(entry.codes, config.value_bits),
                     to_bits(entry.scales.view(torch.int16).to(torch.int32) & 0xFFFF, 16)]  # fmt: skip
     return pack_message({"c": config.compression, "v": config.value_bits}, streams)
 
@@ -237,9 +237,9 @@ def _decode_entry(bit_array: np.ndarray, offset: int, shape: torch.Size, config:
     if config.compression == "none":
         words, offset = from_bits(bit_array, offset, 32, math.prod(shape))
         return _Entry(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), words.to(torch.int32).view(torch.float32)), offset
-    chunks, tile = to_chunks(torch.zeros(shape))
-    size, n = tile[0] * tile[1], chunks.shape[0]
-    k = keep_per_chunk(config.top_k, size)
+    tiles, tile = to_tiles(torch.zeros(shape))
+    size, n = tile[0] * tile[1], tiles.shape[0]
+    k = keep_per_tile(config.top_k, size)
     indices, offset = from_bits(bit_array, offset, index_bits(size), n * k)
     codes, offset = from_bits(bit_array, offset, config.value_bits, n * k)
     words, offset = from_bits(bit_array, offset, 16, n * _levels(config))

@@ -1,0 +1,10 @@
+"""The peer: the room that wires model, p2p, checkpoints, sync and serving into one peer's life.
+
+- config.py: `PeerConfig`, everything `swarm-peer` is told (the command line's defaults)
+- announcer.py: the "announcer" thread, the block's replica list read from the DHT, and the
+  announcement built from the peer's figures
+- life.py: `Peer` (join, train, leave; its docstring says which thread may touch the weights),
+  `PeerHooks` (what only benchmarks hand a peer) and `replica_trainer`
+
+Import from the modules themselves; this file does nothing.
+"""

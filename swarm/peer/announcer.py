@@ -1,0 +1,124 @@
+"""The peer's record on the DHT: built from the peer's figures, kept alive by the "announcer" thread.
+
+The thread wakes every announce period: it first reads the block's other replicas from the DHT
+(the list the sync exchange asks; the trainer's thread never waits on a DHT read), then stores
+the peer's record, then starts a round of pings to its neighbours (swarm/p2p/pings.py) on the
+p2p loop, whose figures go into the next record. The main thread stores the record itself at
+each change of state. It reads figures only, never weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Callable
+
+from swarm import __version__
+from swarm.p2p.directory import DHTUnavailable, SwarmDirectory
+from swarm.p2p.pings import NeighbourPings
+from swarm.p2p.records import BlockAnnouncement
+
+if TYPE_CHECKING:
+    from swarm.peer.life import Peer
+
+logger = logging.getLogger(__name__)
+
+LOSS_WINDOW = 20  # steps averaged into the announced loss
+DHT_STORE_TIMEOUT_S = 20.0
+
+
+class Announcer:
+    """One peer's record of block `block`, and the replica list of that block, as last read."""
+
+    def __init__(self, directory: SwarmDirectory, block: int, peer_id: str, period: float,
+                 record: Callable[[], BlockAnnouncement], stopping: threading.Event):  # fmt: skip
+        """`record` builds the record as it stands; `stopping` ends the thread."""
+        self.directory, self.block, self.peer_id, self.period = directory, block, peer_id, period
+        self.record, self.stopping = record, stopping
+        self.pings: NeighbourPings | None = None  # round trips to neighbours, once the block is served
+        self._replica_ids: list[str] = []  # written by the announcer thread, read by the trainer's
+        self._announcing = threading.Lock()  # held while a record is built and stored
+        self._thread = threading.Thread(target=self._run, name="announcer", daemon=True)
+
+    def start(self) -> None:
+        """From now on the record is kept alive: a join that loads, checks or fetches for longer than
+        a record lives must not vanish from the other replicas' lists (they would train on without
+        this one's payloads) nor leave its block looking free to the next joiner."""
+        self._thread.start()
+
+    def ping_neighbours(self, pings: NeighbourPings) -> None:
+        """Start measuring round trips to the neighbours, one round per announce period."""
+        self.pings = pings
+
+    def join(self) -> None:
+        """Wait for the thread to end (after `stopping`): its last record must not land after a later one."""
+        if self._thread.is_alive():
+            self._thread.join(DHT_STORE_TIMEOUT_S)
+
+    def replica_ids(self) -> list[str]:
+        """The other peers training this block (joining ones are not asked before they train), as
+        last read (a DHT read takes a round trip or more: the trainer's thread never waits for one)."""
+        return self._replica_ids
+
+    def read_replicas(self) -> None:
+        """Read the other replicas of the block from the DHT (once per announce period, by the announcer)."""
+        try:
+            hosts = self.directory.hosts(self.block)
+        except DHTUnavailable as error:  # a slow DHT: keep the replicas we knew, ask again next period
+            logger.warning("block %d: %s; keeping the %d replicas known", self.block, error, len(self._replica_ids))
+            return
+        self._replica_ids = sorted(
+            h.peer_id for h in hosts if h.peer_id != self.peer_id and h.announcement.state == "training"
+        )  # a joining one has no payloads to give yet: asking it would hold every step up to the deadline
+
+    def announce(self, wait: bool = False) -> None:
+        """Store this peer's record. One at a time, so that a record built before a change of
+        state (the announcer's) never expires later than the one built after it (the main
+        thread's): the later expiration is the one the DHT keeps."""
+        lifetime = 3 * self.period
+        try:
+            with self._announcing:
+                ok = self.directory.announce(self.block, self.record(), lifetime, wait=wait)
+        except DHTUnavailable as error:  # the next announcement tries again; the record lives 3 periods
+            logger.warning("block %d: %s", self.block, error)
+            return
+        if wait and not ok:
+            logger.warning("block %d: announcement was not stored by any DHT node", self.block)
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.period):
+            try:
+                self.read_replicas()  # first: a failed announcement must not keep the replica list stale
+                self.announce()
+                if self.pings is not None:
+                    self.pings.start_round()  # in the background: its figures go into the next announcement
+            except Exception as error:  # a DHT hiccup: the next period tries again
+                logger.warning("block %d: announcing failed: %s", self.block, error)
+
+
+def announcement(peer: Peer) -> BlockAnnouncement:
+    """The peer's record as it stands: who it is, its state and checkpoint, its training and sync figures."""
+    trainer, sync, averaging = peer.trainer, peer.sync, peer.parameter_averaging
+    recent = trainer.losses[-LOSS_WINDOW:] if trainer else []
+    seconds = trainer.step_seconds[-LOSS_WINDOW:] if trainer else []
+    joining = peer.state == "joining"  # a joining record claims no progress
+    pings = peer.announcer.pings if peer.announcer else None
+    return BlockAnnouncement(
+        peer_id=peer.peer_id,
+        state=peer.state,
+        step=trainer.step_count if trainer and not joining else 0,
+        checkpoint=None if joining else peer.checkpoint,  # one it may not serve yet
+        loss=sum(recent) / len(recent) if recent else None,
+        throughput=len(seconds) / sum(seconds) if seconds else 0.0,
+        version=__version__,
+        public_name=peer.config.public_name,
+        checkpoint_time=peer.checkpoint_time,
+        sync_steps=sync.steps,
+        sync_bytes_sent=sync.bytes_sent + (peer.averager.bytes_sent if peer.averager is not None else 0),
+        sync_bytes_received=sync.bytes_received,
+        sync_round_s=sync.round_seconds,
+        compute_utilisation=trainer.utilisation(sync.wait_seconds) if trainer else None,
+        drift=averaging.drift if averaging else None,
+        pings=pings.latest if pings else (),
+        reached=peer.reached,
+    )
