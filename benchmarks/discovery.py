@@ -15,10 +15,10 @@ runs on 127.0.0.1 and the JSON says so.
 At each size, after the nodes have announced for `--settle` periods:
 - fresh clients (`SwarmClient`, a client-mode DHT node as swarm-fetch starts; `--clients` per
   region) join and read every block's hosts `--rounds` times with `SwarmDirectory.hosts`, the
-  library's own lookup (`get` with latest=True, over the nodes that hold the record's replicas).
+  library's own lookup (`get` with latest=True, over the nodes that hold the record's copies).
   Each lookup's find RPCs are recorded inside the client's DHT process: reported are its RPCs,
   its round trips (the calls it waited for one after the other; it sends up to 5 at a time,
-  `directory.RECORD_REPLICAS`), its round trips to the first node that holds the
+  `network.RECORD_COPIES`), its round trips to the first node that holds the
   record (Kademlia's hops), its seconds, and the share of the block's hosts it found; and per
   client round, the seconds to find every block;
 - visibility: a node in another region stores a new announcement (a new step), and the client
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import signal
 import sys
@@ -245,7 +246,9 @@ def main() -> None:
     except SwarmError as error:
         print(f"discovery.py: error: {error}", file=sys.stderr)
         sys.exit(1)
-    result = {"config": vars(args), "network": network, "targets": check_targets(sizes[-1]),
+    # settings, never this machine's paths: the regions file relative to the repository root
+    config = {**vars(args), "regions": os.path.relpath(args.regions, Path(__file__).resolve().parent.parent)}
+    result = {"config": config, "network": network, "targets": check_targets(sizes[-1]),
               "wall_seconds": time.monotonic() - began, "sizes": sizes}  # fmt: skip
     finish(result, Path(args.out))
 

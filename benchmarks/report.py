@@ -1,0 +1,695 @@
+"""Write benchmarks/README.md from benchmarks/results/**, so that no figure on it is typed by hand.
+
+    python benchmarks/report.py           # rewrite the page (a temp file, then a rename)
+    python benchmarks/report.py --check   # exit 1, with one line on stderr, if the page is stale
+
+It runs nothing: it reads the JSON files the benchmarks wrote. Each results folder has one
+renderer in RENDERERS; a folder without one, a JSON file no renderer reads, or a key a
+renderer needs and does not find is one line on stderr and exit status 1, never a traceback,
+because a page written from half a results file would quote figures nobody measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+PAGE = HERE / "README.md"
+NOT_SETTINGS = {"out", "from_json", "model_path", "regions"}  # where files went, not what was measured
+DASH = "–"
+TITLES = {  # the heading of each results folder's section, in the page's order
+    "quality": "Quality", "serve": "Serving", "sync": "Replica sync", "outer_gap": "The outer mode's loss gap",
+    "transfer": "Checkpoint transfer", "regions": "Emulated regions", "discovery": "Discovery",
+    "chaos": "Chaos", "attacks": "Attacks", "health": "Health page",
+}  # fmt: skip
+
+
+class ReportError(Exception):
+    """The page cannot be written from the results as they are; the message is the one line for stderr."""
+
+
+# --- reading results ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Node:
+    """A dict or list inside one results file: a key it lacks is a ReportError naming the file and the key."""
+
+    data: Any
+    file: str
+    where: str = ""
+
+    def __getitem__(self, key: str | int) -> Any:
+        """The value under key: a Node for a dict or list, the plain value otherwise."""
+        try:
+            value = self.data[key]
+        except (KeyError, IndexError, TypeError):
+            raise ReportError(
+                f"{self.file}: no key {self.where}{key!s} (rerun the benchmark, or teach report.py)"
+            ) from None
+        return Node(value, self.file, f"{self.where}{key}.") if isinstance(value, (dict, list)) else value
+
+    def get(self, key: str) -> Any:
+        """The value under key, or None where the file does not record it (older runs, optional parts)."""
+        return self[key] if isinstance(self.data, dict) and key in self.data else None
+
+    def num(self, key: str | int) -> float | None:
+        """A number (None stays None: a figure the run could not measure)."""
+        value = self[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            shown = f"a JSON {type(value.data).__name__}" if isinstance(value, Node) else repr(value)[:40]
+            raise ReportError(f"{self.file}: {self.where}{key} is {shown}, not a number")
+        return value
+
+    def names(self) -> list[str]:
+        """The keys of a JSON object (anything else is a ReportError)."""
+        if not isinstance(self.data, dict):
+            raise ReportError(f"{self.file}: {self.where.rstrip('.') or 'the file'} is not a JSON object")
+        return list(self.data)
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        for key in self.names():
+            yield key, self[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        if not isinstance(self.data, list):
+            raise ReportError(f"{self.file}: {self.where.rstrip('.') or 'the file'} is not a JSON list")
+        for i in range(len(self.data)):
+            yield self[i]
+
+
+@dataclass
+class Folder:
+    """One folder under results/: its JSON files (each read is recorded) and its pictures."""
+
+    path: Path
+    base: Path  # the page's folder: what its links and error lines are relative to
+    read: set[Path] = field(default_factory=set)
+
+    @property
+    def rel(self) -> str:
+        """The folder as the page links it."""
+        return self.path.relative_to(self.base).as_posix()
+
+    def json(self, name: str) -> Node:
+        path = self.path / name
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            raise ReportError(f"{self.rel}/{name}: cannot read it as JSON ({error})") from None
+        self.read.add(path)
+        return Node(data, f"{self.rel}/{name}")
+
+    def subfolders(self) -> list[Folder]:
+        """The folders of later runs beside the main one (results/sync/spare/, ...), each its own Folder."""
+        return [Folder(p, self.base, self.read) for p in sorted(self.path.iterdir()) if p.is_dir()]
+
+    def unread(self) -> list[Path]:
+        return [p for p in sorted(self.path.rglob("*.json")) if p not in self.read]
+
+    def pictures(self) -> str:
+        """A line linking every PNG of this folder (not its subfolders')."""
+        links = [f"[{p.name}]({self.rel}/{p.name})" for p in sorted(self.path.glob("*.png"))]
+        return f"Pictures: {', '.join(links)}." if links else ""
+
+
+# --- formatting --------------------------------------------------------------------------------------
+
+
+def fixed(value: float | None, places: int = 3) -> str:
+    return DASH if value is None else f"{value:.{places}f}"
+
+
+def times(value: float | None) -> str:
+    """A ratio as the page quotes it: 273x, 29.2x, 1.125x."""
+    if value is None:
+        return DASH
+    return f"{value:.0f}x" if value >= 100 else f"{value:.1f}x" if value >= 10 else f"{value:.3f}x"
+
+
+def size(value: float | None) -> str:
+    """Bytes in B, KB, MB (powers of 1000, as the rates in Mbit/s)."""
+    if value is None:
+        return DASH
+    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f} B"
+
+
+def percent(value: float | None) -> str:
+    return DASH if value is None else f"{100 * value:.1f}%"
+
+
+def yes(value: Any) -> str:
+    return DASH if value is None else "yes" if value else "no"
+
+
+def plain(value: Any) -> str:
+    """A setting or a label as it is: lists joined by spaces, text escaped for a table cell."""
+    if isinstance(value, Node):
+        value = value.data
+    if isinstance(value, list):
+        return " ".join(plain(v) for v in value)
+    if isinstance(value, bool) or value is None:
+        return yes(value)
+    return str(value).replace("|", "\\|").replace("\n", "⏎")
+
+
+def code(text: str) -> str:
+    """Generated bytes as a code span in a table cell: newlines shown, pipes escaped, backticks fenced."""
+    fence = "``" if "`" in text else "`"
+    return f"{fence} {plain(text)} {fence}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
+
+
+def flatten(node: Node, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every scalar or list of scalars in node, with dotted names (outer.top_k)."""
+    for key, value in node.items():
+        if isinstance(value, Node) and isinstance(value.data, dict):
+            yield from flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def settings(node: Node | None, skip: set[str] = frozenset(), label: str = "Settings") -> str:
+    """The line of settings a run recorded (its options and model), without where its files went."""
+    if node is None:
+        return ""
+    pairs = [f"`{k}` {plain(v)}" for k, v in flatten(node) if k.split(".")[-1] not in NOT_SETTINGS | skip]
+    return f"{label}: {', '.join(pairs)}." if pairs else ""
+
+
+def command(script: str, options: dict[str, Any], root: bool = False) -> str:
+    """The command line that produced a results file, from the options it recorded."""
+    words = [f"python benchmarks/{script}"]
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif value not in (False, None):
+            words.append(f"{flag} {plain(value)}")
+    return f"Command{' (as root)' if root else ''}: `{' '.join(words)}`"
+
+
+def section(name: str, what: str, *parts: str | list[str]) -> list[str]:
+    """A benchmark's part of the page: its heading, what it measures, then its lines and tables."""
+    lines = [f"## {TITLES[name]}", "", what, ""]
+    for part in parts:
+        if isinstance(part, list):
+            lines += part
+        elif part:
+            lines += [part, ""]
+    return lines
+
+
+def targets_table(targets: Node, figure: str = "figure", met: str = "met") -> list[str]:
+    """The targets a run checked itself against: the figure and whether it holds (unmeasured ones left out)."""
+    rows = []
+    for name, target in targets.items():
+        if isinstance(target, Node):
+            if target[figure] is not None:
+                rows.append([plain(name), fixed(target.num(figure)), plain(target.get("target")), yes(target.get(met))])
+        elif isinstance(target, bool):
+            rows.append([plain(name), DASH, DASH, yes(target)])
+        else:  # what the targets were checked at (discovery's "nodes")
+            rows.append([plain(name), plain(target), DASH, DASH])
+    return table(["target", "figure", "bound", "holds"], rows) if rows else []
+
+
+# --- one renderer per results folder -----------------------------------------------------------------
+
+
+def quality(folder: Folder) -> list[str]:
+    q = folder.json("quality.json")
+    options = {"steps": q["steps_each"], "batch_size": q["batch_size"], "windows": q["validation_windows"],
+               "steps_per_block": q["steps_per_block_at_generation"]}  # fmt: skip
+    ce, gen, chain, params = q["denoise_ce"], q["gen_nll"], q["chain_ce"], q["parameters"]
+    block_params = sum(params.num(k) for k in params.names() if k.startswith("block "))
+    rows = [
+        ["blocks", f"{block_params:,}", fixed(ce["blocks"].num("overall")), fixed(gen.num("blocks")),
+         fixed(chain.num("blocks")), fixed(q["peak_train_memory_mb"].num("one_block_max"), 0),
+         fixed(q["median_step_s"].num("one_block"))],
+        ["end-to-end", f"{params.num('end-to-end'):,}", fixed(ce["end_to_end"].num("overall")),
+         fixed(gen.num("end_to_end")), fixed(chain.num("end_to_end")),
+         fixed(q["peak_train_memory_mb"].num("end_to_end"), 0), fixed(q["median_step_s"].num("end_to_end"))],
+        ["autoregressive", f"{params.num('autoregressive'):,}", DASH, DASH, DASH, DASH, DASH],
+        ["true text", DASH, DASH, fixed(gen.num("true_text")), DASH, DASH, DASH],
+    ]  # fmt: skip
+    ratios = (f"Blocks over end-to-end: denoising CE {times(q.num('denoise_ce_ratio_blocks_over_end_to_end'))}, "
+              f"peak training memory of one block {times(q.num('peak_memory_ratio_block_over_end_to_end'))}, "
+              f"step time of one block {times(q.num('step_time_ratio_block_over_end_to_end'))}; "
+              f"the autoregressive baseline's `ar_ce` {fixed(q.num('ar_ce'))} nats per byte.")  # fmt: skip
+    header = ["model", "parameters", "denoise_ce", "gen_nll", "chain_ce", "peak train MB", "step s"]
+    return section(
+        "quality",
+        "Trains the blocks (each as many steps as the end-to-end model), the end-to-end and the autoregressive "
+        "baselines on the built-in corpus, each in its own process, and scores them on the same validation "
+        "windows, noise levels and noise draws (nats per byte; the one-block memory and step time are a single "
+        "block's). Needs `pip install -e '.[bench]'`.",
+        command("quality.py", options),
+        settings(q["config"]),
+        table(header, rows),
+        ratios,
+        samples(q["samples"]),
+        folder.pictures(),
+    )
+
+
+def samples(node: Node) -> list[str]:
+    """The first sample of each model, beside its prefix and the true continuation."""
+    rows = [[name, code(texts[0])] for name, texts in node.items() if len(texts.data)]
+    return ["What each wrote after the first validation prefix:", ""] + table(["", "text"], rows)
+
+
+def serve(folder: Folder) -> list[str]:
+    s = folder.json("serve.json")
+    rows = []
+    for length, run in s["lengths"].items():
+        single, ar = run["single_pass"], run["autoregressive"]
+        rows.append([length, fixed(single.num("median_seconds")), plain(single["hops"]), fixed(ar.num("median_seconds")),
+                     plain(ar["hops"]), times(run.num("latency_ratio_autoregressive_over_single_pass"))])  # fmt: skip
+    defences = s["defences"]
+    checked = (f"Cross-checking replicas cost {fixed(defences.num('extra_requests_per_request'))} extra requests per "
+               f"request and {percent(defences.num('cross_check_seconds_over_request_seconds'))} of the request time, "
+               f"with {plain(defences['cross_check']['disagreements'])} disagreements.")  # fmt: skip
+    options = {"lengths": s["lengths"].names(), "steps_per_block": s["steps_per_block"]}
+    header = ["bytes", "single-pass s", "hops", "autoregressive s", "hops", "autoregressive / single-pass"]
+    return section(
+        "serve",
+        "Starts a bootstrap node and peers for every block (separate processes on 127.0.0.1) and times "
+        "generating each length single-pass (one trip through the blocks per span) against an autoregressive "
+        "pipeline over the same peers (one trip through every stage per byte); every block has two replicas "
+        "of one checkpoint, so the client cross-checks them.",
+        command("serve.py", options),
+        f"Settings: `n_blocks` {s['n_blocks']}, `gen_len` {s['gen_len']}.",
+        table(header, rows),
+        checked,
+        folder.pictures(),
+    )
+
+
+def sync(folder: Folder) -> list[str]:
+    parts = sync_run(folder, "sync.json", "") + os_check(folder)
+    for sub in folder.subfolders():
+        parts += sync_run(sub, "sync.json", f"Later run, `{sub.rel}/`")
+    return section(
+        "sync",
+        "Runs replicas of one block of a small model in separate processes and syncs them in each mode: dense "
+        "fp32 gradients (the baseline), DeMo in lockstep or overlapped, outer steps on a compressed "
+        "pseudo-gradient; on 127.0.0.1, then (as root) in emulated regions. Bytes are per replica per step, "
+        "losses are validation losses at equal steps, utilisation is compute time over wall time (lowest and mean "
+        "replica), drift is the largest difference between the replicas' final checkpoints. Needs "
+        "`pip install -e '.[bench]'`.",
+        parts,
+    )
+
+
+SYNC_OPTIONS = ("replicas", "steps", "modes", "region_replicas", "region_steps", "region_modes")
+WAIT_COLUMNS = {"network_wait_fraction_max": "network wait", "slower_replica_wait_fraction_max": "slower-replica wait",
+                "spare_batch_fraction_max": "spare batches"}  # fmt: skip
+
+
+def sync_run(folder: Folder, name: str, title: str) -> list[str]:
+    """One sync.py results file: its command, settings, one table per placement, its targets."""
+    s = folder.json(name)
+    config = s["config"]
+    lines = [f"### {title}", ""] if title else []
+    lines += [command("sync.py", {k: config[k] for k in SYNC_OPTIONS}, root=True), "",
+              settings(config, set(SYNC_OPTIONS)), ""]  # fmt: skip
+    for group, modes in s["summary"]["side_by_side"].items():
+        waits = [c for c in WAIT_COLUMNS if any(c in row.names() for _, row in modes.items())]
+        header = ["mode", "steps", "bytes", "dense / mode", "loss", "loss / dense", "util. min", "util. mean", "step s"]
+        header += [WAIT_COLUMNS[c] for c in waits] + ["drift"]
+        rows = [sync_row(mode, row, waits, drift(s["runs"], group, mode, row)) for mode, row in modes.items()]
+        lines += [f"{plain(group)}:", ""] + table(header, rows)
+    return lines + targets_table(s["summary"]["targets"]) + [folder.pictures(), ""]
+
+
+def sync_row(mode: str, row: Node, waits: list[str], drift_value: float | None) -> list[str]:
+    return [mode, plain(row["steps"]), size(row.num("bytes_sent_per_replica_per_step")),
+            times(row.get("bytes_dense_over_mode")), fixed(row.num("validation_loss")),
+            times(row.get("validation_loss_mode_over_dense")), fixed(row.num("compute_utilisation_min")),
+            fixed(row.num("compute_utilisation_mean")), fixed(row.num("step_seconds"))] + \
+        [percent(row.get(c)) for c in waits] + [fixed(drift_value, 4)]  # fmt: skip
+
+
+def drift(runs: Node, group: str, mode: str, row: Node) -> float | None:
+    """The drift between final checkpoints of the run a summary row comes from ("regions, 4 replicas")."""
+    placement = group.split(",")[0]
+    for run in runs:
+        if (run["mode"], run["steps"], run["placement"]) == (mode, row["steps"], placement):
+            return run.num("drift_between_final_checkpoints")
+    return None
+
+
+def os_check(folder: Folder) -> list[str]:
+    """sync_os_check.json: the bytes the peers counted beside what the kernel sent."""
+    if not (folder.path / "sync_os_check.json").exists():
+        return []
+    check = folder.json("sync_os_check.json")
+    rows = []
+    for mode, run in check.items():
+        if isinstance(run, Node):
+            counted = [run["counted_bytes_sent"].num(r) for r in run["counted_bytes_sent"].names()]
+            kernel = [run["kernel_tx_bytes"].num(r) for r in run["kernel_tx_bytes"].names()]
+            rows.append([mode, plain(run["steps"]), size(sum(counted) / len(counted)), size(sum(kernel) / len(kernel))])
+    return [
+        "### The kernel's count", "", command("sync.py", {"os_check_only": True}, root=True), "",
+        ("Bytes each replica counted as sent for sync beside what the kernel sent from its namespace (mean "
+         f"replica; the kernel's count includes DHT traffic and headers). Dense over DeMo by the kernel's count: "
+         f"{times(check.num('kernel_ratio_dense_over_demo16'))}."), "",
+    ] + table(["mode", "steps", "counted", "kernel"], rows)  # fmt: skip
+
+
+def outer_gap(folder: Folder) -> list[str]:
+    parts = outer_gap_run(folder, "")
+    for sub in folder.subfolders():
+        parts += outer_gap_run(sub, f"Later run, `{sub.rel}/`")
+    return section(
+        "outer_gap",
+        "Runs the outer mode's replicas and the dense baseline (gradients averaged every step) in one process, "
+        "with no network, for longer than peers could run here, to see whether the outer mode's loss gap closes "
+        "as the run grows longer.",
+        parts,
+    )
+
+
+def outer_gap_run(folder: Folder, title: str) -> list[str]:
+    g = folder.json("outer_gap.json")
+    config = g["config"]
+    rows = [[plain(r["steps"]), fixed(r.num("dense_loss")), fixed(r.num("outer_loss")), times(r.num("outer_over_dense")),
+             size(r.num("outer_payload_bytes_per_step"))] for r in g["runs"]]  # fmt: skip
+    options = {k: config[k] for k in ("steps", "replicas", "batch_size", "block", "outer_lr")}
+    lines = [f"### {title}", ""] if title else []
+    return (
+        lines
+        + [command("outer_gap.py", options), "", settings(config, set(options)), ""]
+        + table(["steps", "dense loss", "outer loss", "outer / dense", "payload per replica per step"], rows)
+        + [folder.pictures(), ""]
+    )
+
+
+TRANSFER_COLUMNS = ["case", "MB", "hosts", "seconds", "Mbit/s", "over cap", "cpu_steal"]
+
+
+def transfer(folder: Folder) -> list[str]:
+    t = folder.json("transfer.json")
+    config = t["config"]
+    rows, ratios = [], []
+    for scenario in config["scenarios"]:
+        for case, run in t[scenario].items():
+            if isinstance(run, Node) and "mbit_per_s" in run.names():
+                rows.append(transfer_row(f"{scenario}: {case}", run))
+            elif case.endswith(("_over_plain_tcp", "_over_clean")):
+                ratios.append(f"`{case}` {times(run)}")
+    corrupt = t.get("corrupt")
+    verdict = (f" A corrupting host was dropped in every run: {yes(corrupt['corrupt_host_dropped_every_run'])}; "
+               f"liars served nothing: {yes(corrupt['liars_served_nothing'])}.") if corrupt else ""  # fmt: skip
+    return section(
+        "transfer",
+        "Downloads a checkpoint through emulated links (network namespaces, `tc` caps and delays) from several "
+        "hosts at once, from one host over a long fat link beside one plain TCP connection on the same link, and "
+        "from hosts of which one corrupts or forges chunks. `over cap` is the rate over the link's cap; "
+        "`cpu_steal` is the share of CPU the hypervisor gave other guests meanwhile.",
+        command("transfer.py", {"scenarios": config["scenarios"]}, root=True),
+        settings(config, {"scenarios"}),
+        table(TRANSFER_COLUMNS, rows),
+        f"Ratios: {', '.join(ratios)}.{verdict}" if ratios else verdict,
+        targets_table(t["targets"], "value", "holds"),
+        folder.pictures(),
+    )
+
+
+def transfer_row(case: str, run: Node) -> list[str]:
+    return [case, fixed(run.num("bytes") / 1e6, 1), plain(run["hosts"]), fixed(run.num("seconds"), 2),
+            fixed(run.num("mbit_per_s"), 1), fixed(run.num("over_cap")), fixed(run.get("cpu_steal"), 2)]  # fmt: skip
+
+
+def regions(folder: Folder) -> list[str]:
+    r = folder.json("regions.json")
+    summary = r["summary"]
+    rows = [[region, fixed(c.num("single_pass_seconds"), 2), plain(c["single_pass_bytes"]),
+             fixed(c.num("slowest_download_over_cap")), times(c.num("latency_ratio_autoregressive_over_single_pass"))]
+            for region, c in summary["per_client_region"].items()]  # fmt: skip
+    return section(
+        "regions",
+        "Builds regions from `benchmarks/regions.yaml` (a network namespace per process, a router that delays "
+        "each packet by its regions' one-way delay, link caps), starts a swarm there and runs `swarm-bench "
+        "latency` from a client in every region; a host of block 0 then joins behind a home router (NAT) beside "
+        "its twin without NAT, and the client compares them with every other host of block 0 stopped.",
+        command("regions.py", {}, root=True), settings(r["config"]),
+        f"Round trips between regions within 10% of the configured ones: {plain(summary['inter_region_rtts_within_10_percent'])}.",
+        table(["client region", "single-pass s", "bytes", "slowest download / cap", "autoregressive / single-pass"], rows),
+        nat(summary["nat"]), folder.pictures(),
+    )  # fmt: skip
+
+
+def nat(n: Node) -> list[str]:
+    """Relayed (the host behind NAT) against direct (its twin), for block 0 from the same client."""
+    announced = n["announced"]  # twin -> "direct" or "relayed"
+    by_twin = {
+        "seconds until reachable": n["seconds_until_reachable"],
+        "first contact ms": n["rtt_ms"]["first_contact"],
+    }
+    by_kind = {
+        "round trip ms": n["rtt_ms"],
+        "download Mbit/s": n["download_mbit_per_s"],
+        "single pass s": n["single_pass_seconds"],
+        "block 0 request s": n["block_0_request_seconds"],
+    }
+    rows = [
+        [label, *(fixed(node.num(twin), 2) for twin in sorted(announced.names(), key=announced.__getitem__))]
+        for label, node in by_twin.items()
+    ]  # direct sorts before relayed
+    rows += [[label, fixed(node.num("direct"), 2), fixed(node.num("relayed"), 2)] for label, node in by_kind.items()]
+    ratios = ", ".join(f"{k.replace('_', ' ')} {times(v)}" for k, v in n["ratios_relayed_over_direct"].items())
+    bootstrap, between = n["bootstrap_bytes"], n["between_peers_behind_nat"]
+    return [f"Behind NAT, from {plain(n['from'])}:", ""] + table(["", "direct", "relayed"], rows) + [
+        (f"Relayed over direct: {ratios}. The bootstrap (the only relay) moved "
+         f"{size(bootstrap.num('while_block_0_was_behind_nat'))} while block 0 was behind NAT and "
+         f"{size(bootstrap.num('while_block_0_was_direct'))} while it was direct. Between two hosts behind the same "
+         f"router the direct route is `{plain(between['route'])}`: {fixed(between.num('rtt_ms'), 0)} ms round trip "
+         "through the relay."), ""]  # fmt: skip
+
+
+def discovery(folder: Folder) -> list[str]:
+    d = folder.json("discovery.json")
+    rows = [[plain(s["nodes"]), fixed(s["lookup_rpcs"].num("median"), 0), fixed(s["lookup_rpcs"].num("p95"), 0),
+             fixed(s["lookup_round_trips"].num("median"), 0), fixed(s["lookup_round_trips"].num("p95"), 0),
+             fixed(s["lookup_round_trips"].num("max"), 0), fixed(s["lookup_seconds"].num("median"), 2),
+             fixed(s["every_block_seconds"].num("median"), 2), fixed(s["visibility_periods"].num("median"), 2),
+             fixed(s["visibility_periods"].num("max"), 2), fixed(s.num("hosts_found_min"), 2)] for s in d["sizes"]]  # fmt: skip
+    header = ["nodes", "find RPCs median", "p95", "round trips median", "p95", "max", "one block s", "every block s",
+              "seen after (periods) median", "max", "share of hosts found (min)"]  # fmt: skip
+    network = d["network"]
+    placed = f"Placement: {plain(network['placement'])}" + (
+        f" ({plain(network['regions'])})." if network.get("regions") else "."
+    )
+    return section(
+        "discovery",
+        "Grows a swarm of real hivemind DHT nodes, each announcing a block as peers do (a signed entry every "
+        "announce period), and measures fresh clients' lookups of every block (find RPCs and round trips traced "
+        "inside the client's DHT process) and how many announce periods pass before a new announcement is seen "
+        "from another region.",
+        command("discovery.py", {"sizes": d["config"]["sizes"]}, root=True), settings(d["config"], {"sizes"}),
+        placed, table(header, rows), targets_table(d["targets"]), folder.pictures(),
+    )  # fmt: skip
+
+
+CHAOS_COUNTS = ("killed_sigkill", "killed_sigterm", "restarted_in_place", "started_fresh", "hangs", "steps_lost",
+                "fetches_tried", "fetches_succeeded", "torn_checkpoints", "checkpoints_checked",
+                "samples_with_a_block_down")  # fmt: skip
+
+
+def chaos(folder: Folder) -> list[str]:
+    c = folder.json("chaos.json")
+    calm, storm = c["calm"], c["chaos"]
+    rows = [["calm", fixed(calm.num("seconds_to_finish"), 0), fixed(calm.num("denoise_ce"))],
+            ["chaos", fixed(storm.num("seconds_to_finish"), 0), fixed(storm.num("denoise_ce"))]]  # fmt: skip
+    counts = [[k.replace("_", " "), plain(storm[k])] for k in CHAOS_COUNTS] + [
+        ["blocks lost", str(len(storm["blocks_lost"].data))]
+    ]
+    config = c["config"]
+    return section(
+        "chaos",
+        "Runs a small swarm calm, then again while a random peer is killed (SIGKILL or SIGTERM) and replaced every "
+        "few seconds, fetching the model meanwhile, and compares the two.",
+        command("chaos.py", {"duration": config["duration"]}), settings(config, {"duration"}),
+        table(["run", "seconds to finish", "denoise_ce"], rows),
+        f"Denoising CE, chaos over calm: {times(c.num('denoise_ce_chaos_over_calm'))}.",
+        table(["during the chaos", "count"], counts), folder.pictures(),
+    )  # fmt: skip
+
+
+def attacks(folder: Folder) -> list[str]:
+    a = folder.json("attacks.json")
+    config, model = a["config"], a["model"]
+    return section(
+        "attacks",
+        "Runs each attack beside a clean run on a small model in separate processes on 127.0.0.1. Part 1: two "
+        "DeMo replicas per block and one liar at a time, then a fetch, a joiner and generation through the swarm. "
+        "Part 2: one block, three replicas, one of them hostile; the honest replicas' validation loss over a "
+        "clean three-replica run.",
+        command("attacks.py", {"parts": config["parts"]}),
+        settings(config, {"parts"}),
+        settings(model, label="Model"),
+        attack_fetches(a["fetch_and_serve"]),
+        attack_training(a["training"]),
+        folder.pictures(),
+    )
+
+
+def attack_fetches(part: Node) -> list[str]:
+    rows = []
+    for name, attack in part.items():
+        if isinstance(attack, Node):
+            fetch, joiner, generation = attack.get("fetch"), attack.get("joiner"), attack.get("generation")
+            rows.append([name, times(attack.get("denoise_ce_over_clean")), plain(fetch["steps"]) if fetch else DASH,
+                         plain(joiner["step"]) if joiner else DASH,
+                         yes(generation["equals_clean_local_generation"]) if generation else DASH,
+                         plain(generation["cross_check"]["banned"]) if generation else DASH])  # fmt: skip
+    crashed = f"Honest peers crashed: {plain(part['honest_peers_crashed'])}."
+    header = ["part 1", "fetched denoise_ce / clean", "fetched steps", "joiner's step", "generation = local", "banned"]
+    return table(header, rows) + [crashed, ""]
+
+
+def attack_training(part: Node) -> list[str]:
+    rows = [[plain(run["attack"]), plain(run["value_bits"]), plain(run["honest_replicas"]), fixed(run.num("validation_loss")),
+             times(run.get("honest_loss_over_clean")), plain(run["honest_crashed"]), yes(run["hung"])]
+            for _, run in part.items()]  # fmt: skip
+    header = ["part 2: attack", "value bits", "honest replicas", "loss", "honest loss / clean", "crashed", "hung"]
+    return table(header, rows)
+
+
+def health(folder: Folder) -> list[str]:
+    state = folder.json("state.json")
+    blocks = list(state["blocks"])
+    verified = sum(b["verified"] for b in blocks)
+    shown = (f"The page showed the swarm `{plain(state['status'])}`: {sum(b['healthy'] for b in blocks)} of "
+             f"{plain(state['n_blocks'])} blocks healthy, {verified} verified hosts, "
+             f"{len(state['pings'].data)} round trips between peers (`state.json` holds what it showed).")  # fmt: skip
+    pictures = [f"![the health page]({folder.rel}/{p.name})" for p in sorted(folder.path.glob("*.png"))]
+    return section(
+        "health",
+        "Runs `swarm-demo`, waits until its health page shows every block healthy with a few loss points, and "
+        "takes a screenshot in headless Chromium.",
+        command("health_page.py", {}) + " (its settings are not recorded in the results)",
+        shown,
+        *pictures,
+    )
+
+
+Renderer = Callable[[Folder], list[str]]
+RENDERERS: dict[str, Renderer] = {
+    "quality": quality, "serve": serve, "sync": sync, "outer_gap": outer_gap, "transfer": transfer,
+    "regions": regions, "discovery": discovery, "chaos": chaos, "attacks": attacks, "health": health,
+}  # fmt: skip
+
+
+# --- the page ----------------------------------------------------------------------------------------
+
+INTRO = """# Benchmarks
+
+<!-- generated by benchmarks/report.py from benchmarks/results/: do not edit; run `python benchmarks/report.py` -->
+
+Every figure on this page is read from a results file under [`results/`](results/) by
+[`report.py`](report.py); none is typed by hand. Each benchmark prints JSON, writes its results
+folder and draws its pictures; the commands run from the repository root, and most need
+`pip install -e '.[bench]'`. Those marked "as root" build network namespaces (see
+`.ci/regions-setup`). The settings are the ones each results file records.
+"""
+
+
+def render(results: Path) -> str:
+    """The whole page, from every results folder; a ReportError where one cannot be rendered."""
+    if not results.is_dir():
+        raise ReportError(f"{results} is not a folder of results")
+    folders = sorted(p for p in results.iterdir() if p.is_dir())
+    unknown = [p.name for p in folders if p.name not in RENDERERS]
+    if unknown:
+        raise ReportError(f"results/{unknown[0]}/ has no renderer: add one to RENDERERS in benchmarks/report.py")
+    present = [name for name in RENDERERS if (results / name).is_dir()]
+    contents = [f"- [{TITLES[name]}](#{anchor(TITLES[name])})" for name in present]
+    lines = [INTRO, *contents, ""]
+    for name in present:
+        folder = Folder(results / name, results.parent)
+        lines += render_folder(name, folder)
+        if unread := folder.unread():
+            raise ReportError(f"{unread[0].relative_to(results.parent)}: report.py's {name} renderer does not read it")
+    return "\n".join(strip_blank_runs(lines)).rstrip() + "\n"
+
+
+def render_folder(name: str, folder: Folder) -> list[str]:
+    """One folder's section; a value of the wrong kind (text where a table was expected) is one line too."""
+    try:
+        return RENDERERS[name](folder)
+    except (TypeError, AttributeError, ValueError, ZeroDivisionError) as error:
+        raise ReportError(
+            f"{folder.rel}/: a value is not of the kind report.py reads ({type(error).__name__}: {error})"
+        ) from None
+
+
+def anchor(title: str) -> str:
+    """GitHub's anchor for a heading: lower case, spaces to dashes, punctuation dropped."""
+    return "".join(c for c in title.lower().replace(" ", "-") if c.isalnum() or c in "-_")
+
+
+def strip_blank_runs(lines: list[str]) -> list[str]:
+    """No two blank lines in a row (parts that render nothing leave one)."""
+    out: list[str] = []
+    for line in lines:
+        if not (line == "" and out and out[-1] == ""):
+            out.append(line)
+    return out
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A temp file beside the page, then a rename: a reader never sees half a page."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp's file is private; the page is not
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if benchmarks/README.md is not what this writes")
+    args = parser.parse_args(argv)
+    try:
+        page = render(RESULTS)
+    except ReportError as error:
+        print(f"report.py: error: {error}", file=sys.stderr)
+        return 1
+    if args.check:
+        if not PAGE.exists() or PAGE.read_text() != page:
+            print(
+                "report.py: benchmarks/README.md is not what the results give: run python benchmarks/report.py",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    write_atomically(PAGE, page)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
