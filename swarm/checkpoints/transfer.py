@@ -69,7 +69,7 @@ SLOWEST_RATE_BYTES_S = 128 * 1024  # a download slower than this on average (1 M
 HEADER_SLACK_BYTES = 256 * 1024  # a block file's safetensors header and metadata stay far below this
 BUSY_RETRIES = 5  # a stream refused as busy is asked again this many times (a closed one frees its slot a moment later)
 BUSY_WAIT_S = 0.2
-BUSY_REPLY_S = 1.0  # a stream refused as busy is given this long to take its reply
+BUSY_REPLY_S = 1.0  # a stream refused as busy is given this long to send its request and take the reply
 LISTS_KEPT = 4  # chunk lists a service keeps computed (a peer serves its newest checkpoints)
 REQUEST_BYTES = 1024  # the largest rpc_download request read: a DownloadRequest and its protobuf framing
 REPLY_BYTES = CHUNK_BYTES + 1024  # the largest rpc_download reply read: a chunk and its protobuf framing
@@ -216,11 +216,15 @@ def _header(header: DownloadHeader) -> runtime_pb2.ExpertResponse:
 
 
 async def _refuse_busy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, error: Busy) -> None:
-    """A busy header at once; then what the caller sent is read for a moment, so that closing
-    does not reset the stream before the header arrives (a caller asks again when told busy)."""
-    with contextlib.suppress(ConnectionError, TimeoutError):
-        await asyncio.wait_for(P2P.send_protobuf(_header(DownloadHeader(error=str(error), busy=True)), writer), BUSY_REPLY_S)
-        await asyncio.wait_for(reader.read(2 * REQUEST_BYTES), BUSY_REPLY_S)
+    """A busy header for a stream past its caller's limit, once its request and end-of-stream
+    mark are read (within `BUSY_REPLY_S`, each at most `REQUEST_BYTES`): a stream closed with
+    bytes unread is reset, and the reset could cut the caller off before it read that it should
+    ask again."""
+    with contextlib.suppress(ConnectionError, TimeoutError, FramingError, asyncio.IncompleteReadError):
+        async with asyncio.timeout(BUSY_REPLY_S):
+            await read_frame(reader, REQUEST_BYTES)
+            await read_frame(reader, REQUEST_BYTES)
+            await P2P.send_protobuf(_header(DownloadHeader(error=str(error), busy=True)), writer)
 
 
 async def check_owner(p2p: P2P, host: Host, timeout: float) -> None:
