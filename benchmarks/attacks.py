@@ -52,7 +52,7 @@ from swarm.lab.launch import LocalSwarm
 from swarm.model.checkpoint import load_block, load_model_folder
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
-from swarm.model.diffusion import local_runner
+from swarm.model.families import local_runner
 from swarm.model.evaluate import block_denoise_ce, denoise_ce
 from swarm.model.generate import continue_text
 from swarm.p2p.client import SwarmClient

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from swarm.errors import SwarmError
-from swarm.model.denoiser import ModelConfig, build_block, build_end_to_end, count_parameters
+from swarm.model.denoiser import MASK_ID, ModelConfig, build_block, build_end_to_end, count_parameters
 
 
 def test_config_hash_is_stable_and_tracks_every_field(tiny_config):
@@ -38,12 +38,17 @@ def test_block_is_one_over_b_of_the_layers(tiny_config):
     assert count_parameters(block) < count_parameters(whole)
 
 
-def test_denoiser_gives_logits_for_every_target_position(tiny_config):
-    block = build_block(tiny_config, 1)
-    prefix = torch.randint(0, 256, (3, tiny_config.prefix_len))
-    z = torch.randn(3, tiny_config.gen_len, tiny_config.d_model)
-    logits = block(prefix, z, torch.full((3,), 2.0))
-    assert logits.shape == (3, tiny_config.gen_len, 256)
+@pytest.mark.parametrize("family", ["masked", "gaussian"])
+def test_denoiser_gives_logits_for_every_target_position(tiny_config, family):
+    config = ModelConfig(**{**tiny_config.to_dict(), "family": family})
+    block = build_block(config, 1)
+    prefix = torch.randint(0, 256, (3, config.prefix_len))
+    if family == "gaussian":
+        target, level = torch.randn(3, config.gen_len, config.d_model), torch.full((3,), 2.0)
+    else:
+        target, level = torch.randint(0, MASK_ID + 1, (3, config.gen_len)), torch.full((3,), 0.3)
+    logits = block(prefix, target, level)
+    assert logits.shape == (3, config.gen_len, 256)
     assert torch.isfinite(logits).all()
 
 

@@ -22,7 +22,7 @@ from swarm_helpers import wait_for, write_tiny_setup
 from swarm.lab import netlab
 from swarm.lab.launch import LocalSwarm
 from swarm.model.checkpoint import load_model_folder
-from swarm.model.diffusion import local_runner
+from swarm.model.families import local_runner
 from swarm.model.generate import continue_text
 from swarm.p2p.reachability import ensure_direct, route
 from swarm.serving.remote import RemoteBlocks

@@ -1,11 +1,19 @@
-"""Single-pass generation: the Euler chain through the blocks, argmax and temperature."""
+"""Single-pass generation of the gaussian family: the Euler chain through the blocks, argmax and
+temperature; and continuation in spans, for the default family (test_masked.py has its chain)."""
 
+import pytest
 import torch
 from torch import nn
 
-from swarm.model.denoiser import build_block
-from swarm.model.diffusion import NoisePartition, denoise_steps, generate_span, local_runner, make_codebook
+from swarm.model.denoiser import ModelConfig, build_block
+from swarm.model.diffusion import NoisePartition, denoise_steps, make_codebook
+from swarm.model.families import generate_span, local_runner
 from swarm.model.generate import continue_text, prefix_tensor
+
+
+@pytest.fixture
+def gaussian_config(tiny_config):
+    return ModelConfig(**{**tiny_config.to_dict(), "family": "gaussian"})
 
 
 class Oracle(nn.Module):
@@ -20,36 +28,36 @@ class Oracle(nn.Module):
         return torch.nn.functional.one_hot(self.answer, 256).float().expand(len(z), -1, -1) * 50.0
 
 
-def test_chain_with_an_oracle_lands_on_the_answer_and_visits_every_block_interval(tiny_config):
-    answer = torch.randint(0, 256, (tiny_config.gen_len,), generator=torch.Generator().manual_seed(3))
-    oracles = [Oracle(tiny_config, answer) for _ in range(tiny_config.n_blocks)]
-    prefix = torch.zeros(2, tiny_config.prefix_len, dtype=torch.long)
+def test_chain_with_an_oracle_lands_on_the_answer_and_visits_every_block_interval(gaussian_config):
+    answer = torch.randint(0, 256, (gaussian_config.gen_len,), generator=torch.Generator().manual_seed(3))
+    oracles = [Oracle(gaussian_config, answer) for _ in range(gaussian_config.n_blocks)]
+    prefix = torch.zeros(2, gaussian_config.prefix_len, dtype=torch.long)
     steps = 3
-    run_block = local_runner(lambda b: oracles[b], tiny_config)
-    generated, _ = generate_span(run_block, tiny_config, prefix, steps, torch.Generator().manual_seed(0))
+    run_block = local_runner(lambda b: oracles[b], gaussian_config)
+    generated, _ = generate_span(run_block, gaussian_config, prefix, steps, torch.Generator().manual_seed(0))
     assert (generated == answer).all()
-    partition = NoisePartition(tiny_config)
+    partition = NoisePartition(gaussian_config)
     for block, oracle in enumerate(oracles):
         lo, hi = partition.sigma_interval(block)
         assert len(oracle.calls) == steps
         assert all(lo * 0.999 <= s <= hi * 1.001 for s in oracle.calls), (block, oracle.calls, lo, hi)
 
 
-def test_euler_steps_move_z_to_the_clean_estimate(tiny_config):
-    codebook = make_codebook(tiny_config)
-    answer = torch.randint(0, 256, (tiny_config.gen_len,))
-    z = torch.randn(1, tiny_config.gen_len, tiny_config.d_model) * 10
+def test_euler_steps_move_z_to_the_clean_estimate(gaussian_config):
+    codebook = make_codebook(gaussian_config)
+    answer = torch.randint(0, 256, (gaussian_config.gen_len,))
+    z = torch.randn(1, gaussian_config.gen_len, gaussian_config.d_model) * 10
     sigmas = torch.tensor([10.0, 5.0, 1.0, 0.0])
-    z_end, _ = denoise_steps(Oracle(tiny_config, answer), codebook, None, z, sigmas)
+    z_end, _ = denoise_steps(Oracle(gaussian_config, answer), codebook, None, z, sigmas)
     assert torch.allclose(z_end[0], codebook[answer], atol=1e-4)
 
 
-def test_generation_is_deterministic_for_a_seed_and_samples_with_temperature(tiny_config):
+def test_generation_is_deterministic_for_a_seed_and_samples_with_temperature(gaussian_config):
     torch.manual_seed(0)
-    blocks = [build_block(tiny_config, b).eval() for b in range(tiny_config.n_blocks)]
-    prefix = torch.randint(0, 256, (4, tiny_config.prefix_len))
-    run_block = local_runner(lambda b: blocks[b], tiny_config)
-    run = lambda seed, t: generate_span(run_block, tiny_config, prefix, 2, torch.Generator().manual_seed(seed), t)[0]  # noqa: E731
+    blocks = [build_block(gaussian_config, b).eval() for b in range(gaussian_config.n_blocks)]
+    prefix = torch.randint(0, 256, (4, gaussian_config.prefix_len))
+    run_block = local_runner(lambda b: blocks[b], gaussian_config)
+    run = lambda seed, t: generate_span(run_block, gaussian_config, prefix, 2, torch.Generator().manual_seed(seed), t)[0]  # noqa: E731
     assert torch.equal(run(5, 0.0), run(5, 0.0))
     assert torch.equal(run(5, 1.0), run(5, 1.0))
     hot = torch.stack([run(seed, 5.0) for seed in range(3)])

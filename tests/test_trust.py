@@ -24,7 +24,7 @@ from swarm.lab.attacks import (
 )
 from swarm.model.checkpoint import load_model_folder
 from swarm.model.denoiser import ModelConfig
-from swarm.model.diffusion import local_runner
+from swarm.model.families import local_runner
 from swarm.model.generate import continue_text
 from swarm.p2p.info import InfoServicer
 from swarm.p2p.records import CheckpointInfo, ModelRecord, model_key

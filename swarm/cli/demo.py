@@ -21,7 +21,7 @@ from swarm.errors import SwarmError
 from swarm.lab.launch import LocalSwarm
 from swarm.model.checkpoint import load_model_folder
 from swarm.model.data import load_corpus
-from swarm.model.diffusion import local_runner
+from swarm.model.families import local_runner
 from swarm.model.evaluate import evaluate_denoiser
 from swarm.model.generate import continue_text
 from swarm.p2p.directory import SwarmDirectory

@@ -13,7 +13,8 @@ from swarm.cli.options import swarm_client, swarm_options
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import load_model_folder
 from swarm.model.denoiser import ModelConfig
-from swarm.model.diffusion import BlockRunner, local_runner
+from swarm.model.families import local_runner
+from swarm.model.steps import BlockRunner
 from swarm.model.generate import continue_text
 from swarm.serving.remote import RemoteBlocks
 

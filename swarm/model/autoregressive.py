@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from swarm.model.denoiser import VOCAB_SIZE, ModelConfig, TransformerLayer, build_end_to_end, count_parameters
-from swarm.model.diffusion import pick_bytes
+from swarm.model.steps import pick_bytes
 
 
 def matched_depth(config: ModelConfig) -> int:
@@ -34,7 +34,6 @@ class ByteTransformer(nn.Module):
         n_layers = matched_depth(config) if n_layers is None else n_layers
         self.config = config
         self.embed = nn.Embedding(VOCAB_SIZE, d)
-        self.position = nn.Parameter(torch.randn(config.seq_len, d) * 0.02)
         self.layers = nn.ModuleList(
             TransformerLayer(d, config.n_heads, config.mlp_ratio, conditioned=False, causal=True)
             for _ in range(n_layers)
@@ -43,7 +42,7 @@ class ByteTransformer(nn.Module):
         self.head = nn.Linear(d, VOCAB_SIZE)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens) + self.position[: tokens.shape[1]]
+        x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x)
         return self.head(self.norm_out(x))

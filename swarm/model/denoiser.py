@@ -1,8 +1,11 @@
 """The DiffusionBlocks denoiser and its config.
 
 One `Denoiser` is a stack of bidirectional transformer layers over the positions
-[prefix ; target]. It reads the clean prefix bytes and a noisy target `z` at noise level
-`sigma` and returns logits over the 256 byte values at every target position.
+[prefix ; target]. It reads the clean prefix bytes and a noisy target at a noise level and
+returns logits over the 256 byte values at every target position. What the noisy target is
+depends on the config's `family`, and only the target-input module knows it:
+- "gaussian": a noisy embedding z = T[y] + sigma * eps at noise level sigma (diffusion.py);
+- "masked": byte ids with MASK_ID at masked positions, at mask rate t (masked.py).
 
 A block of the swarm is a `Denoiser` with `n_layers / n_blocks` layers; the end-to-end
 baseline is one `Denoiser` with all `n_layers`. A block owns everything it needs (prefix
@@ -24,11 +27,17 @@ from torch import nn
 from swarm.errors import SwarmError
 
 VOCAB_SIZE = 256  # raw UTF-8 bytes, no tokenizer
+MASK_ID = VOCAB_SIZE  # the masked family's extra input id: "this byte is hidden"
+FAMILIES = ("masked", "gaussian")  # swarm/model/families.py; the first is the default
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Architecture and noise partition; every peer of a swarm trains the same one.
+
+    `family` is the kind of noise (see the module docstring). The sigma fields below belong
+    to the gaussian family; the masked family's noise level is the mask rate t in (0, 1],
+    split among the blocks in equal slices (masked.py), and ignores them.
 
     The sigma range is tied to the codebook's signal-to-noise ratio: with codebook rows of
     RMS `sigma_data` in `d_model` dimensions (row norm `sigma_data * sqrt(d_model)`), the
@@ -50,6 +59,7 @@ class ModelConfig:
     p_std: float = 1.0  # std of log sigma during training
     block_overlap: float = 0.05  # mass by which each block's training interval is widened on each side
     codebook_seed: int = 0  # the codebook is derived from this, never trained
+    family: str = FAMILIES[0]  # "masked" (absorbing-state) or "gaussian" (EDM in embedding space)
 
     def __post_init__(self) -> None:
         norm = self.sigma_data * math.sqrt(self.d_model)
@@ -70,6 +80,7 @@ class ModelConfig:
             (0 < self.sigma_min < self.sigma_max, "need 0 < sigma_min < sigma_max"),
             (self.p_std > 0 and self.sigma_data > 0, "p_std and sigma_data must be positive"),
             (0 <= self.block_overlap < 0.5, "block_overlap must be in [0, 0.5)"),
+            (self.family in FAMILIES, f"family must be one of {', '.join(FAMILIES)}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -116,9 +127,18 @@ class ModelConfig:
         return cls.from_dict(data)
 
     def hash(self) -> str:
-        """A stable hash of the config: peers compare it before they train together."""
+        """A stable hash of the config (its family included): peers compare it before they train together."""
         canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def block_slice(self, block: int, widened: bool = False) -> tuple[float, float]:
+        """(lo, hi): the share of the training noise distribution's mass that block `block` owns,
+        as mass fractions in [0, 1] (0 at the least noise); block 0 owns the most noise. Widened
+        adds `block_overlap` of mass on each side (within [0, 1]): the slice a block trains on."""
+        lo, hi = 1 - (block + 1) / self.n_blocks, 1 - block / self.n_blocks
+        if widened:
+            lo, hi = max(0.0, lo - self.block_overlap), min(1.0, hi + self.block_overlap)
+        return lo, hi
 
 
 class TransformerLayer(nn.Module):
@@ -154,12 +174,33 @@ class TransformerLayer(nn.Module):
     def _attend(self, x: torch.Tensor) -> torch.Tensor:
         n, t, d = x.shape
         q, k, v = self.qkv(x).view(n, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        out = F.scaled_dot_product_attention(rotate(q), rotate(k), v, is_causal=self.causal)
         return self.proj(out.transpose(1, 2).reshape(n, t, d))
 
 
+def rotate(x: torch.Tensor, base: float = 10_000.0) -> torch.Tensor:
+    """Rotary position embedding (RoPE) of queries or keys (N, heads, T, head dim).
+
+    Why: with learned absolute positions alone, a bidirectional stack must learn from random
+    position vectors which position is a byte's neighbour. Measured on 2 cores (d=128, one
+    block of 2 layers, mask rates up to 0.3): on a rule where each byte is its left neighbour
+    plus one, the loss after 100 steps was 3.04 nats without rotation and 0.25 with it; on
+    text, a hidden byte among 90% visible ones stayed at the unigram entropy (3.0 nats) for
+    200 steps without it, and reached 2.81 in 150 with it (2.96 with learned positions added
+    as well, which is why there are none). Rotation makes attention a function of the
+    distance between positions from the first step.
+    """
+    half = x.shape[-1] // 2
+    frequencies = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32)[:, None] * frequencies
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
 class NoiseEmbedding(nn.Module):
-    """Maps c_noise = log(sigma) / 4 to a d_model vector through Fourier features and an MLP."""
+    """Maps the noise feature c_noise (about [0, 1] for either family) to a d_model vector
+    through Fourier features and an MLP."""
 
     def __init__(self, d_model: int, n_frequencies: int = 32):
         super().__init__()
@@ -171,11 +212,54 @@ class NoiseEmbedding(nn.Module):
         return self.mlp(torch.cat([angles.sin(), angles.cos()], dim=-1))
 
 
-class Denoiser(nn.Module):
-    """D(prefix, z, sigma) -> logits over the 256 bytes at each of the G target positions.
+class EmbeddingInput(nn.Linear):
+    """Gaussian family: the noisy target embedding z at noise level sigma, preconditioned EDM-style.
 
-    Inputs are preconditioned EDM-style inside forward: the network sees
-    c_in * z with c_in = 1 / sqrt(sigma^2 + sigma_data^2), and c_noise = log(sigma) / 4.
+    The network sees c_in * z with c_in = 1 / sqrt(sigma^2 + sigma_data^2), and the level as
+    c_noise = log(sigma) / 4.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config.d_model, config.d_model)
+        self.sigma_data = config.sigma_data
+
+    def forward(self, z: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        c_in = (sigma**2 + self.sigma_data**2).rsqrt()[:, None, None]
+        return super().forward(c_in * z)
+
+    @staticmethod
+    def c_noise(sigma: torch.Tensor) -> torch.Tensor:
+        return sigma.log() / 4
+
+
+class MaskedInput(nn.Embedding):
+    """Masked family: target byte ids, MASK_ID where hidden; the level is the mask rate t itself.
+
+    Its 257 rows (the mask's included) are the block's own, like every other weight of it.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(VOCAB_SIZE + 1, config.d_model)
+
+    def forward(self, ids: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids)
+
+    @staticmethod
+    def c_noise(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+TARGET_INPUTS = {"gaussian": EmbeddingInput, "masked": MaskedInput}
+
+
+class Denoiser(nn.Module):
+    """D(prefix, target, level) -> logits over the 256 bytes at each of the G target positions.
+
+    `target` and `level` are the family's (see the module docstring); the target-input module
+    turns them into the target positions' input and the noise feature that conditions every
+    layer through adaptive layer norm. Attention knows the distance between positions (rotary
+    embeddings, `rotate`) and nothing else of them: the prefix and the target have embeddings
+    of their own, so where the target starts is in the content.
     """
 
     def __init__(self, config: ModelConfig, n_layers: int):
@@ -183,20 +267,30 @@ class Denoiser(nn.Module):
         d = config.d_model
         self.config = config
         self.prefix_embed = nn.Embedding(VOCAB_SIZE, d)
-        self.input_proj = nn.Linear(d, d)
-        self.position = nn.Parameter(torch.randn(config.seq_len, d) * 0.02)
+        self.input_proj = TARGET_INPUTS[config.family](config)
         self.noise_embed = NoiseEmbedding(d)
         self.layers = nn.ModuleList(
             TransformerLayer(d, config.n_heads, config.mlp_ratio, conditioned=True) for _ in range(n_layers)
         )
         self.norm_out = nn.LayerNorm(d)
         self.head = nn.Linear(d, VOCAB_SIZE)
+        self._init_embeddings()
 
-    def forward(self, prefix: torch.Tensor, z: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        """prefix: (N, P) int64 bytes; z: (N, G, d) noisy targets; sigma: (N,) noise levels."""
-        c_in = (sigma**2 + self.config.sigma_data**2).rsqrt()[:, None, None]
-        cond = self.noise_embed(sigma.log() / 4)
-        x = torch.cat([self.prefix_embed(prefix), self.input_proj(c_in * z)], dim=1) + self.position
+    def _init_embeddings(self) -> None:
+        """Byte embeddings start small (std 0.02, as GPT-2's), not at torch's N(0, 1).
+
+        Measured here before rotary embeddings, beside learned position embeddings of std
+        0.02: at N(0, 1) the content drowned the positions and a copy task stayed at loss 4.5
+        of 5.7 for 300 steps. Kept with rotary embeddings; not measured again since.
+        """
+        nn.init.normal_(self.prefix_embed.weight, std=0.02)
+        if isinstance(self.input_proj, nn.Embedding):
+            nn.init.normal_(self.input_proj.weight, std=0.02)
+
+    def forward(self, prefix: torch.Tensor, target: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
+        """prefix: (N, P) int64 bytes; target: (N, G, d) noisy embeddings or (N, G) int64 ids; level: (N,)."""
+        cond = self.noise_embed(self.input_proj.c_noise(level))
+        x = torch.cat([self.prefix_embed(prefix), self.input_proj(target, level)], dim=1)
         for layer in self.layers:
             x = layer(x, cond)
         return self.head(self.norm_out(x[:, self.config.prefix_len :]))
@@ -210,7 +304,7 @@ def build_block(config: ModelConfig, block: int) -> Denoiser:
 
 
 def build_end_to_end(config: ModelConfig) -> Denoiser:
-    """The end-to-end baseline: all L layers as one denoiser over the whole sigma range."""
+    """The end-to-end baseline: all L layers as one denoiser over the whole noise range."""
     return Denoiser(config, config.n_layers)
 
 

@@ -1,20 +1,30 @@
-"""Diffusion in embedding space: the codebook, the noise partition, the loss and the sampler.
+"""The gaussian family: diffusion in embedding space (EDM), its partition, loss, bound and sampler.
 
 A clean target is y0 = T[y] for a fixed codebook T (256 x d); a noisy one is
 z = y0 + sigma * eps. log sigma ~ Normal(p_mean, p_std) clipped to [sigma_min, sigma_max] is
 cut into B intervals of equal probability mass; block 0 owns the highest noise. Each block
 trains only on its own (slightly widened) interval, and generation runs the blocks in order,
 each taking K Euler steps inside its own interval.
+
+What we found of its chain (issue 25): the probability-flow Euler step moves z towards the
+clean estimate softmax(logits) @ T, and while the posterior over a byte is still spread out,
+that estimate is an average of codebook rows, much shorter than any row. z therefore shrinks
+below the norm every training input had (|T[y] + sigma eps|), and the lower blocks read
+inputs they never saw: their output is then driven by the position embeddings (bytes in
+position order) and is confidently wrong (chain cross-entropy above a uniform guess).
+`GaussianFamily.path_norms` measures it; benchmarks/quality.py reports it. The masked family
+has no such gap: its path is the training marginal at every step (masked.py).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import math
 
 import torch
 import torch.nn.functional as F
 
 from swarm.model.denoiser import VOCAB_SIZE, Denoiser, ModelConfig
+from swarm.model.steps import BlockRunner, DenoiserForBlock, LossFn, pick_bytes
 
 
 def make_codebook(config: ModelConfig) -> torch.Tensor:
@@ -28,7 +38,7 @@ class NoisePartition:
     """Equal-mass intervals of the truncated log-normal noise distribution, one per block.
 
     Positions inside the distribution are given as mass fractions q in [0, 1] (q = 0 at
-    sigma_min); block b owns q in [1 - (b + 1) / B, 1 - b / B].
+    sigma_min); block b owns the slice `config.block_slice(b)` of them.
     """
 
     def __init__(self, config: ModelConfig):
@@ -45,22 +55,14 @@ class NoisePartition:
         u = self._cdf_lo + (self._cdf_hi - self._cdf_lo) * q.double()
         return (self.config.p_mean + self.config.p_std * torch.special.ndtri(u)).exp().float()
 
-    def mass_interval(self, block: int, widened: bool = False) -> tuple[float, float]:
-        """(q_lo, q_hi) of a block; widened adds `block_overlap` of mass on each side."""
-        n = self.config.n_blocks
-        lo, hi = 1 - (block + 1) / n, 1 - block / n
-        if widened:
-            lo, hi = max(0.0, lo - self.config.block_overlap), min(1.0, hi + self.config.block_overlap)
-        return lo, hi
-
     def sigma_interval(self, block: int) -> tuple[float, float]:
         """(sigma_lo, sigma_hi) that block owns (not widened)."""
-        lo, hi = self.mass_interval(block)
+        lo, hi = self.config.block_slice(block)
         return float(self.sigma_at(torch.tensor(lo))), float(self.sigma_at(torch.tensor(hi)))
 
     def sample(self, n: int, block: int | None, generator: torch.Generator) -> torch.Tensor:
         """n training sigmas for a block (its widened interval), or for the whole range if block is None."""
-        lo, hi = (0.0, 1.0) if block is None else self.mass_interval(block, widened=True)
+        lo, hi = (0.0, 1.0) if block is None else self.config.block_slice(block, widened=True)
         q = lo + (hi - lo) * torch.rand(n, generator=generator, dtype=torch.float64)
         return self.sigma_at(q)
 
@@ -70,7 +72,7 @@ class NoisePartition:
         Averaging a loss over the grids of all blocks is a quadrature of its mean under the
         training noise distribution.
         """
-        lo, hi = self.mass_interval(block)
+        lo, hi = self.config.block_slice(block)
         q = lo + (hi - lo) * (torch.arange(points, dtype=torch.float64) + 0.5) / points
         return self.sigma_at(q)
 
@@ -109,53 +111,6 @@ def denoise_steps(
     return z, logits
 
 
-DenoiserForBlock = Callable[[int], Denoiser]
-# (block, prefix, z, sigmas) -> (z after the block's steps, its last logits): where the block runs
-BlockRunner = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-
-def local_runner(denoiser_for_block: DenoiserForBlock, config: ModelConfig) -> BlockRunner:
-    """Run each block in this process. `denoiser_for_block(b)` is the denoiser that owns block
-    b's interval: block b itself, or the end-to-end model for every b."""
-    codebook = make_codebook(config)
-
-    def run(block: int, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor):
-        return denoise_steps(denoiser_for_block(block), codebook, prefix, z, sigmas)
-
-    return run
-
-
-@torch.no_grad()
-def generate_span(
-    run_block: BlockRunner,
-    config: ModelConfig,
-    prefix: torch.Tensor,
-    steps_per_block: int,
-    generator: torch.Generator,
-    temperature: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One pass through the B blocks: G bytes for each prefix (N, P). Returns (bytes, final logits).
-
-    The noise and the byte choice come from `generator`, here, wherever the blocks run, so a
-    remote pass gives the same bytes as a local one with the same weights and seed.
-    temperature 0 takes the argmax.
-    """
-    partition = NoisePartition(config)
-    shape = (len(prefix), config.gen_len, config.d_model)
-    z = torch.randn(shape, generator=generator) * config.sigma_max
-    for block in range(config.n_blocks):
-        z, logits = run_block(block, prefix, z, partition.schedule(block, steps_per_block))
-    return pick_bytes(logits, temperature, generator), logits
-
-
-def pick_bytes(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
-    """Argmax at temperature 0, else one sample per position from softmax(logits / temperature)."""
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
-    probs = (logits / temperature).softmax(dim=-1)
-    return torch.multinomial(probs.reshape(-1, VOCAB_SIZE), 1, generator=generator).view(probs.shape[:-1])
-
-
 def input_only_ce(codebook: torch.Tensor, sigma: float, samples: int, generator: torch.Generator) -> float:
     """The cross-entropy a reader of the noisy input alone reaches at one sigma (nats per byte).
 
@@ -167,3 +122,122 @@ def input_only_ce(codebook: torch.Tensor, sigma: float, samples: int, generator:
     z = codebook[target] + sigma * torch.randn(samples, codebook.shape[1], generator=generator)
     logits = (z @ codebook.T - 0.5 * codebook.pow(2).sum(dim=1)) / sigma**2
     return float(F.cross_entropy(logits, target))
+
+
+def block_draws(config: ModelConfig, count: int, seed: int) -> torch.Tensor:
+    """Fixed noise eps (count, G, d) for evaluating every model on the same draws."""
+    return torch.randn(count, config.gen_len, config.d_model, generator=torch.Generator().manual_seed(seed))
+
+
+class GaussianFamily:
+    """The gaussian family behind the interface of swarm/model/families.py."""
+
+    name = "gaussian"
+
+    def __init__(self, config: ModelConfig):
+        self.config, self.partition, self.codebook = config, NoisePartition(config), make_codebook(config)
+
+    def training_loss(self, denoiser: Denoiser, block: int | None) -> LossFn:
+        """The loss of one block on its widened sigma slice (of the end-to-end model on all of it)."""
+        device = next(denoiser.parameters()).device
+        codebook, shape = self.codebook.to(device), (self.config.gen_len, self.config.d_model)
+
+        def loss(window: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+            sigma = self.partition.sample(len(window), block, generator)
+            noise = torch.randn(len(window), *shape, generator=generator)
+            return denoising_loss(denoiser, codebook, window, sigma.to(device), noise.to(device))
+
+        return loss
+
+    @torch.no_grad()
+    def block_loss(self, denoiser: Denoiser, block: int, windows: torch.Tensor, points: int, seed: int) -> float:
+        """Cross-entropy of the block's logits (nats per byte), averaged over its grid of sigmas, fixed draws."""
+        noise, losses = block_draws(self.config, len(windows), seed), []
+        for sigma in self.partition.grid(block, points):
+            sigmas = sigma.expand(len(windows))
+            losses.append(float(denoising_loss(denoiser, self.codebook, windows, sigmas, noise)))
+        return sum(losses) / len(losses)
+
+    @torch.no_grad()
+    def block_elbo(self, denoiser: Denoiser, block: int, windows: torch.Tensor, points: int, seed: int) -> float:
+        """Block `block`'s share of the variational bound on -log p(target), in nats per byte.
+
+        The continuous-time bound of a variance-exploding diffusion (Kingma et al., VDM) is a
+        prior term at sigma_max, a reconstruction term at sigma_min and, between them,
+        integral of E |T[y] - x_hat(z, sigma)|^2 / sigma^2 d ln sigma, with x_hat the clean
+        estimate softmax(logits) @ T. Each block integrates over its own sigma slice (a
+        midpoint rule in ln sigma); the block at sigma_max adds the prior term (generation
+        starts from N(0, sigma_max^2)), the one at sigma_min the reconstruction term with the
+        exact context-free decoder p(y | z).
+        """
+        config, codebook = self.config, self.codebook
+        lo, hi = self.partition.sigma_interval(block)
+        prefix, target = windows[:, : config.prefix_len], windows[:, config.prefix_len :]
+        noise, clean = block_draws(config, len(windows), seed), codebook[target]
+        width = (math.log(hi) - math.log(lo)) / points
+        total = 0.0
+        for k in range(points):
+            sigma = torch.tensor(math.exp(math.log(lo) + (k + 0.5) * width))
+            logits = denoiser(prefix, clean + sigma * noise, sigma.expand(len(windows)))
+            error = (clean - logits.softmax(dim=-1) @ codebook).pow(2).sum(dim=-1).mean()
+            total += float(error) / float(sigma) ** 2 * width
+        if block == 0:
+            total += float(clean.pow(2).sum(dim=-1).mean()) / (2 * config.sigma_max**2)
+        if block == config.n_blocks - 1:
+            z = clean + config.sigma_min * noise
+            decoder = (z @ codebook.T - 0.5 * codebook.pow(2).sum(dim=1)) / config.sigma_min**2
+            total += float(F.cross_entropy(decoder.reshape(-1, VOCAB_SIZE), target.reshape(-1)))
+        return total
+
+    def run_steps(self, denoiser: Denoiser, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor,
+                  seed: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """A block's Euler steps: deterministic, so the seed and temperature go unused."""
+        return denoise_steps(denoiser, self.codebook, prefix, z, sigmas)
+
+    def schedule(self, block: int, steps: int) -> torch.Tensor:
+        return self.partition.schedule(block, steps)
+
+    @torch.no_grad()
+    def generate_span(self, run_block: BlockRunner, prefix: torch.Tensor, steps_per_block: int,
+                      generator: torch.Generator, temperature: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """One pass through the B blocks: G bytes for each prefix (N, P). Returns (bytes, final logits).
+
+        The start noise and the byte choice come from `generator`, here, wherever the blocks run.
+        """
+        config = self.config
+        z = torch.randn((len(prefix), config.gen_len, config.d_model), generator=generator) * config.sigma_max
+        for block in range(config.n_blocks):
+            z, logits = run_block(block, prefix, z, self.schedule(block, steps_per_block), 0, temperature)
+        return pick_bytes(logits, temperature, generator), logits
+
+    @torch.no_grad()
+    def path_norms(self, denoiser_for_block: DenoiserForBlock, prefix: torch.Tensor, steps_per_block: int,
+                   generator: torch.Generator) -> list[float]:  # fmt: skip
+        """Where the chain hands each block its span, against where training put it: for each block,
+        the mean norm of z per byte at its first sigma, over the norm a training input has there,
+        sqrt(d (sigma_data^2 + sigma^2)). 1.0 is on the training path; well below 1, the block
+        reads inputs it never saw (the module docstring)."""
+        config = self.config
+        z = torch.randn((len(prefix), config.gen_len, config.d_model), generator=generator) * config.sigma_max
+        ratios = []
+        for block in range(config.n_blocks):
+            sigmas = self.schedule(block, steps_per_block)
+            trained = math.sqrt(config.d_model * (config.sigma_data**2 + float(sigmas[0]) ** 2))
+            ratios.append(float(z.norm(dim=-1).mean()) / trained)
+            z, _ = denoise_steps(denoiser_for_block(block), self.codebook, prefix, z, sigmas)
+        return ratios
+
+    def check_state(self, z: torch.Tensor, n: int) -> None:
+        """ValueError unless z is a span state a peer may be asked to denoise."""
+        shape = (n, self.config.gen_len, self.config.d_model)
+        if z.dtype != torch.float32 or z.shape != shape:
+            raise ValueError(f"z must be float32 of shape {shape}")
+        if not torch.isfinite(z).all() or z.abs().max() > MAX_ABS_Z:
+            raise ValueError("z must be finite and of sane magnitude")
+
+    def check_schedule(self, sigmas: torch.Tensor) -> None:
+        if not torch.isfinite(sigmas).all() or (sigmas <= 0).any() or (sigmas[1:] >= sigmas[:-1]).any():
+            raise ValueError("sigmas must be finite, positive and decreasing")
+
+
+MAX_ABS_Z = 1e4  # the largest |z| a peer accepts in a request

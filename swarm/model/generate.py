@@ -7,7 +7,8 @@ from typing import Iterator
 import torch
 
 from swarm.model.denoiser import ModelConfig
-from swarm.model.diffusion import BlockRunner, generate_span
+from swarm.model.families import generate_span
+from swarm.model.steps import BlockRunner
 
 PAD_BYTE = ord(" ")  # a prompt shorter than P bytes is left-padded with spaces
 

@@ -25,11 +25,10 @@ from tqdm import tqdm
 from swarm.model.autoregressive import ByteTransformer, next_byte_loss
 from swarm.model.data import ByteWindows
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_to_end
-from swarm.model.diffusion import NoisePartition, denoising_loss, make_codebook
+from swarm.model.families import family_of
+from swarm.model.steps import LossFn
 
 logger = logging.getLogger(__name__)
-
-LossFn = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 
 
 @dataclass
@@ -173,16 +172,8 @@ def trainable(module: nn.Module) -> list[nn.Parameter]:
 
 
 def diffusion_loss_fn(denoiser: Denoiser, block: int | None) -> LossFn:
-    """The loss of one block on its widened sigma interval (or of the end-to-end model on all of it)."""
-    device = next(denoiser.parameters()).device
-    codebook, partition = make_codebook(denoiser.config).to(device), NoisePartition(denoiser.config)
-
-    def loss(window: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        sigma = partition.sample(len(window), block, generator)
-        noise = torch.randn(len(window), denoiser.config.gen_len, denoiser.config.d_model, generator=generator)
-        return denoising_loss(denoiser, codebook, window, sigma.to(device), noise.to(device))
-
-    return loss
+    """The loss of one block on its widened slice of noise (of the end-to-end model on all of it), in its family."""
+    return family_of(denoiser.config).training_loss(denoiser, block)
 
 
 def block_trainer(

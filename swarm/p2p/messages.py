@@ -133,12 +133,21 @@ class PayloadReply(Message):
     newest_step: int = Field(default=-1, ge=-1, le=MAX_STEP)
 
 
+MAX_TEMPERATURE = 100.0
+
+
 class DenoiseRequest(Message):
-    """What goes beside the tensors (prefix, z, sigmas) of a remote denoising request."""
+    """What goes beside the tensors (prefix, state, schedule) of a remote denoising request.
+
+    `seed` and `temperature` are the block's own draws (the masked family's reveals and bytes;
+    the gaussian family's steps draw nothing): replicas of one checkpoint given the same
+    request give the same answer, which is what a cross-check compares."""
 
     block: BlockIndex
-    logits: bool = False  # also return the last step's logits
+    logits: bool = False  # also return the logits (gaussian: the last step's; masked: each revealed byte's)
     checkpoint: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")  # sha256 of the checkpoint to run ("": any)
+    seed: int = Field(default=0, ge=0, lt=2**63)
+    temperature: float = Field(default=0.0, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
 
 
 class StageRequest(Message):

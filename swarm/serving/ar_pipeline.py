@@ -24,7 +24,7 @@ from hivemind.proto import runtime_pb2
 
 from swarm.model.autoregressive import ByteTransformer
 from swarm.model.denoiser import VOCAB_SIZE, ModelConfig
-from swarm.model.diffusion import pick_bytes
+from swarm.model.steps import pick_bytes
 from swarm.model.generate import prefix_tensor
 from swarm.p2p.messages import StageRequest, error_reply, refusal
 from swarm.p2p.network import EventLoopThread
@@ -42,7 +42,7 @@ def stage_layers(n_layers: int, n_stages: int, stage: int) -> range:
 def run_stage(model: ByteTransformer, stage: int, n_stages: int, x: torch.Tensor) -> torch.Tensor:
     """One stage of the pipeline: bytes or hidden states in, hidden states or next-byte logits out."""
     if stage == 0:
-        x = model.embed(x) + model.position[: x.shape[1]]
+        x = model.embed(x)
     for index in stage_layers(len(model.layers), n_stages, stage):
         x = model.layers[index](x)
     if stage == n_stages - 1:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-Answer = tuple[torch.Tensor, torch.Tensor | None]  # (z after the block's steps, logits if asked)
+Answer = tuple[torch.Tensor, torch.Tensor | None]  # (the state after the block's steps, logits if asked)
 
 
 @dataclass
@@ -38,10 +38,14 @@ class CrossCheckStats:
 
 
 def agree(a: Answer, b: Answer, z_in: torch.Tensor, tolerance: float) -> bool:
-    """Whether two answers to one request match: z within `tolerance` of the step the block took,
-    logits within `tolerance` of their own size."""
+    """Whether two answers to one request match: byte ids (the masked family's state) exactly,
+    embeddings z within `tolerance` of the step the block took, logits within `tolerance` of
+    their own size."""
     (z_a, logits_a), (z_b, logits_b) = a, b
-    if (z_a - z_b).norm() > tolerance * ((z_a - z_in).norm() + 1e-6):
+    if not z_a.is_floating_point() or not z_b.is_floating_point():
+        if not torch.equal(z_a, z_b):
+            return False
+    elif (z_a - z_b).norm() > tolerance * ((z_a - z_in).norm() + 1e-6):
         return False
     if (logits_a is None) != (logits_b is None):
         return False

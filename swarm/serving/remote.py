@@ -1,6 +1,6 @@
 """Running the blocks on swarm peers: one trip through B peers per span of G bytes.
 
-`RemoteBlocks` is a block runner (see `swarm.model.diffusion.BlockRunner`) whose blocks live on
+`RemoteBlocks` is a block runner (see `swarm.model.steps.BlockRunner`) whose blocks live on
 other peers. For each block it takes the best-ranked checkpoint (agreement among hosts, then
 plausibility, then freshness: `swarm.checkpoints.choice.rank`) that a reachable host serves, and among
 its hosts the one with the lowest measured round trip (pings are cached), hosts behind NAT last
@@ -25,6 +25,7 @@ from hivemind.proto import runtime_pb2
 from swarm.checkpoints.choice import rank
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
+from swarm.model.families import family_of
 from swarm.p2p.directory import Host, SwarmDirectory
 from swarm.p2p.info import owns_record
 from swarm.p2p.messages import DenoiseRequest, PeerInfo, refusal
@@ -58,20 +59,26 @@ class RemoteBlocks:
     _chosen: dict[int, tuple[Host, list[Host]]] = field(default_factory=dict)  # block: (host, the others of its checkpoint)
     _checked: set[str] = field(default_factory=set)  # replicas whose answers were checked at least once
 
-    def __call__(self, block: int, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor) -> Answer:
-        """Run block `block`'s steps on some replica: (z, logits); SwarmError when none answers."""
+    def __post_init__(self) -> None:
+        self.family = family_of(self.config)
+
+    def __call__(self, block: int, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor,
+                 seed: int = 0, temperature: float = 0.0) -> Answer:  # fmt: skip
+        """Run block `block`'s steps on some replica: (state, logits, only from the last block);
+        SwarmError when none answers."""
+        request = Request(prefix, state, schedule, seed, temperature)
         while True:
             host = self.choose(block)
             try:
                 started = time.perf_counter()
-                answer = self._ask(host, prefix, z, sigmas)
+                answer = self._ask(host, request)
                 self.hop_seconds.setdefault(block, []).append(time.perf_counter() - started)
                 self.round_trips += 1
             except Exception as error:  # timeout, vanished peer, refusal, garbage: try another replica
                 self._ban(host, f"failed ({error})")
                 continue
             if host.peer_id not in self._checked or self.rng.random() < self.cross_check.fraction:
-                answer = self._checked_answer(block, host, answer, prefix, z, sigmas)
+                answer = self._checked_answer(block, host, answer, request)
             return answer
 
     def choose(self, block: int) -> Host:
@@ -89,7 +96,7 @@ class RemoteBlocks:
                 return best
         raise SwarmError(f"no live peer serves block {block}")
 
-    def _checked_answer(self, block: int, host: Host, answer: Answer, prefix, z, sigmas) -> Answer:
+    def _checked_answer(self, block: int, host: Host, answer: Answer, request: Request) -> Answer:
         """`answer`, or the majority's when other replicas of the same checkpoint answer otherwise."""
         started = time.perf_counter()
         self._checked.add(host.peer_id)
@@ -98,21 +105,21 @@ class RemoteBlocks:
         for witness in [w for w in self._chosen[block][1] if not self._banned(w.peer_id)][: self.cross_check.witnesses]:
             try:
                 self.checks.extra_requests += 1
-                answers[witness.peer_id] = self._ask(witness, prefix, z, sigmas)
+                answers[witness.peer_id] = self._ask(witness, request)
             except Exception as error:
                 logger.info("cross-check of block %d: witness %s did not answer (%s)", block, witness.peer_id, error)
                 continue
-            if len(answers) == 2 and agree(answer, answers[witness.peer_id], z, self.cross_check.tolerance):
+            if len(answers) == 2 and agree(answer, answers[witness.peer_id], request.state, self.cross_check.tolerance):
                 break  # the first witness confirms it
-        answer = self._verdict(block, host, answers, z)
+        answer = self._verdict(block, host, answers, request.state)
         self.checks.seconds += time.perf_counter() - started
         return answer
 
-    def _verdict(self, block: int, host: Host, answers: dict[str, Answer], z: torch.Tensor) -> Answer:
-        if len(answers) == 1 or all(agree(answers[host.peer_id], a, z, self.cross_check.tolerance) for a in answers.values()):
+    def _verdict(self, block: int, host: Host, answers: dict[str, Answer], state: torch.Tensor) -> Answer:
+        if len(answers) == 1 or all(agree(answers[host.peer_id], a, state, self.cross_check.tolerance) for a in answers.values()):
             return answers[host.peer_id]
         self.checks.disagreements += 1
-        winner, contradicted = majority(answers, z, self.cross_check.tolerance)
+        winner, contradicted = majority(answers, state, self.cross_check.tolerance)
         if winner is None:
             self.checks.undecided += 1
             logger.warning("block %d: replicas %s answer one request differently, and no majority decides",
@@ -155,24 +162,39 @@ class RemoteBlocks:
     async def _ask_info(self, peer_id: str) -> tuple[float, PeerInfo | None]:
         return await timed_info(self.p2p, peer_id, self.ping_timeout)
 
-    def _ask(self, host: Host, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor) -> Answer:
+    def _ask(self, host: Host, request: Request) -> Answer:
         want_logits = host.block == self.config.n_blocks - 1
-        return self.loop.run(self._denoise(host, prefix, z, sigmas, want_logits), self.request_timeout)
+        return self.loop.run(self._denoise(host, request, want_logits), self.request_timeout)
 
-    async def _denoise(self, host: Host, prefix, z, sigmas, want_logits: bool) -> Answer:
+    async def _denoise(self, host: Host, request: Request, want_logits: bool) -> Answer:
         await ensure_direct(self.p2p, host.peer_id, self.ping_timeout)  # a relay would cut a request past 128 KiB
         stub = DenoiseServicer.get_stub(self.p2p, PeerID.from_base58(host.peer_id))
         checkpoint = host.announcement.checkpoint.sha256 if host.announcement.checkpoint else ""
-        request = runtime_pb2.ExpertRequest(
-            tensors=[serialize_torch_tensor(t) for t in (prefix.long(), z.float(), sigmas.float())],
-            metadata=DenoiseRequest(block=host.block, logits=want_logits, checkpoint=checkpoint).encode(),
-        )
-        response = await stub.rpc_denoise(request, timeout=self.request_timeout)
+        options = DenoiseRequest(block=host.block, logits=want_logits, checkpoint=checkpoint, seed=request.seed,
+                                 temperature=request.temperature)  # fmt: skip
+        tensors = (request.prefix.long(), request.state, request.schedule.float())
+        message = runtime_pb2.ExpertRequest(tensors=[serialize_torch_tensor(t) for t in tensors], metadata=options.encode())
+        response = await stub.rpc_denoise(message, timeout=self.request_timeout)
         if (error := refusal(response)) is not None:
             raise SwarmError(f"refused: {error}")
         outputs = [deserialize_torch_tensor(t) for t in response.tensors]
-        if len(outputs) != 1 + want_logits or outputs[0].shape != z.shape or not torch.isfinite(outputs[0]).all():
+        if len(outputs) != 1 + want_logits:
             raise SwarmError("malformed reply")
-        if want_logits and (outputs[1].shape != (*z.shape[:2], 256) or not torch.isfinite(outputs[1]).all()):
+        try:
+            self.family.check_state(outputs[0], len(request.state))
+        except ValueError as error:
+            raise SwarmError(f"malformed reply: {error}") from None
+        if want_logits and (outputs[1].shape != (*request.state.shape[:2], 256) or not torch.isfinite(outputs[1]).all()):
             raise SwarmError("malformed logits")
         return outputs[0], (outputs[1] if want_logits else None)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One block's work for a span, as the client asks every replica it sends it to."""
+
+    prefix: torch.Tensor
+    state: torch.Tensor  # the family's: byte ids (masked) or noisy embeddings (gaussian)
+    schedule: torch.Tensor
+    seed: int
+    temperature: float

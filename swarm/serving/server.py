@@ -1,9 +1,11 @@
-"""Remote denoising: a peer runs its block's K Euler steps for a client, over hivemind P2P.
+"""Remote denoising: a peer runs its block's K denoising steps for a client, over hivemind P2P.
 
-Request (`ExpertRequest`): tensors [prefix (N, P) int64 bytes, z (N, G, d) float32, sigmas
-(K + 1,) float32 decreasing], metadata a `DenoiseRequest` (the block, whether to return logits,
-and the checkpoint the client wants answers from).
-Reply (`ExpertResponse`): tensors [z after the K steps, and the last logits if asked], or
+Request (`ExpertRequest`): tensors [prefix (N, P) int64 bytes, the span's state, the schedule
+(K + 1,) float32 decreasing noise levels], metadata a `DenoiseRequest` (the block, whether to
+return logits, the checkpoint the client wants answers from, the seed and temperature of the
+block's draws). The state is the family's (swarm/model/families.py): byte ids (N, G) int64 with
+the mask id where hidden (masked), or noisy embeddings z (N, G, d) float32 (gaussian).
+Reply (`ExpertResponse`): tensors [the state after the K steps, and logits if asked], or
 metadata an `ErrorReply` for a request that is refused. Every request is checked
 (shapes, dtypes, sizes, finite values, the block this peer hosts) before any work; the
 forward pass runs in a worker thread.
@@ -17,6 +19,7 @@ that names another checkpoint is refused.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -27,15 +30,14 @@ from hivemind.p2p import P2PContext, ServicerBase
 from hivemind.proto import runtime_pb2
 
 from swarm.model.denoiser import VOCAB_SIZE, Denoiser, ModelConfig, build_block
-from swarm.model.diffusion import denoise_steps, make_codebook
+from swarm.model.families import Family, family_of
 from swarm.p2p.limits import MAX_REQUEST_BYTES, Busy, PerPeerLimit
 from swarm.p2p.messages import DenoiseRequest, error_reply
 
 logger = logging.getLogger(__name__)
 
 MAX_BATCH = 64  # windows per request
-MAX_STEPS = 64  # Euler steps per request
-MAX_ABS_Z = 1e4
+MAX_STEPS = 64  # denoising steps per request
 MAX_CONCURRENT = 4  # requests computed at once; more wait their turn
 MAX_PER_PEER = 2  # requests one caller may have in flight (a client sends one at a time)
 SERVED_CHECKPOINTS = 2  # the newest checkpoint and the one before
@@ -45,25 +47,24 @@ class RequestError(ValueError):
     """A request this peer refuses: the message goes back to the client."""
 
 
-def check_request(config: ModelConfig, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(prefix, z, sigmas) of a well-formed request for this model; RequestError otherwise."""
+def check_request(family: Family, config: ModelConfig, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(prefix, state, schedule) of a well-formed request for this model; RequestError otherwise."""
     if len(tensors) != 3:
-        raise RequestError(f"expected 3 tensors (prefix, z, sigmas), got {len(tensors)}")
-    prefix, z, sigmas = tensors
+        raise RequestError(f"expected 3 tensors (prefix, state, schedule), got {len(tensors)}")
+    prefix, state, schedule = tensors
     n = prefix.shape[0] if prefix.dim() == 2 else -1
     if prefix.dtype != torch.int64 or prefix.shape != (n, config.prefix_len) or not 1 <= n <= MAX_BATCH:
         raise RequestError(f"prefix must be int64 of shape (N <= {MAX_BATCH}, {config.prefix_len})")
     if prefix.min() < 0 or prefix.max() >= VOCAB_SIZE:
         raise RequestError("prefix values must be bytes (0..255)")
-    if z.dtype != torch.float32 or z.shape != (n, config.gen_len, config.d_model):
-        raise RequestError(f"z must be float32 of shape ({n}, {config.gen_len}, {config.d_model})")
-    if not torch.isfinite(z).all() or z.abs().max() > MAX_ABS_Z:
-        raise RequestError("z must be finite and of sane magnitude")
-    if sigmas.dtype != torch.float32 or sigmas.dim() != 1 or not 2 <= len(sigmas) <= MAX_STEPS + 1:
-        raise RequestError(f"sigmas must be float32 of 2..{MAX_STEPS + 1} values")
-    if not torch.isfinite(sigmas).all() or (sigmas <= 0).any() or (sigmas[1:] >= sigmas[:-1]).any():
-        raise RequestError("sigmas must be finite, positive and decreasing")
-    return prefix, z, sigmas
+    if schedule.dtype != torch.float32 or schedule.dim() != 1 or not 2 <= len(schedule) <= MAX_STEPS + 1:
+        raise RequestError(f"the schedule must be float32 of 2..{MAX_STEPS + 1} noise levels")
+    try:
+        family.check_state(state, n)
+        family.check_schedule(schedule)
+    except ValueError as error:
+        raise RequestError(str(error)) from None
+    return prefix, state, schedule
 
 
 class DenoiseServicer(ServicerBase):
@@ -75,7 +76,7 @@ class DenoiseServicer(ServicerBase):
         # the previous one stays while records that name it may still be read
         self._served: OrderedDict[str, Denoiser] = OrderedDict()
         self._weights_lock = threading.Lock()
-        self.codebook = make_codebook(config)
+        self.family = family_of(config)
         self._slots = asyncio.Semaphore(MAX_CONCURRENT)
         self.limit = PerPeerLimit(MAX_PER_PEER)
 
@@ -118,15 +119,17 @@ class DenoiseServicer(ServicerBase):
                 raise RequestError(f"this peer hosts block {self.block}, not {options.block}")
             denoiser = self._denoiser_for(options.checkpoint)
             tensors = [deserialize_torch_tensor(t) for t in request.tensors]
-            prefix, z, sigmas = check_request(self.config, tensors)
+            prefix, state, schedule = check_request(self.family, self.config, tensors)
         except Exception as error:  # anything malformed, whatever the library raised
             logger.info("refused a denoise request from %s: %s", context.remote_id, error)
             return error_reply(error)
+        run = functools.partial(self._run, denoiser, prefix, state, schedule, options.seed, options.temperature)
         async with self._slots:
-            z, logits = await asyncio.get_running_loop().run_in_executor(None, self._run, denoiser, prefix, z, sigmas)
-        outputs = [z] + ([logits] if options.logits else [])
+            state, logits = await asyncio.get_running_loop().run_in_executor(None, run)
+        outputs = [state] + ([logits] if options.logits else [])
         return runtime_pb2.ExpertResponse(tensors=[serialize_torch_tensor(t) for t in outputs])
 
-    def _run(self, denoiser: Denoiser, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor):
+    def _run(self, denoiser: Denoiser, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor,
+             seed: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         with torch.no_grad():  # a served copy is never written: `swap_in` replaces it whole
-            return denoise_steps(denoiser, self.codebook, prefix, z, sigmas)
+            return self.family.run_steps(denoiser, prefix, state, schedule, seed, temperature)

@@ -1,0 +1,193 @@
+"""Masked (absorbing-state) diffusion over bytes: the mask partition, the loss and the sampler.
+
+The vocabulary is the 256 bytes plus MASK_ID. At noise level t in (0, 1] (the mask rate) each
+target byte is hidden with probability t, independently. The training distribution of t is
+uniform on (0, 1], cut into B slices of equal mass: block b owns t in [1 - (b+1)/B, 1 - b/B]
+(`config.block_slice(b)`: t is its own mass fraction), so block 0 sees the most masked spans
+and the last block the nearly clean ones.
+
+Each slice is widened by `block_overlap` of mass on each side (0.05 by default, the gaussian
+family's figure). Why about that much: the optimal prediction for a masked byte does not
+depend on t at all (masking is independent of the text), so what a block really learns is
+"spans with about a share t of bytes hidden", and a span's realised share scatters around t
+by sqrt(t (1 - t) / G), about 0.06 to 0.09 at G = 32 in mid range. A block therefore already
+meets spans from its neighbours' side of every edge; a widening of the same order makes its
+own t-conditioning and its loss cover its edges as densely as its middle, while one much
+wider would spend its budget on its neighbours' slices. Not measured here.
+
+Generation starts with every target byte hidden. Block b takes K ancestral steps down its own
+(not widened) slice: going from t to s, a hidden byte is revealed with probability (t - s) / t,
+drawn from the block's logits at t with a temperature; revealed bytes stay as they are. After
+each such step a byte is still hidden with probability s, exactly the training marginal, so the
+path never leaves the noise levels the blocks were trained on. The last block's slice ends at
+t = 0, where the reveal probability is 1: nothing stays hidden. Every draw of a block comes
+from a generator seeded with the seed it is given, so a remote peer that receives the same
+(prefix, ids, schedule, seed, temperature) writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from swarm.model.denoiser import MASK_ID, VOCAB_SIZE, Denoiser, ModelConfig
+from swarm.model.steps import BlockRunner, LossFn, pick_bytes
+
+SEED_BOUND = 2**62  # per-block seeds are drawn below this
+
+
+def hide(target: torch.Tensor, t: torch.Tensor, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask): target bytes (N, G) with MASK_ID where draws (N, G, uniform) fall below t (N,)."""
+    mask = draws < t[:, None]
+    return target.masked_fill(mask, MASK_ID), mask
+
+
+def masked_ce(
+    denoiser: Denoiser, window: torch.Tensor, t: torch.Tensor, draws: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ce, mask): the denoiser's cross-entropy (N, G) at every hidden position (0 elsewhere)."""
+    prefix, target = window[:, : denoiser.config.prefix_len], window[:, denoiser.config.prefix_len :]
+    ids, mask = hide(target, t, draws)
+    logits = denoiser(prefix, ids, t)
+    ce = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    return ce * mask, mask
+
+
+def masked_loss(denoiser: Denoiser, window: torch.Tensor, t: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """The training loss: the mean over windows of each window's mean CE on its hidden bytes.
+
+    Why not MDLM's 1/t weight (sum of CE over hidden bytes / (t G)): both have the same
+    expectation at each t (E[hidden count] = t G), but the 1/t form makes a window at t = 0.01
+    that happens to hide one byte weigh 3 times its share and, as t -> 0, without bound: its
+    variance grows like 1 / (t G), and the lowest block's slice reaches t = 0. Dividing by the
+    realised count keeps every term at most the largest CE. Windows with nothing hidden (only
+    at tiny t) carry no information and are left out. The bound (`MaskedFamily.block_elbo`)
+    keeps the exact 1/t form, where a fixed grid and many windows tame it.
+    """
+    ce, mask = masked_ce(denoiser, window, t, draws)
+    counts = mask.sum(dim=1)
+    per_window = ce.sum(dim=1) / counts.clamp(min=1)
+    return per_window.sum() / (counts > 0).sum().clamp(min=1)
+
+
+@torch.no_grad()
+def unmask_steps(
+    denoiser: Denoiser, prefix: torch.Tensor, ids: torch.Tensor, ts: torch.Tensor, seed: int, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block's K ancestral steps along `ts` (K + 1 decreasing mask rates): what a peer runs.
+
+    All draws (which bytes to reveal, and their values) come from a generator seeded with
+    `seed`, a fixed number of them per step, so the same inputs give the same bytes anywhere.
+    Returns (ids, logits each newly revealed byte was drawn from, zeros where none was).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    drawn_from = torch.zeros(*ids.shape, VOCAB_SIZE)
+    for t, s in zip(ts[:-1], ts[1:]):
+        logits = denoiser(prefix, ids, t.expand(len(ids)))
+        reveal = (ids == MASK_ID) & (torch.rand(ids.shape, generator=generator) < (t - s) / t)
+        ids = torch.where(reveal, pick_bytes(logits, temperature, generator), ids)
+        drawn_from = torch.where(reveal[..., None], logits, drawn_from)
+    return ids, drawn_from
+
+
+class MaskedFamily:
+    """The masked family behind the interface of swarm/model/families.py."""
+
+    name = "masked"
+
+    def __init__(self, config: ModelConfig):
+        self.config = config
+
+    def sample(self, n: int, block: int | None, generator: torch.Generator) -> torch.Tensor:
+        """n training mask rates in (lo, hi] of a block's widened slice (of (0, 1] if block is None)."""
+        lo, hi = (0.0, 1.0) if block is None else self.config.block_slice(block, widened=True)
+        return hi - (hi - lo) * torch.rand(n, generator=generator)
+
+    def grid(self, block: int, points: int) -> torch.Tensor:
+        """Midpoints of `points` equal sub-slices of a block's own slice: a midpoint quadrature."""
+        lo, hi = self.config.block_slice(block)
+        return lo + (hi - lo) * (torch.arange(points, dtype=torch.float32) + 0.5) / points
+
+    def schedule(self, block: int, steps: int) -> torch.Tensor:
+        """K + 1 mask rates, evenly from the top of a block's slice to its bottom: K ancestral steps."""
+        lo, hi = self.config.block_slice(block)
+        return torch.linspace(hi, lo, steps + 1)
+
+    def training_loss(self, denoiser: Denoiser, block: int | None) -> LossFn:
+        """The loss of one block on its widened slice of t (of the end-to-end model on all of it)."""
+        device = next(denoiser.parameters()).device
+
+        def loss(window: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+            t = self.sample(len(window), block, generator)
+            draws = torch.rand(len(window), self.config.gen_len, generator=generator)
+            return masked_loss(denoiser, window, t.to(device), draws.to(device))
+
+        return loss
+
+    @torch.no_grad()
+    def _grid_ce(self, denoiser: Denoiser, block: int, windows: torch.Tensor, points: int, seed: int):
+        """[(t, summed CE over hidden bytes, hidden count)] at each grid point of the block, fixed draws."""
+        draws = torch.rand(len(windows), self.config.gen_len, generator=torch.Generator().manual_seed(seed))
+        rows = []
+        for t in self.grid(block, points):
+            ce, mask = masked_ce(denoiser, windows, t.expand(len(windows)), draws)
+            rows.append((float(t), float(ce.sum()), int(mask.sum())))
+        return rows
+
+    def block_loss(self, denoiser: Denoiser, block: int, windows: torch.Tensor, points: int, seed: int) -> float:
+        """Cross-entropy on the hidden bytes (nats per byte), averaged over the block's grid of mask rates."""
+        rows = self._grid_ce(denoiser, block, windows, points, seed)
+        return sum(ce / max(1, count) for _, ce, count in rows) / len(rows)
+
+    def block_elbo(self, denoiser: Denoiser, block: int, windows: torch.Tensor, points: int, seed: int) -> float:
+        """Block `block`'s share of the variational bound on -log p(target), in nats per byte.
+
+        For absorbing-state diffusion with mask rate t (MDLM, Sahoo et al.) the bound is
+        integral over t in (0, 1] of E[sum of CE over the hidden bytes] / t dt, per byte / G;
+        there is no prior term (at t = 1 every byte is hidden, as generation starts) and no
+        reconstruction term (at t = 0 none is). Each block integrates over its own slice of t
+        by the midpoint rule.
+        """
+        lo, hi = self.config.block_slice(block)
+        per_byte = len(windows) * self.config.gen_len
+        rows = self._grid_ce(denoiser, block, windows, points, seed)
+        return (hi - lo) * sum(ce / (t * per_byte) for t, ce, _ in rows) / len(rows)
+
+    def run_steps(self, denoiser: Denoiser, prefix: torch.Tensor, ids: torch.Tensor, ts: torch.Tensor,
+                  seed: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        return unmask_steps(denoiser, prefix, ids, ts, seed, temperature)
+
+    @torch.no_grad()
+    def generate_span(self, run_block: BlockRunner, prefix: torch.Tensor, steps_per_block: int,
+                      generator: torch.Generator, temperature: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """One pass through the B blocks: G bytes for each prefix (N, P), from all hidden to none.
+
+        Returns (bytes, logits each byte was drawn from; zeros for a block whose runner returned
+        none). Each block's seed is drawn here from
+        `generator`, wherever the blocks run. temperature 0 takes the argmax of each revealed byte.
+        """
+        config = self.config
+        ids = torch.full((len(prefix), config.gen_len), MASK_ID, dtype=torch.long)
+        drawn_from = torch.zeros(len(prefix), config.gen_len, VOCAB_SIZE)
+        for block in range(config.n_blocks):
+            seed = int(torch.randint(SEED_BOUND, (1,), generator=generator))
+            new_ids, new_logits = run_block(block, prefix, ids, self.schedule(block, steps_per_block), seed, temperature)
+            if new_logits is not None:  # a remote runner asks the last block's alone
+                revealed = (ids == MASK_ID) & (new_ids != MASK_ID)
+                drawn_from = torch.where(revealed[..., None], new_logits, drawn_from)
+            ids = new_ids
+        if (ids == MASK_ID).any():
+            raise ValueError("the last block left bytes hidden")
+        return ids, drawn_from
+
+    def check_state(self, ids: torch.Tensor, n: int) -> None:
+        """ValueError unless ids is a span state a peer may be asked to unmask."""
+        shape = (n, self.config.gen_len)
+        if ids.dtype != torch.int64 or ids.shape != shape:
+            raise ValueError(f"ids must be int64 of shape {shape}")
+        if ids.min() < 0 or ids.max() > MASK_ID:
+            raise ValueError(f"ids must be bytes (0..255) or the mask ({MASK_ID})")
+
+    def check_schedule(self, ts: torch.Tensor) -> None:
+        if not torch.isfinite(ts).all() or ts[0] > 1 or (ts < 0).any() or (ts[1:] >= ts[:-1]).any():
+            raise ValueError("mask rates must be finite, in [0, 1] and decreasing")

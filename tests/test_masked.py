@@ -1,0 +1,106 @@
+"""The masked family: equal slices of the mask rate, a sampler that stays on the training path,
+seeded draws, and a bound whose ends are known exactly."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from swarm.model.denoiser import MASK_ID, ModelConfig, build_block
+from swarm.model.evaluate import elbo_bits_per_byte
+from swarm.model.families import family_of, generate_span, local_runner
+from swarm.model.masked import MaskedFamily
+
+
+class Recorder(nn.Module):
+    """A denoiser with fixed random logits that records, at each call, the level it is asked at
+    and the share of the span still hidden."""
+
+    def __init__(self, config, answer: torch.Tensor | None = None):
+        super().__init__()
+        self.config, self.answer, self.calls = config, answer, []
+
+    def forward(self, prefix, ids, t):
+        self.calls.append((float(t[0]), float((ids == MASK_ID).float().mean())))
+        if self.answer is None:
+            return torch.zeros(len(ids), self.config.gen_len, 256)
+        return nn.functional.one_hot(self.answer, 256).float().expand(len(ids), -1, -1) * 50.0
+
+
+@pytest.fixture
+def masked_config(tiny_config):
+    return ModelConfig(**{**tiny_config.to_dict(), "family": "masked", "gen_len": 32, "n_blocks": 4, "n_layers": 4})
+
+
+@pytest.mark.parametrize("n_blocks", [1, 2, 4])
+def test_blocks_split_the_mask_rate_into_equal_slices_block_0_the_most_masked(n_blocks):
+    config = ModelConfig(n_layers=4, n_blocks=n_blocks, family="masked")
+    slices = [config.block_slice(b) for b in range(n_blocks)]
+    assert slices[0][1] == 1.0 and slices[-1][0] == 0.0
+    for lo, hi in slices:
+        assert hi - lo == pytest.approx(1 / n_blocks)
+    for upper, lower in zip(slices, slices[1:]):
+        assert upper[0] == pytest.approx(lower[1])
+    family = MaskedFamily(config)
+    for block in range(n_blocks):  # training rates fall in the block's widened slice
+        lo, hi = config.block_slice(block, widened=True)
+        t = family.sample(2000, block, torch.Generator().manual_seed(block))
+        assert lo <= float(t.min()) and float(t.max()) <= hi and hi - lo > 1 / n_blocks or n_blocks == 1
+
+
+def test_the_sampler_path_stays_where_the_blocks_were_trained(masked_config):
+    """Each block is asked only at mask rates of its own training slice, and the span it is given
+    has about that share of its bytes hidden: the training marginal, at every step."""
+    recorders = [Recorder(masked_config) for _ in range(masked_config.n_blocks)]
+    prefix = torch.zeros(256, masked_config.prefix_len, dtype=torch.long)
+    steps = 4
+    generated, _ = generate_span(local_runner(lambda b: recorders[b], masked_config), masked_config, prefix, steps,
+                                 torch.Generator().manual_seed(0), temperature=1.0)  # fmt: skip
+    assert not (generated == MASK_ID).any()
+    for block, recorder in enumerate(recorders):
+        lo, hi = masked_config.block_slice(block, widened=True)
+        assert len(recorder.calls) == steps
+        for t, hidden_share in recorder.calls:
+            assert lo <= t <= hi, (block, t)
+            assert hidden_share == pytest.approx(t, abs=0.03), (block, t, hidden_share)
+
+
+def test_revealed_bytes_stay_and_the_oracle_answer_is_written(masked_config):
+    answer = torch.randint(0, 256, (masked_config.gen_len,), generator=torch.Generator().manual_seed(3))
+    oracles = [Recorder(masked_config, answer) for _ in range(masked_config.n_blocks)]
+    prefix = torch.zeros(3, masked_config.prefix_len, dtype=torch.long)
+    generated, drawn_from = generate_span(local_runner(lambda b: oracles[b], masked_config), masked_config, prefix, 2,
+                                          torch.Generator().manual_seed(0))  # fmt: skip
+    assert (generated == answer).all()
+    assert (drawn_from.argmax(dim=-1) == answer).all()  # every byte has the logits it was drawn from
+
+
+def test_the_same_seed_writes_the_same_bytes_and_temperature_varies_them(masked_config):
+    torch.manual_seed(0)
+    blocks = [build_block(masked_config, b).eval() for b in range(masked_config.n_blocks)]
+    run_block = local_runner(lambda b: blocks[b], masked_config)
+    prefix = torch.randint(0, 256, (4, masked_config.prefix_len))
+    run = lambda seed, t: generate_span(run_block, masked_config, prefix, 2, torch.Generator().manual_seed(seed), t)[0]  # noqa: E731
+    assert torch.equal(run(5, 1.0), run(5, 1.0))
+    hot = torch.stack([run(seed, 5.0) for seed in range(3)])
+    assert not (hot == hot[0]).all()
+
+
+@pytest.mark.parametrize("family", ["masked", "gaussian"])
+def test_the_bound_of_a_model_that_knows_the_answer_is_near_zero(family, tiny_config):
+    config = ModelConfig(**{**tiny_config.to_dict(), "family": family})
+    """What is left is the gaussian prior term (|T[y]|^2 / 2 sigma_max^2, about 0.1 bit here)."""
+    windows = torch.randint(0, 256, (64, config.seq_len), generator=torch.Generator().manual_seed(1))  # one batch
+    knower = Recorder(config, answer=None)
+    knower.forward = lambda prefix, state, level: nn.functional.one_hot(windows[:, config.prefix_len :], 256).float() * 60.0
+    assert elbo_bits_per_byte(lambda b: knower, config, windows)["overall"] < 0.2
+
+
+def test_the_masked_bound_of_a_uniform_guess_is_eight_bits_per_byte(masked_config):
+    """Uniform logits cost ln 256 at every hidden byte: the bound integrates to exactly 8 bits."""
+    windows = torch.randint(0, 256, (1024, masked_config.seq_len), generator=torch.Generator().manual_seed(2))
+    bound = elbo_bits_per_byte(lambda b: Recorder(masked_config), masked_config, windows)
+    assert bound["overall"] == pytest.approx(8.0, rel=0.03)
+    assert all(share == pytest.approx(2.0, rel=0.05) for share in bound["per_block"])
+    assert math.isfinite(family_of(masked_config).block_loss(Recorder(masked_config), 0, windows, 3, 0))
