@@ -1,15 +1,19 @@
-"""Quality, memory and speed: the block model against its two baselines, at equal compute.
+"""Quality, memory and speed: each model family's blocks against their two baselines, at equal compute.
 
-Trains, each in its own process (so peak memory is that trainer's alone):
-- every block of the block model, each for --steps steps (a block costs 1/B of the
-  end-to-end model, so B blocks at N steps each equal the end-to-end model at N steps);
-- the end-to-end denoiser for --steps steps;
-- the autoregressive byte transformer (about the same parameter count) for --steps steps.
-Then evaluates all three on the same validation windows, sigmas and noise, and prints one
-JSON object (the loss curves only go to the file). Writes quality.json and a PNG of the
-validation loss curves under --out.
+For each family of --families (default: both), trains every block of the block model for
+--steps steps (a block costs 1/B of the end-to-end model, so B blocks at N steps each equal
+the end-to-end model at N steps) and the end-to-end denoiser for --steps steps; then the
+autoregressive byte transformer (about the same parameter count) for --steps steps. Each
+model trains in its own process, one after another (swarm/lab/trainjobs.py), so peak memory
+is that trainer's alone and none steals the others' cores. All are scored on the same
+validation windows (swarm/model/evaluate.py): bits per byte (the likelihood the papers
+report), the share of real words in what they write, gen_nll under the AR model as judge,
+chain_ce and denoise_ce; for the gaussian family also where its chain hands each block its
+span (`path_norms`, 1.0 = on the training path). Writes quality.json and quality.png (bits
+per byte against steps) under --out and prints the JSON without the curves.
 
-    python benchmarks/quality.py --steps 300      # about 10 minutes per model on 2 cores
+    python benchmarks/quality.py                      # both families, 300 steps: about an hour on 2 cores
+    python benchmarks/quality.py --families masked --steps 20   # a quick look
 """
 
 from __future__ import annotations
@@ -17,163 +21,134 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import multiprocessing as mp
 import statistics
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable
 
-import psutil
 import torch
 
 from swarm.cli.console import setup_logging
-from swarm.model.autoregressive import ByteTransformer, generate_bytes
-from swarm.model.checkpoint import load_block, load_model_folder, save_block, save_model_folder
+from swarm.lab.trainjobs import run_jobs
+from swarm.model.autoregressive import generate_bytes
+from swarm.model.checkpoint import load_block, load_model_folder
 from swarm.model.data import ByteWindows, load_corpus
-from swarm.model.denoiser import ModelConfig, count_parameters
-from swarm.model.diffusion import generate_span, local_runner
-from swarm.model.evaluate import evaluate_autoregressive, evaluate_denoiser
-from swarm.model.train import TrainConfig, Trainer, autoregressive_trainer, block_trainer, end_to_end_trainer, train
+from swarm.model.denoiser import FAMILIES, ModelConfig
+from swarm.model.diffusion import GaussianFamily
+from swarm.model.evaluate import NOISE_SEED, evaluate_autoregressive, evaluate_denoiser
+from swarm.model.families import generate_span, local_runner
+from swarm.model.words import vocabulary
 
 logger = logging.getLogger("benchmarks.quality")
 
-CURVE_WINDOWS = 64
+SAMPLES = 3  # continuations shown per model
 
 
-def reset_peak_rss() -> None:
-    """Reset the kernel's high-water mark of this process's RSS (Linux), so the peak is the trainer's."""
-    Path("/proc/self/clear_refs").write_text("5")
+def family_config(config: ModelConfig, family: str) -> ModelConfig:
+    return ModelConfig.from_dict({**config.to_dict(), "family": family})
 
 
-def peak_rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
-def validation_curve(windows: torch.Tensor, every: int) -> tuple[list, Callable[[Trainer], None]]:
-    """An on_step hook that records the trainer's own loss on fixed validation windows and noise."""
-    curve = []
-
-    def record(t: Trainer) -> None:
-        if t.step_count % every and t.step_count != 1:
-            return
-        t.module.eval()
-        with torch.no_grad():
-            loss = t.loss_fn(windows, torch.Generator().manual_seed(99)).item()
-        curve.append((t.step_count, loss))
-
-    return curve, record
-
-
-def train_one(job: dict) -> dict:
-    """Runs in a fresh process: build one trainer, train it, save the module, report figures."""
-    setup_logging()
-    torch.set_num_threads(job["threads"])
-    config = ModelConfig.from_dict(job["config"])
-    train_windows = ByteWindows(job["train"], config.seq_len)
-    curve_windows = ByteWindows(job["validation"], config.seq_len).fixed(CURVE_WINDOWS, seed=7)
-    train_config = TrainConfig(**job["train_config"])
-    reset_peak_rss()
-    rss_before = psutil.Process().memory_info().rss
-    if job["kind"] == "block":
-        trainer = block_trainer(config, job["block"], train_windows, train_config)
-    elif job["kind"] == "end_to_end":
-        trainer = end_to_end_trainer(config, train_windows, train_config)
-    else:
-        trainer = autoregressive_trainer(config, train_windows, train_config)
-    curve, record = validation_curve(curve_windows, job["curve_every"])
-    train(trainer, train_config.steps, job["name"], on_step=record)
-    peak = peak_rss_bytes() - rss_before
-    if job["kind"] == "block":
-        save_block(Path(job["save_to"]), trainer.module, config, job["block"], trainer.step_count)
-    else:
-        save_model_folder(Path(job["save_to"]), job["kind"], config, [trainer.module])
-    return {
-        "name": job["name"],
-        "parameters": count_parameters(trainer.module),
-        "peak_train_memory_mb": peak / 2**20,
-        "median_step_s": statistics.median(trainer.step_seconds),
-        "curve": curve,
-    }
-
-
-def run_jobs(jobs: list[dict]) -> list[dict]:
-    """One fresh process per job, one after the other, so they never compete for the cores."""
-    results = []
-    for job in jobs:
-        with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
-            results.append(pool.submit(train_one, job).result())
-    return results
-
-
-def make_jobs(config: ModelConfig, corpus, args, workdir: Path) -> list[dict]:
+def make_jobs(configs: dict[str, ModelConfig], corpus, args, workdir: Path) -> list[dict]:
+    """The blocks and the end-to-end model of every family, then the autoregressive baseline."""
     common = {
-        "config": config.to_dict(),
         "train": corpus.train,
         "validation": corpus.validation,
         "train_config": {"steps": args.steps, "batch_size": args.batch_size, "seed": 0},
         "threads": args.threads,
-        "curve_every": max(1, args.steps // 12),
+        "curve_every": max(1, args.steps // args.curve_points),
     }
-    jobs = [
-        {**common, "kind": "block", "block": b, "name": f"block {b}", "save_to": str(workdir / f"block{b}")}
-        for b in range(config.n_blocks)
-    ]
-    jobs.append({**common, "kind": "end_to_end", "name": "end-to-end", "save_to": str(workdir / "e2e")})
-    jobs.append({**common, "kind": "autoregressive", "name": "autoregressive", "save_to": str(workdir / "ar")})
+    jobs = []
+    for family, config in configs.items():
+        common_here = {**common, "config": config.to_dict()}
+        jobs += [{**common_here, "kind": "block", "block": b, "name": f"{family} block {b}",
+                  "save_to": str(workdir / family / f"block{b}")} for b in range(config.n_blocks)]  # fmt: skip
+        jobs.append({**common_here, "kind": "end_to_end", "name": f"{family} end-to-end", "save_to": str(workdir / family / "e2e")})
+    any_config = next(iter(configs.values()))
+    jobs.append({**common, "config": any_config.to_dict(), "kind": "autoregressive", "name": "autoregressive",
+                 "save_to": str(workdir / "ar")})  # fmt: skip
     return jobs
 
 
-def samples(config: ModelConfig, windows: torch.Tensor, blocks, e2e, judge, steps_per_block: int) -> dict:
-    """Three continuations from each model after the same three validation prefixes."""
-    prefix = windows[:3, : config.prefix_len]
-    text = lambda rows: [bytes(r.tolist()).decode("utf-8", errors="replace") for r in rows]  # noqa: E731
-    out = {"prefix": text(prefix), "true": text(windows[:3, config.prefix_len :])}
-    for name, model in (("blocks", blocks), ("end_to_end", e2e)):
-        run_block = local_runner(model, config)
-        out[name] = text(generate_span(run_block, config, prefix, steps_per_block, torch.Generator().manual_seed(0))[0])
-    out["autoregressive"] = text(generate_bytes(judge, prefix, config.gen_len, torch.Generator().manual_seed(0)))
+def text(rows: torch.Tensor) -> list[str]:
+    return [bytes(r.tolist()).decode("utf-8", errors="replace") for r in rows]
+
+
+def samples(config: ModelConfig, windows: torch.Tensor, models: dict, steps_per_block: int) -> dict:
+    """A few continuations from each denoiser after the same validation prefixes."""
+    prefix = windows[:SAMPLES, : config.prefix_len]
+    out = {}
+    for name, denoiser_for_block in models.items():
+        generator = torch.Generator().manual_seed(0)
+        out[name] = text(generate_span(local_runner(denoiser_for_block, config), config, prefix, steps_per_block, generator)[0])
     return out
 
 
-def summarize(config: ModelConfig, trained: list[dict], workdir: Path, windows: torch.Tensor, args) -> dict:
-    blocks = [load_block(workdir / f"block{b}", config, b)[0].eval() for b in range(config.n_blocks)]
-    e2e = load_model_folder(workdir / "e2e").modules[0]
-    judge: ByteTransformer = load_model_folder(workdir / "ar").modules[0]
-    block_figures = evaluate_denoiser(lambda b: blocks[b], config, windows, args.steps_per_block, judge)
-    e2e_figures = evaluate_denoiser(lambda b: e2e, config, windows, args.steps_per_block, judge)
-    by_name = {t["name"]: t for t in trained}
-    block_train = [by_name[f"block {b}"] for b in range(config.n_blocks)]
+def evaluate_family(config: ModelConfig, workdir: Path, windows: torch.Tensor, judge, known, args) -> dict:
+    """Every figure of one family's blocks and end-to-end model."""
+    folder = workdir / config.family
+    blocks = [load_block(folder / f"block{b}", config, b)[0].eval() for b in range(config.n_blocks)]
+    e2e = load_model_folder(folder / "e2e").modules[0].eval()
+    models = {"blocks": lambda b: blocks[b], "end_to_end": lambda b: e2e}
+    figures = {name: evaluate_denoiser(m, config, windows, args.steps_per_block, judge, known) for name, m in models.items()}
+    bpb = {name: f["bits_per_byte"]["overall"] for name, f in figures.items()}
+    result = {
+        "figures": figures,
+        "bits_per_byte": bpb,
+        "blocks_over_end_to_end": bpb["blocks"] / bpb["end_to_end"],
+        "samples": samples(config, windows, models, args.steps_per_block),
+    }
+    if config.family == "gaussian":
+        family, prefix = GaussianFamily(config), windows[:, : config.prefix_len]
+        result["path_norms"] = {name: family.path_norms(m, prefix, args.steps_per_block, torch.Generator().manual_seed(NOISE_SEED))
+                                for name, m in models.items()}  # fmt: skip
+    return result
+
+
+def training_costs(trained: dict[str, dict], config: ModelConfig) -> dict:
+    """Peak memory and step time of one block's trainer against the end-to-end one's (first family)."""
+    block_train = [trained[f"{config.family} block {b}"] for b in range(config.n_blocks)]
+    e2e_train = trained[f"{config.family} end-to-end"]
     block_peak = max(t["peak_train_memory_mb"] for t in block_train)
     block_step = statistics.median(t["median_step_s"] for t in block_train)
-    e2e_train = by_name["end-to-end"]
     return {
-        "config": config.to_dict(),
-        "steps_each": args.steps,
-        "batch_size": args.batch_size,
-        "validation_windows": len(windows),
-        "steps_per_block_at_generation": args.steps_per_block,
-        "parameters": {t["name"]: t["parameters"] for t in trained},
-        "denoise_ce": {"blocks": block_figures["denoise_ce"], "end_to_end": e2e_figures["denoise_ce"]},
-        "denoise_ce_ratio_blocks_over_end_to_end": block_figures["denoise_ce"]["overall"]
-        / e2e_figures["denoise_ce"]["overall"],
-        "gen_nll": {"blocks": block_figures["gen_nll"], "end_to_end": e2e_figures["gen_nll"], "true_text": block_figures["true_nll"]},
-        "chain_ce": {"blocks": block_figures["chain_ce"], "end_to_end": e2e_figures["chain_ce"]},
-        "ar_ce": evaluate_autoregressive(judge, config, windows)["ar_ce"],
-        "samples": samples(config, windows, lambda b: blocks[b], lambda b: e2e, judge, args.steps_per_block),
         "peak_train_memory_mb": {"one_block_max": block_peak, "end_to_end": e2e_train["peak_train_memory_mb"]},
         "peak_memory_ratio_block_over_end_to_end": block_peak / e2e_train["peak_train_memory_mb"],
         "median_step_s": {"one_block": block_step, "end_to_end": e2e_train["median_step_s"]},
         "step_time_ratio_block_over_end_to_end": block_step / e2e_train["median_step_s"],
-        "curves": {t["name"]: t["curve"] for t in trained},
     }
 
 
-def plot_curves(result: dict, n_blocks: int, path: Path) -> None:
+def summarize(configs: dict[str, ModelConfig], trained: list[dict], workdir: Path, corpus, args) -> dict:
+    any_config = next(iter(configs.values()))
+    windows = ByteWindows(corpus.validation, any_config.seq_len).fixed(args.windows)
+    known = vocabulary(corpus.train)
+    judge = load_model_folder(workdir / "ar").modules[0].eval()
+    ar = evaluate_autoregressive(judge, any_config, windows, known)
+    ar["samples"] = text(generate_bytes(judge, windows[:SAMPLES, : any_config.prefix_len], any_config.gen_len,
+                                        torch.Generator().manual_seed(0)))  # fmt: skip
+    families = {family: evaluate_family(config, workdir, windows, judge, known, args) for family, config in configs.items()}
+    ar_bpb = ar["bits_per_byte"]["overall"]
+    for result in families.values():
+        result["blocks_over_autoregressive"] = result["bits_per_byte"]["blocks"] / ar_bpb
+    by_name = {t["name"]: t for t in trained}
+    return {
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "model": any_config.to_dict(),
+        "default_family": ModelConfig().family,
+        "best_family_by_blocks_bits_per_byte": min(families, key=lambda f: families[f]["bits_per_byte"]["blocks"]),
+        "families": families,
+        "autoregressive": ar,
+        "true_continuations": text(windows[:SAMPLES, any_config.prefix_len :]),
+        "prefixes": text(windows[:SAMPLES, : any_config.prefix_len]),
+        "parameters": {t["name"]: t["parameters"] for t in trained},
+        **training_costs(by_name, any_config),
+        "curves": {t["name"]: t["curve"] for t in trained},  # (step, training seconds, bits per byte)
+    }
+
+
+def plot_curves(result: dict, configs: dict[str, ModelConfig], path: Path) -> None:
+    """Bits per byte on the curve windows against steps: each family's blocks (the sum of their
+    shares) and end-to-end model, and the autoregressive baseline."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,17 +156,17 @@ def plot_curves(result: dict, n_blocks: int, path: Path) -> None:
 
     curves = result["curves"]
     fig, ax = plt.subplots(figsize=(8, 5))
-    for b in range(n_blocks):
-        steps, losses = zip(*curves[f"block {b}"])
-        ax.plot(steps, losses, alpha=0.4, linestyle="--", label=f"block {b} (its own sigma interval)")
-    mean = [sum(curves[f"block {b}"][i][1] for b in range(n_blocks)) / n_blocks for i in range(len(steps))]
-    ax.plot(steps, mean, linewidth=2, label="blocks: mean over blocks")
-    for name in ("end-to-end", "autoregressive"):
-        s, l = zip(*curves[name])
-        ax.plot(s, l, linewidth=2, label=name)
+    for family, config in configs.items():
+        parts = [curves[f"{family} block {b}"] for b in range(config.n_blocks)]
+        steps = [point[0] for point in parts[0]]
+        ax.plot(steps, [sum(p[i][2] for p in parts) for i in range(len(steps))], linewidth=2, label=f"{family}: blocks")
+        s, _, bpb = zip(*curves[f"{family} end-to-end"])
+        ax.plot(s, bpb, linestyle="--", label=f"{family}: end to end")
+    s, _, bpb = zip(*curves["autoregressive"])
+    ax.plot(s, bpb, linewidth=2, color="black", label="autoregressive (teacher-forced)")
     ax.set_xlabel("optimizer steps (each block, and each baseline)")
-    ax.set_ylabel("validation loss (nats per byte)")
-    ax.set_title("BlockSwarm quality benchmark: validation loss at equal compute")
+    ax.set_ylabel("validation bits per byte (ELBO for diffusion)")
+    ax.set_title("quality at equal compute")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -200,28 +175,32 @@ def plot_curves(result: dict, n_blocks: int, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=300, help="budget: optimizer steps for each block and each baseline")
+    parser.add_argument("--families", default=",".join(FAMILIES), help="model families to compare, comma-separated")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--windows", type=int, default=256, help="validation windows for the figures")
-    parser.add_argument("--steps-per-block", type=int, default=4, help="Euler steps per block at generation")
+    parser.add_argument("--steps-per-block", type=int, default=8, help="denoising steps per block at generation")
+    parser.add_argument("--curve-points", type=int, default=6, help="validation points on each training curve")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--config", default=None, help="model config JSON (default: the built-in config)")
     parser.add_argument("--out", default="benchmarks/results/quality", help="folder for quality.json and quality.png")
     args = parser.parse_args()
     setup_logging()
     config = ModelConfig.from_json_file(args.config)
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    if not families or any(f not in FAMILIES for f in families):
+        parser.error(f"--families takes names among {', '.join(FAMILIES)}")
+    configs = {family: family_config(config, family) for family in families}
     corpus = load_corpus()
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        trained = run_jobs(make_jobs(config, corpus, args, Path(tmp)))
-        windows = ByteWindows(corpus.validation, config.seq_len).fixed(args.windows)
-        result = summarize(config, trained, Path(tmp), windows, args)
+        trained = run_jobs(make_jobs(configs, corpus, args, Path(tmp)), initializer=setup_logging)
+        result = summarize(configs, trained, Path(tmp), corpus, args)
     result["wall_s"] = time.time() - started
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "quality.json").write_text(json.dumps(result, indent=2))
-    plot_curves(result, config.n_blocks, out / "quality.png")
-    printed = {k: v for k, v in result.items() if k != "curves"}  # the curves are in the file and the plot
-    print(json.dumps(printed, indent=2))
+    plot_curves(result, configs, out / "quality.png")
+    print(json.dumps({k: v for k, v in result.items() if k != "curves"}, indent=2))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ PAGE = HERE / "README.md"
 NOT_SETTINGS = {"out", "from_json", "model_path", "regions"}  # where files went, not what was measured
 DASH = "–"
 TITLES = {  # the heading of each results folder's section, in the page's order
-    "quality": "Quality", "serve": "Serving", "sync": "Replica sync", "outer_gap": "The outer mode's loss gap",
+    "quality": "Quality", "long_run": "A long run through the swarm", "serve": "Serving", "sync": "Replica sync", "outer_gap": "The outer mode's loss gap",
     "transfer": "Checkpoint transfer", "regions": "Emulated regions", "discovery": "Discovery",
     "chaos": "Chaos", "attacks": "Attacks", "health": "Health page",
 }  # fmt: skip
@@ -235,44 +235,87 @@ def targets_table(targets: Node, figure: str = "figure", met: str = "met") -> li
 
 def quality(folder: Folder) -> list[str]:
     q = folder.json("quality.json")
-    options = {"steps": q["steps_each"], "batch_size": q["batch_size"], "windows": q["validation_windows"],
-               "steps_per_block": q["steps_per_block_at_generation"]}  # fmt: skip
-    ce, gen, chain, params = q["denoise_ce"], q["gen_nll"], q["chain_ce"], q["parameters"]
-    block_params = sum(params.num(k) for k in params.names() if k.startswith("block "))
-    rows = [
-        ["blocks", f"{block_params:,}", fixed(ce["blocks"].num("overall")), fixed(gen.num("blocks")),
-         fixed(chain.num("blocks")), fixed(q["peak_train_memory_mb"].num("one_block_max"), 0),
-         fixed(q["median_step_s"].num("one_block"))],
-        ["end-to-end", f"{params.num('end-to-end'):,}", fixed(ce["end_to_end"].num("overall")),
-         fixed(gen.num("end_to_end")), fixed(chain.num("end_to_end")),
-         fixed(q["peak_train_memory_mb"].num("end_to_end"), 0), fixed(q["median_step_s"].num("end_to_end"))],
-        ["autoregressive", f"{params.num('autoregressive'):,}", DASH, DASH, DASH, DASH, DASH],
-        ["true text", DASH, DASH, fixed(gen.num("true_text")), DASH, DASH, DASH],
-    ]  # fmt: skip
-    ratios = (f"Blocks over end-to-end: denoising CE {times(q.num('denoise_ce_ratio_blocks_over_end_to_end'))}, "
-              f"peak training memory of one block {times(q.num('peak_memory_ratio_block_over_end_to_end'))}, "
-              f"step time of one block {times(q.num('step_time_ratio_block_over_end_to_end'))}; "
-              f"the autoregressive baseline's `ar_ce` {fixed(q.num('ar_ce'))} nats per byte.")  # fmt: skip
-    header = ["model", "parameters", "denoise_ce", "gen_nll", "chain_ce", "peak train MB", "step s"]
+    families, ar, params = q["families"], q["autoregressive"], q["parameters"]
+    rows = [quality_row(f"{family}: {name}", part["figures"][name], part.get("path_norms"), name)
+            for family, part in families.items() for name in ("blocks", "end_to_end")]  # fmt: skip
+    rows.append(["autoregressive", fixed(ar["bits_per_byte"].num("overall")), percent(ar.num("real_words")),
+                 percent(ar.num("distinct_words")), DASH, DASH, DASH, DASH])  # fmt: skip
+    first = families[families.names()[0]]["figures"]["blocks"]
+    rows.append(["true continuation", DASH, percent(first.num("true_real_words")),
+                 percent(first.num("true_distinct_words")), fixed(first.num("true_nll")), DASH, DASH, DASH])  # fmt: skip
+    ratios = [f"{family}: blocks over end-to-end {times(part.num('blocks_over_end_to_end'))}, blocks over "
+              f"autoregressive {times(part.num('blocks_over_autoregressive'))}" for family, part in families.items()]
+    costs = (f"One block's trainer against the end-to-end one's: peak memory "
+             f"{times(q.num('peak_memory_ratio_block_over_end_to_end'))}, step time "
+             f"{times(q.num('step_time_ratio_block_over_end_to_end'))}. Parameters: "
+             + ", ".join(f"{name} {params.num(name):,}" for name in params.names()) + ".")
+    header = ["model", "bits per byte", "real words", "distinct words", "gen_nll", "chain_ce", "denoise_ce",
+              "chain's path norms"]
+    texts = {"prefix": q["prefixes"].data, "true": q["true_continuations"].data, "autoregressive": ar["samples"].data}
+    for family, part in families.items():
+        texts.update({f"{family}: {name}": part["samples"][name].data for name in part["samples"].names()})
     return section(
         "quality",
-        "Trains the blocks (each as many steps as the end-to-end model), the end-to-end and the autoregressive "
-        "baselines on the built-in corpus, each in its own process, and scores them on the same validation "
-        "windows, noise levels and noise draws (nats per byte; the one-block memory and step time are a single "
-        "block's). Needs `pip install -e '.[bench]'`.",
-        command("quality.py", options),
-        settings(q["config"]),
+        "Trains each family's blocks (each as many steps as the end-to-end model) and end-to-end model, and the "
+        "autoregressive baseline, on the built-in corpus, each in its own process, and scores them on the same "
+        "validation windows: bits per byte (a diffusion model's ELBO, the autoregressive model's teacher-forced "
+        "cross-entropy), the share of whole written words that are words of the training text, and in nats per "
+        "byte `gen_nll` (the autoregressive judge's NLL of the written bytes), `chain_ce` and `denoise_ce`. The "
+        "gaussian chain's path norms are where the chain hands each block its span over where training put "
+        "it (1.0 = on the training path). Needs `pip install -e '.[bench]'`.",
+        command("quality.py", q["settings"].data),
+        settings(q["model"], label="Model"),
         table(header, rows),
-        ratios,
-        samples(q["samples"]),
+        f"Bits per byte: {'; '.join(ratios)}. Default family: `{q['default_family']}`; lowest blocks' bits per "
+        f"byte: `{q['best_family_by_blocks_bits_per_byte']}`.",
+        costs,
+        samples(Node(texts, q.file)),
         folder.pictures(),
     )
 
 
-def samples(node: Node) -> list[str]:
+def quality_row(label: str, figures: Node, path_norms: Node | None, name: str) -> list[str]:
+    norms = DASH if path_norms is None else " ".join(f"{v:.2f}" for v in path_norms[name].data)
+    return [label, fixed(figures["bits_per_byte"].num("overall")), percent(figures.get("real_words")),
+            percent(figures.get("distinct_words")), fixed(figures.get("gen_nll")), fixed(figures.num("chain_ce")), fixed(figures["denoise_ce"].num("overall")),
+            norms]  # fmt: skip
+
+
+def long_run(folder: Folder) -> list[str]:
+    r = folder.json("long_run.json")
+    figures, bpb = r["figures"], r["bits_per_byte"]
+    rows = []
+    for name in ("blocks", "end_to_end", "autoregressive"):
+        f = figures[name]
+        rows.append([name.replace("_", "-"), fixed(bpb.num(name)), percent(f.get("real_words")),
+                     percent(f.get("distinct_words")), fixed(f.get("gen_nll")), fixed(f.get("chain_ce"))])  # fmt: skip
+    blocks = figures["blocks"]
+    rows.append(["true continuation", DASH, percent(blocks.num("true_real_words")),
+                 percent(blocks.num("true_distinct_words")), fixed(blocks.num("true_nll")), DASH])  # fmt: skip
+    texts = {name: r["samples"][name].data for name in ("prompts", "blocks", "end_to_end", "autoregressive")}
+    return section(
+        "long_run",
+        "Trains the model through the swarm itself: a bootstrap node and one `swarm-peer` per block (real "
+        "processes, real P2P on 127.0.0.1, the 2 cores shared), for a fixed wall time; assembles it with "
+        "`swarm-fetch`; then trains the end-to-end and autoregressive baselines at equal compute (as many steps as "
+        "the blocks took, one after the other) and scores all three on the same validation windows.",
+        command("long_run.py", r["settings"].data),
+        settings(r["model"], label="Model"),
+        f"The blocks took {plain(r['block_steps'])} steps in {fixed(r.num('swarm_seconds') / 60, 1)} minutes of "
+        f"the swarm's wall time; each baseline took {r['steps_each']} steps.",
+        table(["model", "bits per byte", "real words", "distinct words", "gen_nll", "chain_ce"], rows),
+        f"Blocks over end-to-end {times(r.num('blocks_over_end_to_end'))}, blocks over autoregressive "
+        f"{times(r.num('blocks_over_autoregressive'))} (bits per byte); the blocks' `gen_nll` over the true "
+        f"continuation's {times(r.num('gen_nll_over_true'))}.",
+        samples(Node(texts, r.file), "What each wrote after the first prompt:"),
+        folder.pictures(),
+    )
+
+
+def samples(node: Node, caption: str = "What each wrote after the first validation prefix:") -> list[str]:
     """The first sample of each model, beside its prefix and the true continuation."""
     rows = [[name, code(texts[0])] for name, texts in node.items() if len(texts.data)]
-    return ["What each wrote after the first validation prefix:", ""] + table(["", "text"], rows)
+    return [caption, ""] + table(["", "text"], rows)
 
 
 def serve(folder: Folder) -> list[str]:
@@ -595,7 +638,7 @@ def health(folder: Folder) -> list[str]:
 
 Renderer = Callable[[Folder], list[str]]
 RENDERERS: dict[str, Renderer] = {
-    "quality": quality, "serve": serve, "sync": sync, "outer_gap": outer_gap, "transfer": transfer,
+    "quality": quality, "long_run": long_run, "serve": serve, "sync": sync, "outer_gap": outer_gap, "transfer": transfer,
     "regions": regions, "discovery": discovery, "chaos": chaos, "attacks": attacks, "health": health,
 }  # fmt: skip
 

@@ -13,7 +13,7 @@ import random
 
 import hivemind
 import pytest
-from swarm_helpers import HOSTS_SWARM, client_of
+from swarm_helpers import client_of
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.p2p import P2P
 from hivemind.proto import runtime_pb2
@@ -34,10 +34,8 @@ from swarm.lab.attacks import CorruptChunks, GiantReplies, Impersonating, Trickl
 from swarm.lab.hosting import CheckpointHost
 from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import ModelConfig, build_block
-from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import Host, SwarmDirectory
 from swarm.p2p.messages import DownloadHeader, DownloadRequest, PayloadReply, PayloadRequest
-from swarm.p2p.network import NetworkOptions
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, block_key
 from swarm.sync.transport import POLLS_PER_PEER, PayloadServicer
 

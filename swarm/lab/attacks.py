@@ -23,7 +23,7 @@ import dataclasses
 import itertools
 import random
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import msgpack
 import torch
@@ -38,7 +38,7 @@ from swarm.model.checkpoint import save_block
 from swarm.model.data import ByteWindows, Corpus, load_corpus
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block
 from swarm.model.train import TrainConfig, block_trainer
-from swarm.p2p.messages import ChunkListReply, DownloadHeader, PayloadReply, PayloadRequest, PeerInfo
+from swarm.p2p.messages import ChunkListReply, DownloadHeader, PayloadReply, PayloadRequest
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, decode_payload, encode_payload

@@ -4,6 +4,12 @@ A word is a run of non-whitespace with the punctuation at its ends stripped, low
 of G bytes written after a prefix usually starts and ends inside a word; those two partial
 words are left out (for the generated text and the true continuation alike), so a share
 counts only words the model wrote whole.
+
+Two guards keep the share honest, both found on an untrained model: the training text holds
+every single letter somewhere ("e" as in "E. coli"), so a model that writes "e ee e" scored
+98%; a single letter counts as a word only if it is "a" or "i". And a model that writes "the
+the the" is all real words: `distinct` (the share of each span's whole words that differ,
+averaged over spans) stands beside the share for that.
 """
 
 from __future__ import annotations
@@ -22,9 +28,13 @@ def words(text: str) -> list[str]:
     return [word for word in stripped if word]
 
 
+SINGLE_LETTER_WORDS = frozenset({"a", "i"})
+
+
 def vocabulary(stream: torch.Tensor) -> frozenset[str]:
-    """Every word of a byte stream (the training split's): what counts as a real word."""
-    return frozenset(words(bytes(stream.tolist()).decode("utf-8", errors="replace")))
+    """Every word of a byte stream (the training split's) that counts as a real word."""
+    found = words(bytes(stream.tolist()).decode("utf-8", errors="replace"))
+    return frozenset(w for w in found if len(w) > 1 or w in SINGLE_LETTER_WORDS)
 
 
 def whole_words(prefix: bytes, span: bytes) -> list[str]:
@@ -39,7 +49,11 @@ def whole_words(prefix: bytes, span: bytes) -> list[str]:
 
 
 def real_word_share(prefixes: Iterable[bytes], spans: Iterable[bytes], known: frozenset[str]) -> dict:
-    """{'share': the share of whole words written that are known words, 'words': how many were counted}."""
-    written = [word for prefix, span in zip(prefixes, spans) for word in whole_words(prefix, span)]
+    """{'share': the share of whole words written that are known words, 'words': how many were
+    counted, 'distinct': the share of each span's whole words that differ, averaged over spans}."""
+    per_span = [whole_words(prefix, span) for prefix, span in zip(prefixes, spans)]
+    written = [word for span in per_span for word in span]
     share = sum(word in known for word in written) / len(written) if written else 0.0
-    return {"share": share, "words": len(written)}
+    spans_with_words = [span for span in per_span if span]
+    distinct = sum(len(set(s)) / len(s) for s in spans_with_words) / len(spans_with_words) if spans_with_words else 0.0
+    return {"share": share, "words": len(written), "distinct": distinct}

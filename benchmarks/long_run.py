@@ -1,0 +1,213 @@
+"""A long run through the swarm itself, against the end-to-end and autoregressive baselines at equal compute.
+
+Starts a bootstrap node and one `swarm-peer` per block (real processes, real P2P on
+127.0.0.1, one thread each), lets them train for --minutes of wall time, fetching the
+assembled model with `swarm-fetch` now and then for the curve, and once more at the end. Then
+it trains the end-to-end denoiser and the autoregressive baseline at equal compute: as many
+optimizer steps as the blocks took (their mean), the same batch size, learning rate and
+schedule as a peer's, each in its own process, one after the other. All three are scored on
+the same validation windows: bits per byte (the ELBO of a diffusion model, the teacher-forced
+cross-entropy of AR), the share of generated words that are real words (beside the true
+text's and AR's), gen_nll under the AR model as judge (beside the true continuation's), and
+samples. Writes long_run.json and long_run.png (bits per byte against training time) under --out.
+
+Each peer runs `--sync none` (AdamW alone, as the baselines): with one peer per block there
+are no replicas to keep in step.
+
+    python benchmarks/long_run.py                # about 90 minutes on 2 cores
+    python benchmarks/long_run.py --minutes 2    # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from swarm.cli.console import setup_logging
+from swarm.lab.launch import LocalSwarm
+from swarm.lab.trainjobs import run_jobs
+from swarm.model.autoregressive import generate_bytes
+from swarm.model.checkpoint import load_model_folder, write_atomic
+from swarm.model.data import ByteWindows, load_corpus
+from swarm.model.denoiser import ModelConfig
+from swarm.model.evaluate import elbo_bits_per_byte, evaluate_autoregressive, evaluate_denoiser
+from swarm.model.families import local_runner
+from swarm.model.generate import continue_text, prefix_tensor
+from swarm.model.words import vocabulary
+from swarm.waiting import wait_for
+
+logger = logging.getLogger("benchmarks.long_run")
+
+PROMPTS = ["The history of the city", "In mathematics, a prime number", "The river flows through"]
+SCHEDULE_STEPS = 100_000  # a peer's cosine schedule when it is given no --max-steps (swarm/peer/life.py)
+CURVE_WINDOWS = 64
+
+
+def swarm_phase(args, config_path: Path, config: ModelConfig, workdir: Path, curve_windows: torch.Tensor) -> dict:
+    """Train through the swarm for --minutes; fetch for the curve and at the end. Returns the
+    fetched model's folder, each block's step, and the curve (seconds, mean step, bits per byte)."""
+    names = [f"block{b}" for b in range(config.n_blocks)]
+    extra = ["--sync", "none", "--save-every", str(args.save_every), "--announce-period", "5",
+             "--batch-size", str(args.batch_size)]  # fmt: skip
+    curve = []
+    with LocalSwarm(workdir, swarm="longrun", config_path=str(config_path)) as local:
+        local.start_bootstrap(refresh_period=5)
+        for b, name in enumerate(names):
+            local.start_peer(name, block=str(b), extra=extra)
+        wait_for(lambda: local.check_running() or training(local, names), 600, "every block's peer training", 5.0)
+        started = time.monotonic()
+        for k in range(1, args.curve_points + 1):
+            time.sleep(max(0.0, started + args.minutes * 60 * k / args.curve_points - time.monotonic()))
+            local.check_running()
+            folder = workdir / f"fetch{k}"
+            fetched = local.run("swarm-fetch", "--out", str(folder), timeout=600)
+            if fetched.returncode != 0:
+                raise RuntimeError(f"swarm-fetch failed: {fetched.stderr.strip()[-500:]}")
+            model = load_model_folder(folder)
+            steps = [model.manifest["blocks"][str(b)]["step"] for b in range(config.n_blocks)]
+            bpb = elbo_bits_per_byte(model.denoiser_for_block, config, curve_windows)["overall"]
+            curve.append((time.monotonic() - started, sum(steps) / len(steps), bpb))
+            logger.info("after %.0f s: blocks at steps %s, %.3f bits per byte", curve[-1][0], steps, bpb)
+    return {"folder": folder, "steps": steps, "curve": curve, "seconds": time.monotonic() - started}
+
+
+def training(local: LocalSwarm, names: list[str]) -> bool:
+    """Whether every peer of `names` has joined and trains."""
+    rows = {r["public_name"]: r for r in local.status_rows()}
+    return all(rows.get(n, {}).get("state") == "training" for n in names)
+
+
+def samples(denoiser_for_block, config: ModelConfig, args) -> list[str]:
+    runner = local_runner(denoiser_for_block, config)
+    return [b"".join(continue_text(runner, config, p.encode(), args.sample_bytes, args.steps_per_block,
+                                   args.temperature, seed=1)).decode("utf-8", errors="replace")
+            for p in PROMPTS]  # fmt: skip
+
+
+def ar_samples(model, config: ModelConfig, args) -> list[str]:
+    generator = torch.Generator().manual_seed(1)
+    return [bytes(generate_bytes(model, prefix_tensor(p.encode(), config), args.sample_bytes, generator,
+                                 args.temperature)[0].tolist()).decode("utf-8", errors="replace")
+            for p in PROMPTS]  # fmt: skip
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, label in (("blocks", "blocks, through the swarm (wall time, 2 cores shared)"),
+                        ("end_to_end", "end to end (training time, 2 cores)"),
+                        ("autoregressive", "autoregressive (training time, 2 cores)")):  # fmt: skip
+        seconds, bpb = zip(*[(point[0], point[-1]) for point in result["curves"][name]])
+        ax.plot([s / 60 for s in seconds], bpb, marker="o", markersize=3, label=label)
+    ax.set_xlabel("minutes")
+    ax.set_ylabel(f"validation bits per byte ({CURVE_WINDOWS} windows)")
+    ax.set_title(f"long run: {result['model']['n_blocks']} blocks at {result['steps_each']} steps each, baselines at equal steps")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args) -> dict:
+    """The figures of the fetched model and both baselines (kept under `workdir`), and samples."""
+    known = vocabulary(corpus.train)
+    windows = ByteWindows(corpus.validation, config.seq_len).fixed(args.windows)
+    blocks = load_model_folder(blocks_folder)
+    e2e = load_model_folder(workdir / "e2e").modules[0].eval()
+    judge = load_model_folder(workdir / "ar").modules[0].eval()
+    figures = {
+        "blocks": evaluate_denoiser(blocks.denoiser_for_block, config, windows, args.steps_per_block, judge, known),
+        "end_to_end": evaluate_denoiser(lambda _: e2e, config, windows, args.steps_per_block, judge, known),
+        "autoregressive": evaluate_autoregressive(judge, config, windows, known),
+    }
+    bpb = {name: f["bits_per_byte"]["overall"] for name, f in figures.items()}
+    return {
+        "figures": figures,
+        "bits_per_byte": bpb,
+        "blocks_over_end_to_end": bpb["blocks"] / bpb["end_to_end"],
+        "blocks_over_autoregressive": bpb["blocks"] / bpb["autoregressive"],
+        "gen_nll_over_true": figures["blocks"]["gen_nll"] / figures["blocks"]["true_nll"],
+        "samples": {
+            "prompts": PROMPTS,
+            "blocks": samples(blocks.denoiser_for_block, config, args),
+            "end_to_end": samples(lambda _: e2e, config, args),
+            "autoregressive": ar_samples(judge, config, args),
+        },
+    }
+
+
+def train_all(config: ModelConfig, workdir: Path, corpus, args) -> tuple[dict, Path]:
+    """The swarm's run, then both baselines at equal compute: what was run, and the fetched model's folder."""
+    curve_windows = ByteWindows(corpus.validation, config.seq_len).fixed(CURVE_WINDOWS, seed=7)
+    config_path = workdir / "config.json"
+    config_path.write_text(json.dumps(config.to_dict()))
+    swarm = swarm_phase(args, config_path, config, workdir / "swarm", curve_windows)
+    steps = round(sum(swarm["steps"]) / len(swarm["steps"]))
+    common = {"config": config.to_dict(), "train": corpus.train, "validation": corpus.validation,
+              "train_config": {"steps": SCHEDULE_STEPS, "batch_size": args.batch_size, "seed": 0},
+              "run_steps": steps, "threads": args.threads, "curve_every": max(1, steps // 8)}  # fmt: skip
+    trained = run_jobs([{**common, "kind": "end_to_end", "name": "end-to-end", "save_to": str(workdir / "e2e")},
+                        {**common, "kind": "autoregressive", "name": "autoregressive", "save_to": str(workdir / "ar")}],
+                       initializer=setup_logging)  # fmt: skip
+    run = {
+        "settings": {**{k: v for k, v in vars(args).items() if k not in ("keep", "rescore")}, "sync": "none",
+                     "peers": config.n_blocks},  # fmt: skip
+        "model": config.to_dict(),
+        "swarm_seconds": swarm["seconds"],
+        "block_steps": swarm["steps"],
+        "steps_each": steps,
+        "baseline_train_seconds": {t["name"]: t["train_seconds"] for t in trained},
+        "curves": {"blocks": swarm["curve"], "end_to_end": [(s, st, b) for st, s, b in trained[0]["curve"]],
+                   "autoregressive": [(s, st, b) for st, s, b in trained[1]["curve"]]},  # fmt: skip
+    }
+    return run, swarm["folder"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=25.0, help="wall time the swarm trains")
+    parser.add_argument("--config", default=None, help="model config JSON (default: the built-in config)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--save-every", type=int, default=25, help="the peers' checkpoint period (steps)")
+    parser.add_argument("--curve-points", type=int, default=5, help="fetches of the swarm's model while it trains")
+    parser.add_argument("--windows", type=int, default=256, help="validation windows for the figures")
+    parser.add_argument("--steps-per-block", type=int, default=8, help="denoising steps per block at generation")
+    parser.add_argument("--temperature", type=float, default=0.0, help="of the samples (0: argmax)")
+    parser.add_argument("--sample-bytes", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="of each baseline's training")
+    parser.add_argument("--out", default="benchmarks/results/long_run")
+    parser.add_argument("--keep", default=None, help="keep the trained models (and the swarm's files) in this folder")
+    parser.add_argument("--rescore", default=None, help="train nothing: score again the models a run kept in this "
+                        "folder (--keep), into the long_run.json already in --out")  # fmt: skip
+    args = parser.parse_args()
+    setup_logging()
+    config = ModelConfig.from_json_file(args.config)
+    corpus = load_corpus()
+    out = Path(args.out)
+    if args.rescore:
+        workdir = Path(args.rescore)
+        run = json.loads((out / "long_run.json").read_text())
+        result = {**run, **score(config, workdir, workdir / "swarm" / f"fetch{run['settings']['curve_points']}", corpus, args)}
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = Path(args.keep or tmp)
+            workdir.mkdir(parents=True, exist_ok=True)
+            run, fetched = train_all(config, workdir, corpus, args)
+            result = {**run, **score(config, workdir, fetched, corpus, args)}
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "long_run.json", json.dumps(result, indent=2).encode())
+    plot(result, out / "long_run.png")
+    print(json.dumps({k: v for k, v in result.items() if k != "curves"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
