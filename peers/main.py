@@ -51,7 +51,9 @@ PAYLOAD_MODES = ", ".join(payload_modes())
               help="Start training once this many replicas of the block (itself included) are up; "
               "averaging groups hold up to this many.")
 @click.option("--average-every", type=click.IntRange(min=0), default=PEER.average_every, show_default=True,
-              help="Average parameters with the other replicas every this many steps, to bound drift (0: never).")
+              help="Every this many steps, replicas that may have drifted apart merge their checkpoints of that step "
+                   "into a coordinate-wise median weighted by the keys behind each (at least 3 keys, else nothing "
+                   "changes); 0: never.")
 @click.option("--top-k", type=click.IntRange(min=1), default=DE_MO.top_k, show_default=True,
               help="DeMo: kept per 64x64 tile.")
 @click.option("--value-bits", type=click.Choice(["16", "1"]), default=str(DE_MO.value_bits), show_default=True,

@@ -36,8 +36,8 @@ REPLICA = ["--max-steps", str(STEPS), "--save-every", str(STEPS), "--announce-pe
 PEERS = {  # name: (block, region, options)
     "home0": ("0", "home", [*REPLICA, "--sync", "demo", "--average-every", "0"]),
     "public0": ("0", "west", [*REPLICA, "--sync", "demo", "--average-every", "0"]),
-    "home1": ("1", "home", [*REPLICA, "--sync", "none", "--average-every", "4"]),
-    "public1": ("1", "west", [*REPLICA, "--sync", "none", "--average-every", "4"]),
+    "home1": ("1", "home", [*REPLICA, "--sync", "none", "--average-every", "0"]),
+    "public1": ("1", "west", [*REPLICA, "--sync", "none", "--average-every", "0"]),
 }
 
 
@@ -80,10 +80,6 @@ def test_peers_behind_nat_host_serve_and_sync_through_a_relay(tmp_path, symmetri
                 assert hosts["home0"].announcement.sync_steps == hosts["public0"].announcement.sync_steps == STEPS
                 home, public = checkpoint(local, "home0", "0"), checkpoint(local, "public0", "0")
                 assert all(torch.equal(home[k], public[k]) for k in home)
-                # parameter rounds across the NAT pulled two independently trained replicas together
-                home, public = checkpoint(local, "home1", "1"), checkpoint(local, "public1", "1")
-                assert hosts["home1"].announcement.drift > 1e-4
-                assert max((home[k] - public[k]).abs().max().item() for k in home) < 1e-5
 
                 # the client reaches a NATed peer directly once it has dialed the client back
                 home0 = hosts["home0"].peer_id

@@ -98,7 +98,7 @@ class Announcer:
 
 def announcement(peer: Peer) -> BlockAnnouncement:
     """The peer's record as it stands: who it is, its state and checkpoint, its training and sync figures."""
-    trainer, sync, averaging = peer.trainer, peer.sync, peer.parameter_averaging
+    trainer, sync, reconcile = peer.trainer, peer.sync, peer.reconcile
     recent = trainer.losses[-LOSS_WINDOW:] if trainer else []
     seconds = trainer.step_seconds[-LOSS_WINDOW:] if trainer else []
     joining = peer.state == "joining"  # a joining record claims no progress
@@ -118,7 +118,7 @@ def announcement(peer: Peer) -> BlockAnnouncement:
         sync_bytes_received=sync.bytes_received,
         sync_round_s=sync.round_seconds,
         compute_utilisation=trainer.utilisation(sync.wait_seconds) if trainer else None,
-        drift=averaging.drift if averaging else None,
+        drift=reconcile.drift if reconcile else None,
         pings=pings.latest if pings else (),
         reached=peer.reached,
     )

@@ -12,17 +12,17 @@
 
 Threads and processes, and who may touch the weights:
 - the main thread joins, then trains: it alone reads and writes the block's live weights (the
-  optimizer or sync step, a parameter-averaging round, the start state), and at each save it
-  hands the denoise service a copy of the checkpoint it is about to announce;
+  optimizer or sync step, a reconcile round, the start state), and at each save it hands the
+  denoise service a copy of the checkpoint it is about to announce;
 - the "announcer" thread stores the peer's record every announce period; it reads figures only,
   and starts a round of pings to its neighbours (swarm/p2p/pings.py) on the p2p loop;
 - the "p2p-loop" thread runs an asyncio loop with the P2P services (info and checkpoint
   downloads, sync payloads, remote denoising) and the calls the main thread makes to other
   peers; a denoise request computes in the loop's worker threads on a copy of the announced
   checkpoint (never on the live weights), which `swap_in` replaces whole;
-- child processes: hivemind's DHT (with its libp2p daemon) and, for dense sync and parameter
-  rounds, hivemind's averager; the main thread hands tensors to the averager and copies
-  its result into the weights itself.
+- child processes: hivemind's DHT (with its libp2p daemon) and, for `--sync dense` alone,
+  hivemind's averager; the main thread hands gradients to the averager and takes its result
+  itself.
 """
 
 from __future__ import annotations
@@ -58,9 +58,10 @@ from swarm.p2p.records import CheckpointInfo, PeerState, Reached
 from swarm.peer.announcer import Announcer, announcement
 from swarm.peer.config import PeerConfig
 from swarm.serving.server import DenoiseServicer
-from swarm.sync.dense import CountingAverager, ParameterAveraging, block_averager
+from swarm.sync.dense import CountingAverager, block_averager
 from swarm.sync.exchange import Exchange
 from swarm.sync.modes import MODES, SyncInputs
+from swarm.sync.reconcile import ReconcileRound
 from swarm.sync.strategy import NoSync, SyncStrategy, train_step
 from swarm.sync.transport import P2PTransport, PayloadServicer
 from swarm.waiting import wait_for
@@ -69,6 +70,7 @@ logger = logging.getLogger(__name__)
 
 P2P_CALL_TIMEOUT_S = 30.0
 JOIN_FETCH_TIMEOUT_S = 600.0  # choosing a start checkpoint: a few verified downloads and spot checks
+RECONCILE_DEADLINE_S = 60.0  # a reconcile round: the others' checkpoints of its step announced and downloaded
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 T = TypeVar("T")
 
@@ -132,8 +134,8 @@ class Peer:
         self.checkpoint_time: float | None = None
         # keeping the replicas in step (swarm/sync/)
         self.sync: SyncStrategy = NoSync()
-        self.averager: CountingAverager | None = None  # a child process, for --sync dense and parameter rounds
-        self.parameter_averaging: ParameterAveraging | None = None
+        self.averager: CountingAverager | None = None  # a child process, for --sync dense
+        self.reconcile: ReconcileRound | None = None  # rounds that bring drifted replicas back together
 
     def stop(self) -> None:
         self.stopping.set()
@@ -226,15 +228,16 @@ class Peer:
         return servicers
 
     def _set_up_sync(self) -> list[ServicerBase]:
-        """The strategy of --sync (swarm/sync/modes.py), the averager for dense steps and parameter
+        """The strategy of --sync (swarm/sync/modes.py), the averager for dense steps, the reconcile
         rounds, and the payload service for the modes that exchange payloads; returns the services to add."""
         mode, timeout = MODES[self.config.sync], 2 * self.config.sync_deadline
-        if mode.averages_gradients or self.config.average_every:
+        if mode.averages_gradients:
             prefix = f"{self.config.swarm}_block{self.block}"  # hivemind: no dots in a prefix
             group = max(2, self.config.wait_for_replicas)
             self.averager = block_averager(self.dht, prefix, trainable(self.trainer.module), group, self.config.sync_deadline)
         if self.config.average_every:
-            self.parameter_averaging = ParameterAveraging(self.trainer, self.averager, self.config.average_every, timeout)
+            self.reconcile = ReconcileRound(self.p2p, self.loop, self.model_config, self.block, self.directory.owner_subkey,
+                                            lambda: self.directory.hosts(self.block), RECONCILE_DEADLINE_S)  # fmt: skip
         payloads = PayloadServicer(self.block, self.config.sync_deadline) if mode.exchanges_payloads else None
         exchange = self._exchange(payloads) if payloads is not None else None
         self.sync = mode.build(SyncInputs(self.trainer.module, self.config.lr, self.config.de_mo, self.config.outer,
@@ -346,11 +349,21 @@ class Peer:
             self.trainer.step_count = continue_from
 
     def _keep_replicas_together(self) -> None:
-        """Average parameters with the other replicas at the round's step: always for dense and
-        none; for DeMo only when a replica applied other payloads than the rest."""
-        if self.parameter_averaging is None or not self.announcer.replica_ids():
+        """Every `average_every` steps, if the replicas may have drifted apart (always for dense and
+        none; for the payload modes only when a replica applied other payloads than the rest):
+        save and announce this step's checkpoint, then merge with the other replicas' checkpoints
+        of the step (swarm/sync/reconcile.py)."""
+        if self.reconcile is None or self.trainer.step_count % self.config.average_every != 0:
             return
-        if self.parameter_averaging.after_step(self.sync.may_have_drifted()):
+        replicas = len(self.announcer.replica_ids())
+        if not replicas or not self.sync.may_have_drifted():
+            return
+        self._settle()
+        self._save()
+        if self.checkpoint is None or self.checkpoint.step != self.trainer.step_count:
+            return  # the disk refused this step's checkpoint: the next round tries again
+        self.announcer.announce(wait=True)
+        if self.reconcile.run(self.trainer.module, self.checkpoint, replicas) is not None:
             self.sync.averaged(self.trainer.step_count)
 
     def _save(self) -> None:

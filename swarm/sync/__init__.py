@@ -5,7 +5,7 @@
 - lockstep.py: `--sync demo`, DeMo with each step's gathered set applied in the same step
 - overlap.py: `--sync demo-overlap`, DeMo with each step's exchange overlapped with the next steps
 - outer.py: `--sync outer` and `outer-overlap`, H local steps, then an outer step on the compressed pseudo-gradients
-- dense.py: dense averaging with hivemind's averager (`--sync dense`, the baseline, and the parameter rounds that bound drift)
+- dense.py: dense averaging of gradients with hivemind's averager (`--sync dense`, the baseline; it trusts every groupmate)
 - compression.py: DeMo compression of momentum (tiled DCT, top-k, error feedback, bit packing)
 - decoupled_momentum.py: one replica's DeMo optimizer and its payload wire format
 - pseudo_gradient.py: one replica's outer optimizer (anchor, error buffer, the majority's range) and its payload wire format

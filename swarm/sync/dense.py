@@ -1,21 +1,19 @@
-"""Dense averaging with hivemind's DecentralizedAverager: the baseline exchange and the drift bound.
+"""Dense averaging with hivemind's DecentralizedAverager: `--sync dense`, the baseline.
 
-Two uses of one averager per peer (an all-reduce among the replicas of a block that find
-each other on the DHT under a prefix without dots; a second averager in the same peer was
-seen to stop hivemind's matchmaking from forming groups, so there is one, and each round
-says what it averages: replicas whose rounds disagree drop the result):
-- `DenseSync` (`swarm-peer --sync dense`): every step, the replicas average their full fp32
-  gradients, then each takes its own AdamW step. This is the baseline every other mode is
-  measured against. `CountingAverager` counts the protobuf messages hivemind's all-reduce
-  sends, for gradient steps and parameter rounds alike; the peer reports that count for
-  every strategy.
-- `ParameterAveraging`: every `every` steps the replicas average their parameters, which
-  pulls back replicas that drifted apart by missing steps; the largest change this makes to
-  a parameter (the replica's distance from the group's mean) is reported as its drift.
-  DeMo replicas skip the round (and its dense cost) while they all applied the same payloads.
+Every step, the replicas of a block (an all-reduce among the replicas that find each other
+on the DHT under a prefix without dots) average their full fp32 gradients, then each takes
+its own AdamW step. This is the baseline every other mode is measured against.
+`CountingAverager` counts the protobuf messages hivemind's all-reduce sends; the peer
+reports that count.
 
-A replica that cannot find its group within the timeout keeps its own values for that step:
-nobody waits longer than the timeout for a slow or dead replica.
+hivemind's all-reduce trusts every groupmate: one picks its own weight, the part it reduces
+comes back as whatever it sends, and it may announce a message of any length. So it serves
+this baseline alone (swarm-peer's --help and the README say so); the rounds that bring
+drifted replicas back together go through verified checkpoints and a robust median instead
+(reconcile.py).
+
+A replica that cannot find its group within the timeout keeps its own gradients for that
+step: nobody waits longer than the timeout for a slow or dead replica.
 """
 
 from __future__ import annotations
@@ -144,37 +142,12 @@ class DenseSync:
         averaged = average(self.averager, grads, "grads", self.timeout)
         self.round_seconds = time.monotonic() - started
         self.wait_seconds += self.round_seconds
+        if averaged is not None and not all(torch.isfinite(g).all() for g in averaged):
+            logger.warning("the group's averaged gradients hold a value that is not finite: own gradients kept")
+            averaged = None
         if averaged is not None:
             self.steps += 1
             for param, grad in zip(self.params, averaged):
                 param.grad = grad
         trainer.optimizer_step()
         return None
-
-
-class ParameterAveraging:
-    """Every `every` steps, average the block's parameters with the other replicas; `drift` is
-    the largest distance of this replica's parameters from the group's mean that the last
-    round found (None until a round was needed)."""
-
-    def __init__(self, trainer: Trainer, averager: CountingAverager, every: int, timeout: float):
-        self.trainer, self.averager, self.every, self.timeout = trainer, averager, every, timeout
-        self.drift: float | None = None
-
-    def after_step(self, drifted: bool = True) -> bool:
-        """At a round's step, average if the replicas may have drifted; True if a round ran."""
-        if self.trainer.step_count % self.every != 0:
-            return False
-        if not drifted:  # DeMo replicas that applied the same payloads hold the same parameters
-            return False
-        params = trainable(self.trainer.module)
-        averaged = average(self.averager, params, "params", self.timeout)  # only this thread writes params
-        if averaged is None:
-            return False
-        with torch.no_grad():
-            drift = max((mean - param).abs().max().item() for param, mean in zip(params, averaged))
-            for param, mean in zip(params, averaged):
-                param.copy_(mean)
-        self.drift = drift
-        logger.info("step %d: averaged parameters with the other replicas; drift was %.3g", self.trainer.step_count, drift)
-        return True

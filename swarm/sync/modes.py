@@ -79,7 +79,8 @@ MODES: dict[str, Mode] = {
                   outer_rounds=True),
     "outer-overlap": Mode("the same, the exchange overlapped with the next round's steps", _outer_overlap,
                           exchanges_payloads=True, outer_rounds=True),
-    "dense": Mode("all-reduce of full fp32 gradients (the baseline)", _dense, averages_gradients=True),
+    "dense": Mode("all-reduce of full fp32 gradients through hivemind's averager (the baseline; it trusts every "
+                  "groupmate: one stranger can move the weights)", _dense, averages_gradients=True),
     "none": Mode("AdamW alone", lambda given: NoSync()),
 }  # fmt: skip
 

@@ -1,0 +1,162 @@
+"""Bringing a block's drifted replicas back together, without trusting any one of them.
+
+Replicas that applied the same payloads hold the same weights and announce the same sha256
+for a checkpoint of the same step. When they may have drifted (a missed payload, a refused
+one, a restart), each saves its checkpoint at the round's step, reads the others' checkpoints
+of that step (downloaded and verified like any other: size, sha256, finite weights), and
+takes the *weighted coordinate-wise median* of the distinct checkpoints, each weighted by the
+independent keys that vouch for it, its own included:
+- a checkpoint vouched for by a strict majority of the keys is the median exactly, bit for
+  bit: honest replicas that agree outvote any minority, which moves nothing at all;
+- otherwise every coordinate lands between values that honest replicas hold, as long as
+  fewer than half the keys lie: a minority cannot move a weight outside the honest range;
+- with fewer than `MIN_VOICES` keys (two replicas), nobody can tell the liar from the honest
+  one: the replica keeps its own weights and says so.
+Every replica that reads the same checkpoints computes the same median (the groups are taken
+in sha256 order), so replicas that drifted become identical again.
+
+This replaces hivemind's averager for these rounds: a groupmate there picks its own weight,
+the part it reduces comes back as whatever it sends, and it may announce a message of any
+length. Here every byte arrives through the bounded, verified checkpoint download.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from hivemind.p2p import P2P
+
+from swarm.checkpoints.download import download_verified, independent
+from swarm.checkpoints.transfer import TransferError
+from swarm.errors import SwarmError
+from swarm.model.denoiser import ModelConfig
+from swarm.p2p.directory import DHTUnavailable, Host
+from swarm.p2p.network import EventLoopThread
+from swarm.p2p.records import CheckpointInfo
+
+logger = logging.getLogger(__name__)
+
+MIN_VOICES = 3  # independent keys needed before a replica lets the others change its weights
+POLL_S = 1.0  # how often the replicas' records are read while waiting for their checkpoints
+
+
+@dataclass(frozen=True)
+class Voice:
+    """One distinct checkpoint of the round: its sha256, its tensors, and the independent keys that vouch for it."""
+
+    sha256: str
+    tensors: dict[str, torch.Tensor]
+    keys: int
+
+
+def weighted_median(stacked: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The coordinate-wise weighted median of `stacked` (groups x ...) with one weight per group:
+    at each coordinate, the smallest value whose cumulative weight reaches half of the total."""
+    values, order = stacked.sort(dim=0)
+    cumulative = weights[order].cumsum(dim=0)
+    first = (cumulative * 2 >= weights.sum()).to(torch.int8).argmax(dim=0, keepdim=True)
+    return values.gather(0, first).squeeze(0)
+
+
+def median_of(voices: list[Voice]) -> dict[str, torch.Tensor] | None:
+    """The weighted coordinate-wise median of the voices' tensors (module docstring), or None
+    when fewer than `MIN_VOICES` keys speak. A voice of a strict majority is returned as it is."""
+    keys = sum(v.keys for v in voices)
+    if keys < MIN_VOICES:
+        return None
+    voices = sorted(voices, key=lambda v: v.sha256)
+    leader = max(voices, key=lambda v: v.keys)
+    if 2 * leader.keys > keys:
+        return {name: tensor.clone() for name, tensor in leader.tensors.items()}
+    weights = torch.tensor([float(v.keys) for v in voices])
+    return {name: weighted_median(torch.stack([v.tensors[name] for v in voices]), weights) for name in voices[0].tensors}
+
+
+@dataclass
+class ReconcileRound:
+    """One replica's side of the rounds: at a round's step, gather the other replicas'
+    checkpoints of that step and take the median (module docstring).
+
+    Args:
+        hosts: reads the block's hosts from the DHT now (the replica's own record included).
+        own_key: the key this replica's records are signed with (its own voice).
+        deadline: how long a round waits for the others' checkpoints of its step, downloads included.
+    """
+
+    p2p: P2P
+    loop: EventLoopThread
+    config: ModelConfig
+    block: int
+    own_key: bytes
+    hosts: Callable[[], list[Host]]
+    deadline: float
+    drift: float | None = None  # the largest change the last merge made to a weight
+
+    def run(self, module: torch.nn.Module, own: CheckpointInfo, replicas: int) -> bool | None:
+        """Merge `module` (whose checkpoint of this step is `own`) with the others' checkpoints of
+        the step, waiting for up to `replicas` other replicas: True if its weights changed, False
+        if they were the median already, None if too few keys spoke to judge (weights kept)."""
+        started = time.monotonic()
+        groups = self._checkpoints_of(own, replicas, started + self.deadline / 2)
+        agreeing = independent(groups.pop(own, []))
+        keys = 1 + agreeing + sum(independent(hosts) for hosts in groups.values())
+        if keys < MIN_VOICES:  # nothing to download: no median could come of it
+            logger.info("step %d: %d keys hold checkpoints of this step (%d needed to judge): weights kept",
+                        own.step, keys, MIN_VOICES)  # fmt: skip
+            return None
+        voices = [Voice(own.sha256, _tensors(module), 1 + agreeing)]
+        for checkpoint, hosts in groups.items():
+            if (tensors := self._download(hosts, started + self.deadline)) is not None:
+                voices.append(Voice(checkpoint.sha256, tensors, independent(hosts)))
+        merged = median_of(voices)
+        if merged is None:  # downloads failed: fewer voices than announced
+            logger.info("step %d: only %d keys' checkpoints arrived (%d needed to judge): weights kept",
+                        own.step, sum(v.keys for v in voices), MIN_VOICES)  # fmt: skip
+            return None
+        return self._adopt(module, merged, own.step)
+
+    def _checkpoints_of(self, own: CheckpointInfo, replicas: int, give_up_at: float) -> dict[CheckpointInfo, list[Host]]:
+        """The other hosts' checkpoints of `own.step`, by checkpoint, once `replicas` hosts
+        announce one or the time is up."""
+        groups: dict[CheckpointInfo, list[Host]] = {}
+        while True:
+            try:
+                hosts = [h for h in self.hosts() if h.owner != self.own_key]
+            except DHTUnavailable as error:
+                logger.warning("step %d: %s", own.step, error)
+                hosts = []
+            groups = {}
+            for host in hosts:
+                checkpoint = host.announcement.checkpoint
+                if checkpoint is not None and checkpoint.step == own.step:
+                    groups.setdefault(checkpoint, []).append(host)
+            if sum(map(len, groups.values())) >= replicas or time.monotonic() + POLL_S > give_up_at:
+                return groups
+            time.sleep(POLL_S)
+
+    def _download(self, hosts: list[Host], give_up_at: float) -> dict[str, torch.Tensor] | None:
+        """The tensors of the checkpoint `hosts` vouch for, verified (size, sha256, finite
+        weights of this block); None if it does not come in time or does not verify."""
+        try:
+            left = max(1.0, give_up_at - time.monotonic())
+            _, denoiser = self.loop.run(download_verified(self.p2p, hosts, self.config, self.block, False), left)
+        except (TransferError, SwarmError, TimeoutError) as error:
+            logger.warning("block %d: a replica's checkpoint is left out of the round: %s", self.block, error)
+            return None
+        return _tensors(denoiser)
+
+    def _adopt(self, module: torch.nn.Module, merged: dict[str, torch.Tensor], step: int) -> bool:
+        with torch.no_grad():
+            state = module.state_dict()
+            self.drift = max(((merged[name] - state[name]).abs().max().item() for name in state), default=0.0)
+            module.load_state_dict(merged)
+        logger.info("step %d: merged the replicas' checkpoints; the largest change to a weight was %.3g", step, self.drift)
+        return self.drift > 0
+
+
+def _tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
