@@ -9,7 +9,7 @@ schedule as a peer's, each in its own process, one after the other. All three ar
 the same validation windows: bits per byte (the ELBO of a diffusion model, the teacher-forced
 cross-entropy of AR), the share of generated words that are real words (beside the true
 text's and AR's), gen_nll under the AR model as judge (beside the true continuation's), and
-samples. Writes long_run.json and long_run.png (bits per byte against training time) under --out.
+samples. Writes long_run.json and long_run.png (bits per byte against steps) under --out.
 
 Each peer runs `--sync none` (AdamW alone, as the baselines): with one peer per block there
 are no replicas to keep in step.
@@ -98,18 +98,18 @@ def ar_samples(model, config: ModelConfig, args) -> list[str]:
 
 
 def plot(result: dict, path: Path) -> None:
+    """Bits per byte against optimizer steps (a block's, or a baseline's): equal compute at equal steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name, label in (("blocks", "blocks, through the swarm (wall time, 2 cores shared)"),
-                        ("end_to_end", "end to end (training time, 2 cores)"),
-                        ("autoregressive", "autoregressive (training time, 2 cores)")):  # fmt: skip
-        seconds, bpb = zip(*[(point[0], point[-1]) for point in result["curves"][name]])
-        ax.plot([s / 60 for s in seconds], bpb, marker="o", markersize=3, label=label)
-    ax.set_xlabel("minutes")
+    for name, label in (("blocks", "blocks, through the swarm (mean step of the fetched blocks)"),
+                        ("end_to_end", "end to end"), ("autoregressive", "autoregressive (teacher-forced)")):  # fmt: skip
+        steps, bpb = zip(*[(point[1], point[2]) for point in result["curves"][name]])
+        ax.plot(steps, bpb, marker="o", markersize=3, label=label)
+    ax.set_xlabel("optimizer steps (each block, and each baseline)")
     ax.set_ylabel(f"validation bits per byte ({CURVE_WINDOWS} windows)")
     ax.set_title(f"long run: {result['model']['n_blocks']} blocks at {result['steps_each']} steps each, baselines at equal steps")
     ax.legend(fontsize=8)
