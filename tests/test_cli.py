@@ -36,6 +36,11 @@ def test_eval_prints_every_figure_as_json(trained):
     assert len(figures["denoise_ce"]["per_block"]) == 2
     for value in (figures["denoise_ce"]["overall"], figures["chain_ce"], figures["gen_nll"], figures["true_nll"]):
         assert 0 < value < 20
+    assert len(figures["bits_per_byte"]["per_block"]) == 2 and 0 < figures["bits_per_byte"]["overall"] < 30
+    assert 0 <= figures["real_words"] <= 1 and 0 < figures["true_real_words"] <= 1
+    judged = run_command("swarm-eval", "--model", "judge", "--text", "corpus.txt", "--windows", "8", cwd=trained)
+    assert judged.returncode == 0, judged.stderr
+    assert 0 < json.loads(judged.stdout)["bits_per_byte"]["overall"] < 30  # the same figure for the AR model
 
 
 def test_generate_prints_a_continuation_of_the_requested_length(trained):

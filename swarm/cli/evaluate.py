@@ -14,6 +14,7 @@ from swarm.model.checkpoint import load_model_folder
 from swarm.model.data import ByteWindows, load_corpus, load_text_bytes
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import evaluate_autoregressive, evaluate_denoiser
+from swarm.model.words import vocabulary
 
 
 def evaluation_windows(text: str | None, data: str | None, config: ModelConfig, count: int) -> torch.Tensor:
@@ -25,7 +26,8 @@ def evaluation_windows(text: str | None, data: str | None, config: ModelConfig, 
 @click.command("swarm-eval")
 @click.option("--model", "model_dir", required=True, help="Model folder (config.json, model.safetensors).")
 @click.option("--text", default=None, help="Evaluate on this text file or folder instead of the validation split.")
-@click.option("--data", default=None, help="Source whose validation split to use (default: built-in corpus).")
+@click.option("--data", default=None, help="Source whose validation split to use, and whose training split's words "
+              "count as real words (default: built-in corpus).")
 @click.option("--judge", default=None, help="Autoregressive model folder that scores generated text (gen_nll).")
 @click.option("--windows", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--steps-per-block", type=click.IntRange(min=1), default=1, show_default=True)
@@ -36,11 +38,12 @@ def eval_command(model_dir, text, data, judge, windows, steps_per_block):
     if judge_model is not None and judge_model.kind != "autoregressive":
         raise SwarmError(f"--judge must be an autoregressive model folder, {judge} holds {judge_model.kind}")
     batch = evaluation_windows(text, data, model.config, windows)
+    known = vocabulary(load_corpus(data).train)  # what counts as a real word: the training text's words
     if model.kind == "autoregressive":
-        figures = evaluate_autoregressive(model.modules[0], model.config, batch)
+        figures = evaluate_autoregressive(model.modules[0], model.config, batch, known)
     else:
         judge_module = judge_model.modules[0] if judge_model else None
-        figures = evaluate_denoiser(model.denoiser_for_block, model.config, batch, steps_per_block, judge_module)
+        figures = evaluate_denoiser(model.denoiser_for_block, model.config, batch, steps_per_block, judge_module, known)
     click.echo(json.dumps({"model": model_dir, "kind": model.kind, "windows": windows, **figures}, indent=2))
 
 
