@@ -300,6 +300,7 @@ def long_run(folder: Folder) -> list[str]:
         "`swarm-fetch`; then trains the end-to-end and autoregressive baselines at equal compute (as many steps as "
         "the blocks took, one after the other) and scores all three on the same validation windows.",
         command("long_run.py", r["settings"].data),
+        plain(r.get("note") or ""),
         settings(r["model"], label="Model"),
         f"The blocks took {plain(r['block_steps'])} steps in {fixed(r.num('swarm_seconds') / 60, 1)} minutes of "
         f"the swarm's wall time; each baseline took {r['steps_each']} steps.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
@@ -11,6 +12,9 @@ from swarm.cli.console import run_command
 from swarm.cli.options import swarm_client, swarm_options
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block, save_model_folder
+from swarm.model.denoiser import ModelConfig
+
+logger = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_S = 600.0
 
@@ -33,12 +37,31 @@ def fetch_command(out, model_timeout, data, **kwargs):
         spot_check = SpotCheck.from_source(data, config)
         modules, manifest = [], {"swarm": client.swarm, "config_hash": config.hash(), "blocks": {}}
         for block in range(config.n_blocks):
-            choice = client.run(choose_checkpoint(client.p2p, hosts[block], config, block, spot_check), FETCH_TIMEOUT_S)
+            choice = choose_block(client, config, block, spot_check)
             modules.append(decode_block(choice.data, config, block)[0])
             manifest["blocks"][str(block)] = manifest_entry(choice)
         manifest["spot_check_seconds"] = spot_check.seconds
         save_model_folder(Path(out), "blocks", config, modules, manifest)
     click.echo(f"wrote {out}")
+
+
+def choose_block(client, config: ModelConfig, block: int, spot_check: SpotCheck) -> Choice:
+    """The checkpoint to assemble for `block`, chosen from its hosts' records as they are now.
+
+    Records are read again for each block, and once more if no candidate could be had: hosts
+    keep a checkpoint only a while after a newer one replaces it in their record, and spot
+    checks of the blocks before take minutes on a busy machine, so records read at the start
+    may name checkpoints that are gone (seen in benchmarks/long_run.py)."""
+
+    def choose() -> Choice:
+        hosts = client.directory.hosts(block)
+        return client.run(choose_checkpoint(client.p2p, hosts, config, block, spot_check), FETCH_TIMEOUT_S)
+
+    try:
+        return choose()
+    except SwarmError as error:
+        logger.warning("%s; reading block %d's records again", error, block)
+    return choose()
 
 
 def manifest_entry(choice: Choice) -> dict:
