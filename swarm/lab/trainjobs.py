@@ -10,8 +10,12 @@ against its training seconds (the time in forward, backward and update).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import multiprocessing as mp
+import os
+import signal
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -27,6 +31,7 @@ from swarm.model.evaluate import block_elbo_bits, elbo_bits_per_byte, judge_nll
 from swarm.model.train import TrainConfig, Trainer, autoregressive_trainer, block_trainer, end_to_end_trainer, train
 
 CURVE_WINDOWS = 64
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
 def reset_peak_rss() -> None:
@@ -94,11 +99,25 @@ def train_one(job: dict) -> dict:
     }
 
 
+def _start_job_process(initializer: Callable[[], None] | None) -> None:
+    """In a job's process: die with the benchmark that started it (Linux), then run `initializer`.
+
+    Without this, a benchmark stopped by a signal left its job training on alone, and the
+    next run shared the cores with it (seen here: a long run's swarm had one core of two).
+    """
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the benchmark died before the line above
+        os._exit(1)
+    if initializer is not None:
+        initializer()
+
+
 def run_jobs(jobs: list[dict], initializer: Callable[[], None] | None = None) -> list[dict]:
     """One fresh process per job, one after the other, so they never compete for the cores;
     `initializer` runs first in each (a program's logging set-up)."""
     results = []
+    start = functools.partial(_start_job_process, initializer)
     for job in jobs:
-        with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"), initializer=initializer) as pool:
+        with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"), initializer=start) as pool:
             results.append(pool.submit(train_one, job).result())
     return results
