@@ -104,3 +104,21 @@ def test_the_masked_bound_of_a_uniform_guess_is_eight_bits_per_byte(masked_confi
     assert bound["overall"] == pytest.approx(8.0, rel=0.03)
     assert all(share == pytest.approx(2.0, rel=0.05) for share in bound["per_block"])
     assert math.isfinite(family_of(masked_config).block_loss(Recorder(masked_config), 0, windows, 3, 0))
+
+
+def test_an_answer_that_rewrites_revealed_bytes_or_leaves_bytes_hidden_at_the_end_is_refused(masked_config):
+    """What a client checks of a peer's reply, beyond its shape: revealed bytes stay as sent,
+    and the last block's slice, which ends at t = 0, leaves nothing hidden."""
+    family = MaskedFamily(masked_config)
+    ids = torch.full((2, masked_config.gen_len), MASK_ID)
+    ids[:, :4] = 65
+    last = family.schedule(masked_config.n_blocks - 1, 2)
+    honest = ids.masked_fill(ids == MASK_ID, 66)
+    family.check_answer(ids, last, honest)
+    rewritten = honest.clone()
+    rewritten[0, 0] = 67
+    with pytest.raises(ValueError, match="rewrote"):
+        family.check_answer(ids, last, rewritten)
+    with pytest.raises(ValueError, match="left bytes hidden"):
+        family.check_answer(ids, last, ids)
+    family.check_answer(ids, family.schedule(0, 2), ids)  # the first block may leave bytes hidden

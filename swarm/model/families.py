@@ -44,6 +44,8 @@ class Family(Protocol):
 
     def check_schedule(self, schedule: torch.Tensor) -> None: ...
 
+    def check_answer(self, state: torch.Tensor, schedule: torch.Tensor, answer: torch.Tensor) -> None: ...
+
 
 FAMILY_CLASSES = {"gaussian": GaussianFamily, "masked": MaskedFamily}
 

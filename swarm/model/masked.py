@@ -188,6 +188,15 @@ class MaskedFamily:
         if ids.min() < 0 or ids.max() > MASK_ID:
             raise ValueError(f"ids must be bytes (0..255) or the mask ({MASK_ID})")
 
+    def check_answer(self, ids: torch.Tensor, ts: torch.Tensor, answer: torch.Tensor) -> None:
+        """ValueError unless `answer` (a peer's reply to unmasking `ids` along `ts`) keeps every
+        byte that was already revealed, and hides nothing when the schedule ends at t = 0."""
+        revealed = ids != MASK_ID
+        if not torch.equal(answer[revealed], ids[revealed]):
+            raise ValueError("the answer rewrote bytes that were already revealed")
+        if float(ts[-1]) == 0.0 and (answer == MASK_ID).any():
+            raise ValueError("the answer left bytes hidden at the end of the last slice")
+
     def check_schedule(self, ts: torch.Tensor) -> None:
         if not torch.isfinite(ts).all() or ts[0] > 1 or (ts < 0).any() or (ts[1:] >= ts[:-1]).any():
             raise ValueError("mask rates must be finite, in [0, 1] and decreasing")

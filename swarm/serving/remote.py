@@ -182,6 +182,7 @@ class RemoteBlocks:
             raise SwarmError("malformed reply")
         try:
             self.family.check_state(outputs[0], len(request.state))
+            self.family.check_answer(request.state, request.schedule, outputs[0])
         except ValueError as error:
             raise SwarmError(f"malformed reply: {error}") from None
         if want_logits and (outputs[1].shape != (*request.state.shape[:2], 256) or not torch.isfinite(outputs[1]).all()):
