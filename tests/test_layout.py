@@ -21,7 +21,7 @@ MAY_IMPORT = {
     "checkpoints": {"model", "p2p"},
     "sync": {"model", "p2p", "checkpoints"},  # reconcile.py merges the replicas' downloaded checkpoints
     "serving": {"model", "p2p", "checkpoints"},
-    "health": {"model", "p2p"},
+    "health": {"model", "p2p", "checkpoints"},  # checks.py downloads the checkpoints hosts announce
     "peer": {"model", "p2p", "checkpoints", "sync", "serving"},
     "lab": {"model", "p2p", "checkpoints", "sync", "serving"},
     "cli": {"model", "p2p", "checkpoints", "sync", "serving", "peer", "lab", "health"},

@@ -1,15 +1,19 @@
-"""What the health page shows: one swarm's state, from its records and one ping of each host.
+"""What the health page shows: one swarm's state, from its records, one ping of each host, and a
+check of each host's checkpoint.
 
 Every poll reads each block's entries from the DHT (through the same schema as every reader:
 an entry that does not parse is counted as skipped, never shown, never fatal) and asks every
 host for its `rpc_info`, all at once and each within a timeout.
 
-A host is *verified* when it holds a verified checkpoint, by this definition: its record is
-live (not expired, not "leaving"), it announces a checkpoint, and the peer the record names
-answered our `rpc_info` within the timeout, for the block the record is under, from the key
-the record was signed with (an impostor's record naming another peer's id fails here). A
-block is healthy when at least one of its hosts is verified; the model is healthy when every
-block is. We do not download the checkpoint to check its sha256: `swarm-fetch` does that.
+A host is *verified* when the page has checked the checkpoint it announces, by this definition:
+its record is live (not expired, not "leaving"), it announces a checkpoint, the peer the record
+names answered our `rpc_info` within the timeout, for the block the record is under, from the
+key the record was signed with (an impostor's record naming another peer's id fails here), and
+the page has checked that checkpoint on that host (checks.py: downloaded whole and verified
+against its sha256, or, past 16 MiB, its chunk list and one chunk). A host that answers
+`rpc_info` but has not passed the check (not checked yet, or failed) is *unverified*, with the
+reason. A block is healthy when at least one of its hosts is verified; the model is healthy when
+every block is.
 
 Whatever a peer wrote is data: numbers that are not finite become null (a NaN would make the
 JSON unreadable), strings are passed on as they are and the page shows them as text only.
@@ -20,12 +24,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from hivemind.p2p import P2P
 from hivemind.utils import get_dht_time
 
+from swarm.health.checks import WHOLE_BYTES, CheckpointChecks, Verdict, key_of
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import DHTUnavailable, Host, SwarmDirectory
 from swarm.p2p.info import owns_record
@@ -45,7 +51,8 @@ def finite(value: float | None) -> float | None:
 
 
 def problem(host: Host, answer: Answer | None) -> str | None:
-    """Why a host's checkpoint is not verified (see the module docstring); None if it is."""
+    """Why a host's record is not believed from its `rpc_info` answer (see the module
+    docstring); None if it is, and its checkpoint is worth checking."""
     info = answer[1] if answer else None
     if info is None:
         return "does not answer"
@@ -91,13 +98,15 @@ class SwarmMonitor:
 
     Args:
         run: runs a P2P coroutine on the event loop that owns `p2p`, with a timeout (SwarmClient.run).
+        whole_bytes: a checkpoint up to this size is downloaded whole to check it (checks.py).
     """
 
     def __init__(self, directory: SwarmDirectory, p2p: P2P, run: Callable[[Awaitable, float], Any],
-                 config: ModelConfig, ping_timeout: float = PING_TIMEOUT_S):  # fmt: skip
+                 config: ModelConfig, ping_timeout: float = PING_TIMEOUT_S, whole_bytes: int = WHOLE_BYTES):  # fmt: skip
         self.directory, self.p2p, self.run, self.config = directory, p2p, run, config
         self.ping_timeout = ping_timeout
         self.history = LossHistory()
+        self.checks = CheckpointChecks(p2p, config, whole_bytes)
 
     def collect(self) -> dict:
         """The swarm's state now, as the JSON the API serves (README: "The health page")."""
@@ -111,7 +120,11 @@ class SwarmMonitor:
                 errors.append(str(error))
             hosts += found
         answers = self.run(ask_all(self.p2p, [h.peer_id for h in hosts], self.ping_timeout), self.ping_timeout + 5)
-        rows = [self._row(h, answers.get(h.peer_id), now) for h in hosts]
+        whys = [problem(h, answers.get(h.peer_id)) for h in hosts]
+        believed = [h for h, why in zip(hosts, whys) if why is None]
+        checked = self.run(self.checks.verdicts(believed), self.ping_timeout + 5)  # never waits for a check
+        verdicts = [Verdict(None, why, 0.0) if why else checked[key_of(h)] for h, why in zip(hosts, whys)]
+        rows = [self._row(h, answers.get(h.peer_id), verdict, now) for h, verdict in zip(hosts, verdicts)]
         for host in hosts:
             self.history.add(host, now)
         return {**self._verdict(rows, skipped), "updated_at": now, "errors": errors, "hosts": rows,
@@ -130,9 +143,11 @@ class SwarmMonitor:
                 "status": "broken" if missing else "healthy", "missing_blocks": missing, "blocks": blocks}  # fmt: skip
 
     @staticmethod
-    def _row(host: Host, answer: Answer | None, now: float) -> dict:
-        a, why = host.announcement, problem(host, answer)
+    def _row(host: Host, answer: Answer | None, verdict: Verdict, now: float) -> dict:
+        """One host's row; `verdict`: how its checkpoint was checked, or why it is not verified."""
+        a = host.announcement
         checkpoint_time = finite(a.checkpoint_time)
+        # fmt: off
         return {
             "block": host.block, "peer_id": a.peer_id, "public_name": a.public_name, "state": a.state,
             "step": a.step, "loss": finite(a.loss), "throughput": finite(a.throughput),
@@ -141,8 +156,10 @@ class SwarmMonitor:
             "reached": a.reached,  # "relayed": behind NAT, through circuit relays
             "sync_bytes_sent": a.sync_bytes_sent, "sync_bytes_received": a.sync_bytes_received,
             "drift": finite(a.drift), "version": a.version, "rtt_s": finite(answer[0]) if answer else None,
-            "verified": why is None, "problem": why, "expires_in_s": finite(host.expires_at - get_dht_time()),
+            "verified": verdict.verified, "check": verdict.check, "problem": verdict.reason,
+            "expires_in_s": finite(host.expires_at - get_dht_time()),
         }
+        # fmt: on
 
 
 def announced_pings(hosts: list[Host]) -> list[dict]:

@@ -29,6 +29,9 @@ function bytes(n) {
   return `${(n / 1000 ** i).toFixed(i ? 1 : 0)} ${units[i]}`;
 }
 
+// how the page checked a host's checkpoint (swarm/health/checks.py)
+const CHECKS = { whole: "downloaded, sha256 matches", chunk: "chunk list and one chunk" };
+
 function label(peerId, name) { return name || `peer …${peerId.slice(-6)}`; }
 
 function renderSummary(state) {
@@ -42,7 +45,7 @@ function renderSummary(state) {
   const missing = state.missing_blocks ?? [];
   document.getElementById("missing").textContent = missing.length
     ? `no verified host for block${missing.length > 1 ? "s" : ""} ${missing.join(", ")}`
-    : state.status === "healthy" ? "every block has a live peer with a verified checkpoint" : "";
+    : state.status === "healthy" ? "every block has a live peer whose checkpoint this page has checked" : "";
   const skipped = (state.blocks ?? []).filter((b) => b.skipped > 0);
   const skippedLine = document.getElementById("skipped");
   skippedLine.hidden = !skipped.length;
@@ -61,7 +64,7 @@ function hostCells(h) {
     el("td", {}, number(h.loss, 3)),
     el("td", {}, number(h.throughput, 2)),
     el("td", { class: "text" }, checkpoint),
-    el("td", { class: h.verified ? "text yes" : "text no" }, h.verified ? "yes" : `no: ${h.problem}`),
+    el("td", { class: h.verified ? "text yes" : "text no" }, h.verified ? `verified (${CHECKS[h.check] ?? h.check})` : `unverified: ${h.problem}`),
     el("td", { class: "text" }, h.reached),
     el("td", {}, ping),
     el("td", {}, `${bytes(h.sync_bytes_sent)} / ${bytes(h.sync_bytes_received)}`),
