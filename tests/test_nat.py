@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 from swarm_helpers import wait_for, write_tiny_setup
 
+from swarm.checkpoints.choice import SpotCheck
 from swarm.lab import netlab
 from swarm.lab.launch import LocalSwarm
 from swarm.model.checkpoint import load_model_folder
@@ -97,7 +98,8 @@ def test_peers_behind_nat_host_serve_and_sync_through_a_relay(tmp_path, symmetri
                 assert manifest["blocks"]["0"]["peer_id"] == home0
 
                 config = client.directory.wait_for_model(15)
-                remote = RemoteBlocks(client.directory, client.p2p, client.loop, config)
+                remote = RemoteBlocks(client.directory, client.p2p, client.loop, config,
+                                      spot_check=SpotCheck.from_source(corpus_path, config))  # fmt: skip
                 through_nat = generate(remote, config)
                 model = load_model_folder(tmp_path / "fetched")
                 assert through_nat == generate(local_runner(model.denoiser_for_block, model.config), model.config)

@@ -12,6 +12,7 @@ from hivemind.p2p import PeerID
 from hivemind.proto import runtime_pb2
 from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 
+from swarm.checkpoints.choice import SpotCheck
 from swarm.model.checkpoint import load_model_folder
 from swarm.model.denoiser import MASK_ID
 from swarm.model.families import family_of, generate_span, local_runner
@@ -36,8 +37,10 @@ def served(tmp_path_factory):
 
 
 def remote_runner(served_fixture) -> RemoteBlocks:
-    _, _, client, model = served_fixture
-    return RemoteBlocks(client.directory, client.p2p, client.loop, model.config, request_timeout=10, ban_seconds=120)
+    local, _, client, model = served_fixture
+    spot_check = SpotCheck.from_source(local.data, model.config)  # measures block 0, which one key serves
+    return RemoteBlocks(client.directory, client.p2p, client.loop, model.config, request_timeout=10, ban_seconds=120,
+                        spot_check=spot_check)  # fmt: skip
 
 
 def test_distributed_generation_equals_local_generation(served):
@@ -55,9 +58,21 @@ def test_distributed_generation_equals_local_generation(served):
     expected = b"".join(continue_text(local_runner(model.denoiser_for_block, model.config), model.config,
                                       b"The quick brown", 20, steps_per_block=2, seed=9))
     result = local_swarm.run("swarm-generate", "--max-bytes", "20", "--steps-per-block", "2", "--seed", "9",
-                             "The quick brown")
+                             "--data", local_swarm.data, "The quick brown")
     assert result.returncode == 0, result.stderr
     assert result.stdout.rstrip("\n") == expected.decode("utf-8", errors="replace")
+
+
+def test_what_confirming_every_answer_costs(served):
+    """Block 1's checkpoint has two keys: each answer costs a second request, to the other key.
+    Block 0's has one: measured once (downloaded and spot-checked), then no request more."""
+    _, _, _, model = served
+    runner, spans = remote_runner(served), 4
+    text = b"".join(continue_text(runner, model.config, b"Counting", spans * model.config.gen_len, 2, seed=4))
+    assert len(text) == spans * model.config.gen_len
+    assert runner.round_trips == spans * model.config.n_blocks
+    assert runner.checks.extra_requests == runner.checks.requests_checked == spans  # one per span: block 1's
+    assert runner.checks.checkpoints_measured == 1 and runner.checks.disagreements == 0, runner.checks
 
 
 def test_generation_survives_a_replica_killed_midway(served):

@@ -13,8 +13,12 @@ import pytest
 from hivemind.utils import get_dht_time
 from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 
+from swarm.checkpoints.choice import SpotCheck
+from swarm.checkpoints.store import CheckpointStore
+from swarm.checkpoints.transfer import BlockServicer
 from swarm.lab.attacks import (
     STEP_LIE,
+    HonestThenWrong,
     HostileNode,
     TricklingDownloads,
     WrongAnswers,
@@ -28,7 +32,6 @@ from swarm.model.families import local_runner
 from swarm.model.generate import continue_text
 from swarm.p2p.info import InfoServicer
 from swarm.p2p.records import CheckpointInfo, ModelRecord, model_key
-from swarm.serving.cross_check import CrossCheckPolicy
 from swarm.serving.remote import RemoteBlocks
 
 SWARM = "trusttest"
@@ -117,16 +120,73 @@ def test_a_replica_answering_wrongly_is_outvoted_and_banned(swarm):
         node.serve(InfoServicer(lambda: node.info(1)), WrongAnswers(config, 1, honest.sha256))
         node.announce(1, state="serving", **checkpoint_of(honest))  # vouches for the honest checkpoint
         wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(1)}, 30, "the liar's record")
-        runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=10,
-                              cross_check=CrossCheckPolicy(fraction=0.0))  # fmt: skip
+        runner = generation_client(local, client, config)
         liar = next(h for h in client.directory.hosts(1) if h.peer_id == node.peer_id)
         runner._rtt[liar.peer_id, liar.owner] = 0.0  # the harness: the liar is the one that answers fastest
         text = b"".join(continue_text(runner, config, b"The quick brown", 24, steps_per_block=2, seed=3))
-    expected = b"".join(continue_text(local_runner(model.denoiser_for_block, config), config, b"The quick brown", 24,
-                                      steps_per_block=2, seed=3))  # fmt: skip
-    assert text == expected
+    assert text == honest_text(model, b"The quick brown", 24, seed=3)
     assert runner.checks.banned == 1 and runner.checks.disagreements == 1, runner.checks
     assert runner.choose(1).peer_id != node.peer_id
+
+
+def generation_client(local, client, config: ModelConfig) -> RemoteBlocks:
+    """A generation client that measures checkpoints on the swarm's own text; the liars' answers, the
+    test harness says, come fastest."""
+    spot_check = SpotCheck.from_source(local.data, config)
+    return RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=10, spot_check=spot_check)
+
+
+def honest_of(client, block: int) -> CheckpointInfo:
+    """The checkpoint that block `block`'s honest hosts (a; b1 and b2) serve."""
+    if block == 1:
+        return honest_checkpoint(client)
+    return next(h.announcement.checkpoint for h in serving(client, 0) if h.announcement.public_name == "a")
+
+
+def honest_text(model, prompt: bytes, length: int, seed: int) -> bytes:
+    runner = local_runner(model.denoiser_for_block, model.config)
+    return b"".join(continue_text(runner, model.config, prompt, length, steps_per_block=2, seed=seed))
+
+
+def test_a_stranger_one_save_ahead_of_a_lone_honest_host_is_measured_before_it_is_used(swarm, tmp_path):
+    """Issue 26, item 6: block 0 has one honest host, a; a stranger under one key announces a
+    checkpoint one step ahead, serves it (garbage) for download and answers requests wrongly."""
+    local, client, model = swarm
+    config, honest = model.config, honest_of(client, 0)
+    with HostileNode(SWARM, local.initial_peers) as node:
+        store = CheckpointStore(tmp_path, config, 0, SWARM)
+        ahead = store.save(garbage_block(config, 0), honest.step + 1)
+        node.serve(InfoServicer(lambda: node.info(0)), BlockServicer(0, store), WrongAnswers(config, 0, ahead.sha256))
+        node.announce(0, state="serving", **checkpoint_of(ahead))
+        announced = lambda: ahead in {h.announcement.checkpoint for h in client.directory.hosts(0)}
+        wait_for(announced, 30, "the stranger's record")
+        runner = generation_client(local, client, config)
+        text = b"".join(continue_text(runner, config, b"The quick brown", 24, steps_per_block=2, seed=5))
+    assert text == honest_text(model, b"The quick brown", 24, seed=5)
+    assert ahead in runner.vetting.failed and honest in runner.vetting.passed
+    assert runner.checks.checkpoints_measured == 2, runner.checks
+
+
+@pytest.mark.parametrize("block", [1, 0], ids=["beside two honest keys", "beside one honest key"])
+def test_a_replica_that_answers_honestly_at_first_and_lies_afterwards_gets_no_lie_into_the_output(swarm, block):
+    """Issue 26, item 7: the liar serves the honest checkpoint of `block` truly for its first two
+    answers, then wrongly. Beside two honest keys the majority catches it; beside one, the client
+    computes the disputed answer itself from the checkpoint's file."""
+    local, client, model = swarm
+    config, honest = model.config, honest_of(client, block)
+    with HostileNode(SWARM, local.initial_peers) as node:
+        liar = HonestThenWrong(config, block, model.denoiser_for_block(block), honest.sha256, honest=2)
+        node.serve(InfoServicer(lambda: node.info(block)), liar)
+        node.announce(block, state="serving", **checkpoint_of(honest))
+        wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(block)}, 30, "the liar's record")
+        runner = generation_client(local, client, config)
+        host = next(h for h in client.directory.hosts(block) if h.peer_id == node.peer_id)
+        runner._rtt[host.peer_id, host.owner] = 0.0  # the harness: the liar is the one that answers fastest
+        text = b"".join(continue_text(runner, config, b"Swarms of", 40, steps_per_block=2, seed=6))
+    assert liar.answered > liar.honest  # it did lie
+    assert text == honest_text(model, b"Swarms of", 40, seed=6)
+    assert runner.checks.banned == 1 and runner.checks.computed_here == (block == 0), runner.checks
+    assert runner.choose(block).peer_id != node.peer_id
 
 
 def test_the_join_line_is_what_every_command_takes(swarm):

@@ -16,7 +16,8 @@ What a host announces (a step, a size, a loss) is a claim. A checkpoint is chose
    worse than the loss its hosts announced; the first kept in rank order wins.
 
 `swarm-fetch`, a joining peer, the chaos monkey and the generation client all choose
-through here (the generation client ranks hosts without downloading: `rank`).
+through here (the generation client ranks hosts with `rank`, and measures a checkpoint only
+one key serves with `measure_candidates` and `believable`: swarm/serving/vetting.py).
 """
 
 from __future__ import annotations
@@ -147,15 +148,9 @@ async def choose_checkpoint(
     candidates = rank(hosts, config)
     logger.info("block %d: %d hosts announce %d checkpoints (steps %s); measuring up to %d", block, len(hosts),
                 len(candidates), [c.checkpoint.step for c in candidates], max_candidates)  # fmt: skip
-    measured = []
-    for candidate in candidates[:max_candidates]:
-        if (m := await _measure(p2p, candidate, config, block, spot_check, show_progress)) is not None:
-            measured.append(m)
+    measured = await measure_candidates(p2p, candidates[:max_candidates], config, block, spot_check, show_progress)
     own_loss = spot_check.measure(decode_block(own[0], config, block)[0], config, block) if own else None
-    losses = [m.loss for m in measured] + ([own_loss] if own_loss is not None else [])
-    best = min(filter(math.isfinite, losses), default=math.inf)  # a NaN is no loss to compare with
-    believable = [m for m in measured if _believable(m, best, spot_check.tolerance)]  # logs every rejection
-    for m in believable:
+    for m in believable(measured, spot_check.tolerance, own_loss):
         if own is None or m.candidate.checkpoint.step > own[1].step:
             return Choice(m.data, m.candidate.checkpoint, m.loss, m, measured)
     if own is not None:
@@ -164,15 +159,28 @@ async def choose_checkpoint(
                      f"{len(hosts)} hosts)")  # fmt: skip
 
 
-async def _measure(p2p: P2P, candidate: Candidate, config: ModelConfig, block: int, spot_check: SpotCheck,
-                   show_progress: bool) -> Measured | None:  # fmt: skip
-    """The candidate downloaded (from all of its hosts at once), verified and measured; None if none served it."""
-    try:
-        downloaded, denoiser = await download_verified(p2p, list(candidate.hosts), config, block, show_progress)
-    except (TransferError, SwarmError) as error:
-        logger.warning("block %d: %s; trying the next candidate", block, error)
-        return None
-    return Measured(candidate, downloaded.data, downloaded.host, spot_check.measure(denoiser, config, block))
+async def measure_candidates(p2p: P2P, candidates: list[Candidate], config: ModelConfig, block: int,
+                             spot_check: SpotCheck, show_progress: bool = True) -> list[Measured]:  # fmt: skip
+    """Each candidate downloaded (from all of its hosts at once), verified and measured, in order;
+    those that no host served are left out."""
+    measured = []
+    for candidate in candidates:
+        try:
+            downloaded, denoiser = await download_verified(p2p, list(candidate.hosts), config, block, show_progress)
+        except (TransferError, SwarmError) as error:
+            logger.warning("block %d: %s; trying the next candidate", block, error)
+            continue
+        loss = spot_check.measure(denoiser, config, block)
+        measured.append(Measured(candidate, downloaded.data, downloaded.host, loss))
+    return measured
+
+
+def believable(measured: list[Measured], tolerance: float, own_loss: float | None = None) -> list[Measured]:
+    """Those of `measured` that pass (see `_believable`), compared with the best loss among them
+    and `own_loss` (the caller's own checkpoint's); every rejection is logged."""
+    losses = [m.loss for m in measured] + ([own_loss] if own_loss is not None else [])
+    best = min(filter(math.isfinite, losses), default=math.inf)  # a NaN is no loss to compare with
+    return [m for m in measured if _believable(m, best, tolerance)]
 
 
 def _believable(m: Measured, best: float, tolerance: float) -> bool:

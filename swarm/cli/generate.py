@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from swarm.checkpoints.choice import SpotCheck
 from swarm.cli.console import run_command
 from swarm.cli.options import swarm_client, swarm_options
 from swarm.errors import SwarmError
@@ -29,7 +30,10 @@ MODEL_TIMEOUT_S = 15.0
 @click.option("--steps-per-block", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature, seed, **swarm_kwargs):
+@click.option("--data", default=None,
+              help="The swarm's training text (default: the built-in corpus): its held-out windows measure a block's "
+                   "checkpoint before it is used when only one key serves it.")  # fmt: skip
+def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature, seed, data, **swarm_kwargs):
     """Write the continuation of PROMPT, one span of G bytes per pass through the blocks."""
     if (model_dir is None) == (not swarm_kwargs["initial_peers"]):
         raise SwarmError("give either --model DIR (run here) or --initial-peers ... (run on the swarm's peers)")
@@ -42,7 +46,8 @@ def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature,
         return
     with swarm_client(swarm_kwargs) as client:
         config = client.directory.wait_for_model(MODEL_TIMEOUT_S)
-        runner = RemoteBlocks(client.directory, client.p2p, client.loop, config)
+        spot_check = SpotCheck.from_source(data, config) if data is not None else None  # None: loaded when needed
+        runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, spot_check=spot_check)
         write_continuation(runner, config, prompt, settings)
 
 

@@ -11,6 +11,8 @@ with the project's own code, or with a few lines around hivemind.
   - `CorruptChunks`: a host of an honest checkpoint that changes a byte of every chunk it sends,
     with the honest chunk list or one forged to match what it sends;
   - `WrongAnswers`: remote denoising that answers for the checkpoint it claims, wrongly;
+  - `HonestThenWrong`: the same, once it has answered a few requests honestly (checks that stop
+    after a replica's first answers miss it);
   - `LyingSyncReplies`: sync replies that are garbage, off-schema, or claim a step far ahead;
   - `HostileReplica`: a DeMo replica that trains like an honest one and sends, each step, its
     own update negated, at the largest values allowed against it, with random signs, or NaN.
@@ -194,6 +196,26 @@ class WrongAnswers(Impersonating, DenoiseServicer):
     def __init__(self, config: ModelConfig, block: int, claimed_sha256: str):
         super().__init__(config, block)
         self.swap_in(garbage_block(config, block, scale=1.0), claimed_sha256)
+
+
+class HonestThenWrong(Impersonating, DenoiseServicer):
+    """Serves a checkpoint it claims with its true weights (`weights`, those of `claimed_sha256`)
+    for its first `honest` answers, then with other weights."""
+
+    imitates = DenoiseServicer
+
+    def __init__(self, config: ModelConfig, block: int, weights: Denoiser, claimed_sha256: str, honest: int):
+        super().__init__(config, block)
+        self.swap_in(weights, claimed_sha256)
+        self.wrong = garbage_block(config, block, scale=1.0).eval()
+        self.honest, self.answered = honest, 0
+
+    def _run(self, denoiser: Denoiser, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor,
+             seed: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        self.answered += 1
+        if self.answered > self.honest:
+            denoiser = self.wrong
+        return super()._run(denoiser, prefix, state, schedule, seed, temperature)
 
 
 class LyingSyncReplies(Impersonating, PayloadServicer):

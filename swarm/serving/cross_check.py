@@ -2,11 +2,10 @@
 
 A peer serves the checkpoint it announces (see `swarm.serving.server`), and a request names the
 checkpoint it wants, so replicas that announce the same checkpoint compute the same function:
-their answers to one request differ only by floating-point noise. A generation client sends a
-fraction of its requests (and the first one to every replica it starts using) to up to two
-more replicas of the same checkpoint; when the answers disagree, the majority decides, and a
-replica the majority contradicts is banned. Two replicas that disagree with no third to ask
-decide nothing (counted as undecided).
+their answers to one request differ only by floating-point noise (the masked family's byte ids
+not at all). A generation client sends every request to a second replica of the same checkpoint
+under another key, and on a disagreement asks more; a strict majority decides, and where none
+forms the client computes the answer itself (remote.py has the policy and its cost).
 """
 
 from __future__ import annotations
@@ -20,21 +19,24 @@ Answer = tuple[torch.Tensor, torch.Tensor | None]  # (the state after the block'
 
 @dataclass
 class CrossCheckPolicy:
-    fraction: float = 0.1  # of the requests to a replica already checked once
     tolerance: float = 1e-3  # relative difference two answers may have and still agree
-    witnesses: int = 2  # other replicas asked at most, so that three answers can form a majority
+    witnesses: int = 2  # other replicas asked at most on a disagreement, so that three answers can form a majority
 
 
 @dataclass
 class CrossCheckStats:
     """What the checks cost and found (reported by the serving benchmarks)."""
 
-    requests_checked: int = 0
-    extra_requests: int = 0
+    requests_checked: int = 0  # answers a witness was asked to confirm
+    extra_requests: int = 0  # requests to witnesses
     disagreements: int = 0
-    undecided: int = 0
-    banned: int = 0
-    seconds: float = 0.0
+    undecided: int = 0  # disagreements nothing settled: no majority, and no file or no replica matching it
+    computed_here: int = 0  # disagreements settled by computing the answer from the checkpoint's file
+    banned: int = 0  # replicas shown to lie
+    unconfirmed: int = 0  # answers dropped: no witness, and a checkpoint not measured here
+    seconds: float = 0.0  # spent on the checks beyond the answers' own round trips
+    checkpoints_measured: int = 0  # checkpoints with one key downloaded and spot-checked
+    measuring_seconds: float = 0.0
 
 
 def agree(a: Answer, b: Answer, z_in: torch.Tensor, tolerance: float) -> bool:

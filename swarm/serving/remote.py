@@ -1,19 +1,53 @@
 """Running the blocks on swarm peers: one trip through B peers per span of G bytes.
 
 `RemoteBlocks` is a block runner (see `swarm.model.steps.BlockRunner`) whose blocks live on
-other peers. For each block it takes the best-ranked checkpoint (agreement among hosts, then
-plausibility, then freshness: `swarm.checkpoints.choice.rank`) that a reachable host serves, and among
-its hosts the one with the lowest measured round trip (pings are cached), hosts behind NAT last
-(they are reached by asking them to dial back: `swarm.p2p.reachability.ensure_direct`). Each request names
-that checkpoint. When a peer times out or refuses, it bans that peer for a while and retries
-the block on another replica; some requests are checked against other replicas of the same
-checkpoint (`swarm.serving.cross_check`), and a replica the majority contradicts is banned.
+other peers. For each block it takes the first checkpoint, in the order of
+`swarm.checkpoints.choice.rank` (plausibility, agreement among hosts, then freshness), that it
+may use (vetting.py: one that hosts under two keys or more serve, or one measured here), and
+among its hosts the one with the lowest measured round trip (pings are cached), hosts behind
+NAT last (they are reached by asking them to dial back: `swarm.p2p.reachability.ensure_direct`).
+Each request names that checkpoint. When a peer times out or refuses, it bans that peer for a
+while and retries the block on another replica.
+
+No answer is used on one key's word (issue 26, items 6 and 7):
+- A request to a checkpoint that another key also serves goes at the same moment to a replica
+  of it under another key, a *witness*, and the answer is used only if the two are identical.
+  Replicas of one checkpoint compute the same function (cross_check.py): an honest pair always
+  agrees. On a disagreement more witnesses are asked (up to `CrossCheckPolicy.witnesses`) and a
+  strict majority decides; where none can (two keys), the client computes the answer itself
+  from the checkpoint's verified file (downloaded once) and bans the replicas that answered
+  otherwise. A replica shown to lie is banned for the runner's life; its answer is never used.
+- An answer with no witness (the checkpoint's only key answers) is used only if this client
+  has measured that checkpoint; otherwise it is dropped and the block is asked again of a
+  checkpoint it may use, measuring lone ones first.
+Why every answer and not a fraction: a liar that knows the policy lies only where it is not
+checked. Checking the first request to a replica and then a fraction p lets one that answers
+honestly until it has been checked corrupt (1 - p) / p answers on average before it is caught
+(9 at p = 0.1); a random fraction from the first request does no better. Checking every answer
+leaves it nothing: its first lie is caught before it is used, and gets it banned. What a liar
+still gets is cost: each peer id it burns makes a client send a few more requests, or download
+one checkpoint and compute one block's steps here (a witness that fails makes the client
+measure the checkpoint instead).
+What it costs (counted by `tests/test_serving.py::test_what_confirming_every_answer_costs`):
+one extra request per span for each block whose checkpoint two keys or more serve (B extra
+requests per span where every block has two replicas: twice an unchecked client's requests,
+against about 0.1 per such block per span, after the first, under the old fraction, of which
+benchmarks/serve.py measured 0.083 extra requests per request). Sent at
+the same moment, the two requests cost the slower round trip of the two, not their sum. A block
+whose checkpoint has one key costs no request: one download and spot check per client, as
+swarm-fetch makes, then nothing. A disagreement costs up to `witnesses` more requests, or one
+download and the block's steps computed here.
+Left open: the lone host of a checkpoint that passed its measurement is believed. A stranger
+that serves a copy of an honest checkpoint stamped a step ahead (so that it measures as well)
+and answers with other weights is caught only once a second key serves its checkpoint; a
+client that must be sure can run such a block itself, as it holds its weights.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import random
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +56,8 @@ from hivemind.compression import deserialize_torch_tensor, serialize_torch_tenso
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
-from swarm.checkpoints.choice import rank
+from swarm.checkpoints.choice import SpotCheck, rank
+from swarm.checkpoints.transfer import TransferError
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
 from swarm.model.families import family_of
@@ -32,10 +67,14 @@ from swarm.p2p.messages import DenoiseRequest, PeerInfo, refusal
 from swarm.p2p.network import EventLoopThread
 from swarm.p2p.pings import timed_info
 from swarm.p2p.reachability import ensure_direct
+from swarm.p2p.records import CheckpointInfo
 from swarm.serving.cross_check import Answer, CrossCheckPolicy, CrossCheckStats, agree, majority
 from swarm.serving.server import DenoiseServicer
+from swarm.serving.vetting import Vetting
 
 logger = logging.getLogger(__name__)
+
+Reply = Answer | Exception  # what a replica sent, or why it sent nothing usable
 
 
 @dataclass
@@ -48,92 +87,181 @@ class RemoteBlocks:
     config: ModelConfig
     request_timeout: float = 30.0
     ping_timeout: float = 5.0
-    ban_seconds: float = 60.0
+    ban_seconds: float = 60.0  # for a replica that fails; one shown to lie is banned for good
     cross_check: CrossCheckPolicy = field(default_factory=CrossCheckPolicy)
+    spot_check: SpotCheck | None = None  # measures checkpoints with one key (None: on the built-in corpus)
     checks: CrossCheckStats = field(default_factory=CrossCheckStats)
-    round_trips: int = 0
+    round_trips: int = 0  # answers of the replicas asked first (a witness's are `checks.extra_requests`)
     hop_seconds: dict[int, list[float]] = field(default_factory=dict)  # per block, each answered request
-    rng: random.Random = field(default_factory=lambda: random.Random(0))
     _banned_until: dict[str, float] = field(default_factory=dict)
     _rtt: dict[tuple[str, bytes], float] = field(default_factory=dict)
-    _chosen: dict[int, tuple[Host, list[Host]]] = field(default_factory=dict)  # block: (host, the others of its checkpoint)
-    _checked: set[str] = field(default_factory=set)  # replicas whose answers were checked at least once
+    _chosen: dict[int, Chosen] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.family = family_of(self.config)
+        self.vetting = Vetting(self.p2p, self.loop, self.config, self.spot_check)
 
     def __call__(self, block: int, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor,
                  seed: int = 0, temperature: float = 0.0) -> Answer:  # fmt: skip
-        """Run block `block`'s steps on some replica: (state, logits, only from the last block);
-        SwarmError when none answers."""
+        """Run block `block`'s steps on some replica, confirmed (see the module docstring):
+        (state, logits, only from the last block); SwarmError when none answers."""
         request = Request(prefix, state, schedule, seed, temperature)
         while True:
-            host = self.choose(block)
-            try:
-                started = time.perf_counter()
-                answer = self._ask(host, request)
-                self.hop_seconds.setdefault(block, []).append(time.perf_counter() - started)
-                self.round_trips += 1
-            except Exception as error:  # timeout, vanished peer, refusal, garbage: try another replica
-                self._ban(host, f"failed ({error})")
+            self.choose(block)
+            chosen = self._chosen[block]
+            witness = self._witness(chosen)
+            answer, confirmation = self._ask_pair(block, chosen.host, witness, request)
+            if isinstance(answer, Exception):  # timeout, vanished peer, refusal, garbage: try another replica
+                self._ban(chosen.host, f"failed ({answer})")
                 continue
-            if host.peer_id not in self._checked or self.rng.random() < self.cross_check.fraction:
-                answer = self._checked_answer(block, host, answer, request)
-            return answer
+            if (confirmed := self._confirmed(block, chosen, answer, witness, confirmation, request)) is not None:
+                return confirmed
 
     def choose(self, block: int) -> Host:
-        """The replica this runner uses for a block now."""
+        """The replica this runner asks for a block now (measuring checkpoints with one key first
+        where no other may be used)."""
         chosen = self._chosen.get(block)
-        if chosen is not None and not self._banned(chosen[0].peer_id):
-            return chosen[0]
-        hosts = [h for h in self.directory.hosts(block) if not self._banned(h.peer_id)]
-        groups = [list(c.hosts) for c in rank(hosts, self.config)] + [[h for h in hosts if not h.announcement.checkpoint]]
-        for group in groups:
-            reachable = [h for h in group if self.round_trip(h) < float("inf")]  # they answer, and own their record
-            if reachable:  # at equal freshness, one behind NAT only if no direct one answers
-                best = min(reachable, key=lambda h: (h.announcement.reached == "relayed", self.round_trip(h)))
-                self._chosen[block] = best, [h for h in reachable if h is not best]
-                return best
-        raise SwarmError(f"no live peer serves block {block}")
+        if chosen is None or self._banned(chosen.host.peer_id):
+            chosen = self._chosen[block] = self._pick(block)
+        return chosen.host
 
-    def _checked_answer(self, block: int, host: Host, answer: Answer, request: Request) -> Answer:
-        """`answer`, or the majority's when other replicas of the same checkpoint answer otherwise."""
+    def _pick(self, block: int) -> Chosen:
+        """The first checkpoint in rank order that may be used; one with a single key that was not
+        measured yet is measured on the way (with the next ones: `Vetting.measure`)."""
+        hosts = [h for h in self.directory.hosts(block) if h.announcement.checkpoint and not self._banned(h.peer_id)]
+        if not hosts:
+            raise SwarmError(f"no live peer serves block {block}")
+        while True:
+            for candidate in rank(hosts, self.config):
+                answering = [h for h in candidate.hosts if self.round_trip(h) < math.inf]  # and own their record
+                if self.vetting.usable(candidate, answering):  # one behind NAT only if no direct one answers
+                    host = min(answering, key=lambda h: (h.announcement.reached == "relayed", self.round_trip(h)))
+                    return Chosen(candidate.checkpoint, host, self._witnesses(host, answering), answering)
+                if answering and not self.vetting.known(candidate.checkpoint):
+                    break  # one key, not measured yet
+            else:
+                raise SwarmError(f"block {block}: no live peer serves a checkpoint that two keys serve or that "
+                                 "passes a measurement")  # fmt: skip
+            started = time.perf_counter()
+            answering = [h for h in hosts if self.round_trip(h) < math.inf]
+            self.checks.checkpoints_measured += self.vetting.measure(block, answering)
+            self.checks.measuring_seconds += time.perf_counter() - started
+
+    def _witnesses(self, host: Host, answering: list[Host]) -> list[Host]:
+        """The fastest replica under each key other than `host`'s."""
+        by_key: dict[bytes, Host] = {}
+        for other in sorted(answering, key=self.round_trip):
+            by_key.setdefault(key_of(other), other)
+        by_key.pop(key_of(host))
+        return list(by_key.values())
+
+    def _witness(self, chosen: Chosen, asked: tuple[str, ...] = ()) -> Host | None:
+        return next((w for w in chosen.witnesses if w.peer_id not in asked and not self._banned(w.peer_id)), None)
+
+    def _ask_pair(self, block: int, host: Host, witness: Host | None, request: Request) -> tuple[Reply, Reply | None]:
+        """The answers of `host` and of `witness` (if any) to `request`, asked at the same moment;
+        an exception in place of one that failed."""
         started = time.perf_counter()
-        self._checked.add(host.peer_id)
-        self.checks.requests_checked += 1
-        answers = {host.peer_id: answer}
-        for witness in [w for w in self._chosen[block][1] if not self._banned(w.peer_id)][: self.cross_check.witnesses]:
-            try:
-                self.checks.extra_requests += 1
-                answers[witness.peer_id] = self._ask(witness, request)
-            except Exception as error:
-                logger.info("cross-check of block %d: witness %s did not answer (%s)", block, witness.peer_id, error)
-                continue
-            if len(answers) == 2 and agree(answer, answers[witness.peer_id], request.state, self.cross_check.tolerance):
-                break  # the first witness confirms it
-        answer = self._verdict(block, host, answers, request.state)
+        asked = [host] + ([witness] if witness is not None else [])
+        replies = self.loop.run(self._timed_all(asked, request), self.request_timeout + 1)
+        (answer, seconds), *confirmation = replies
+        if not isinstance(answer, Exception):
+            self.round_trips += 1
+            self.hop_seconds.setdefault(block, []).append(seconds)
+            if confirmation:
+                self.checks.requests_checked += 1
+                self.checks.seconds += max(0.0, time.perf_counter() - started - seconds)
+        self.checks.extra_requests += len(confirmation)
+        return answer, (confirmation[0][0] if confirmation else None)
+
+    async def _timed_all(self, hosts: list[Host], request: Request) -> list[tuple[Reply, float]]:
+        return await asyncio.gather(*(self._timed(h, request) for h in hosts))
+
+    async def _timed(self, host: Host, request: Request) -> tuple[Reply, float]:
+        started = time.perf_counter()
+        try:
+            answer = await asyncio.wait_for(self._denoise(host, request), self.request_timeout)
+        except Exception as error:
+            answer = error
+        return answer, time.perf_counter() - started
+
+    def _confirmed(self, block: int, chosen: Chosen, answer: Answer, witness: Host | None,
+                   confirmation: Reply | None, request: Request) -> Answer | None:  # fmt: skip
+        """`answer` once a witness confirms it, or the right one where witnesses contradict it;
+        None: the block must be asked again."""
+        while isinstance(confirmation, Exception):  # a witness that fails confirms nothing: ask the next
+            self._ban(witness, f"failed as a witness ({confirmation})")
+            if (witness := self._witness(chosen)) is None:
+                break
+            confirmation = self._witness_answer(witness, request)
+        if witness is None:
+            if chosen.checkpoint in self.vetting.passed:
+                return answer  # the only key of a checkpoint measured here
+            self.checks.unconfirmed += 1
+            logger.info("block %d: no other key confirms the answer of %s, whose checkpoint is not measured; "
+                        "asking again", block, chosen.host.peer_id)  # fmt: skip
+            self._chosen.pop(block, None)
+            return None
+        if agree(answer, confirmation, request.state, self.cross_check.tolerance):
+            return answer
+        started = time.perf_counter()
+        settled = self._settle(block, chosen, {chosen.host.peer_id: answer, witness.peer_id: confirmation}, request)
         self.checks.seconds += time.perf_counter() - started
-        return answer
+        return settled
 
-    def _verdict(self, block: int, host: Host, answers: dict[str, Answer], state: torch.Tensor) -> Answer:
-        if len(answers) == 1 or all(agree(answers[host.peer_id], a, state, self.cross_check.tolerance) for a in answers.values()):
-            return answers[host.peer_id]
+    def _witness_answer(self, witness: Host, request: Request) -> Reply:
+        self.checks.extra_requests += 1
+        try:
+            return self._ask(witness, request)
+        except Exception as error:
+            return error
+
+    def _settle(self, block: int, chosen: Chosen, answers: dict[str, Answer], request: Request) -> Answer | None:
+        """The right answer where replicas of one checkpoint disagree: a strict majority's, or, where
+        none forms, the one computed here; bans the replicas shown to lie. None: nothing settles it."""
         self.checks.disagreements += 1
-        winner, contradicted = majority(answers, state, self.cross_check.tolerance)
+        while len(answers) <= self.cross_check.witnesses and (witness := self._witness(chosen, tuple(answers))):
+            if isinstance(reply := self._witness_answer(witness, request), Exception):
+                self._ban(witness, f"failed as a witness ({reply})")
+            else:
+                answers[witness.peer_id] = reply
+        winner, liars = majority(answers, request.state, self.cross_check.tolerance) if len(answers) > 2 else (None, [])
+        right = answers[winner] if winner is not None else self._computed_here(block, chosen, request)
+        if right is None:
+            return None
         if winner is None:
+            liars = [p for p, a in answers.items() if not agree(a, right, request.state, self.cross_check.tolerance)]
+        if len(liars) == len(answers):  # no replica computes what this client does: its own arithmetic may differ
+            logger.warning("block %d: no replica's answer matches the one computed here; using it, banning none", block)
             self.checks.undecided += 1
-            logger.warning("block %d: replicas %s answer one request differently, and no majority decides",
-                           block, sorted(answers))  # fmt: skip
-            return answers[host.peer_id]
-        for peer_id in contradicted:
+            return right
+        for peer_id in liars:
             self.checks.banned += 1
-            self._ban(next(h for h in [host, *self._chosen[block][1]] if h.peer_id == peer_id), "contradicted by the majority")
-        return answers[winner]
+            self._ban(next(h for h in chosen.hosts if h.peer_id == peer_id), "contradicted by the checks", math.inf)
+        return right
 
-    def _ban(self, host: Host, why: str) -> None:
-        logger.warning("block %d on %s %s; banning it for %.0fs", host.block, host.peer_id, why, self.ban_seconds)
-        self._banned_until[host.peer_id] = time.monotonic() + self.ban_seconds
-        if (chosen := self._chosen.get(host.block)) is not None and chosen[0].peer_id == host.peer_id:
+    def _computed_here(self, block: int, chosen: Chosen, request: Request) -> Answer | None:
+        """The block's steps computed here from the checkpoint's verified file; None (and the
+        checkpoint is not used again) when no host serves it."""
+        try:
+            denoiser = self.vetting.weights(block, chosen.checkpoint, chosen.hosts)
+        except (TransferError, SwarmError, TimeoutError) as error:
+            self.checks.undecided += 1
+            self.vetting.reject(chosen.checkpoint, f"its replicas disagree and none serves its file ({error})")
+            self._chosen.pop(block, None)
+            return None
+        self.checks.computed_here += 1
+        with torch.no_grad():
+            state, logits = self.family.run_steps(denoiser, request.prefix, request.state, request.schedule,
+                                                  request.seed, request.temperature)  # fmt: skip
+        return state, (logits if block == self.config.n_blocks - 1 else None)
+
+    def _ban(self, host: Host, why: str, seconds: float | None = None) -> None:
+        seconds = self.ban_seconds if seconds is None else seconds
+        logger.warning("block %d on %s %s; banning it for %s", host.block, host.peer_id, why,
+                       f"{seconds:.0f}s" if math.isfinite(seconds) else "good")  # fmt: skip
+        self._banned_until[host.peer_id] = time.monotonic() + seconds
+        if (chosen := self._chosen.get(host.block)) is not None and chosen.host.peer_id == host.peer_id:
             del self._chosen[host.block]
 
     def _banned(self, peer_id: str) -> bool:
@@ -163,10 +291,10 @@ class RemoteBlocks:
         return await timed_info(self.p2p, peer_id, self.ping_timeout)
 
     def _ask(self, host: Host, request: Request) -> Answer:
-        want_logits = host.block == self.config.n_blocks - 1
-        return self.loop.run(self._denoise(host, request, want_logits), self.request_timeout)
+        return self.loop.run(self._denoise(host, request), self.request_timeout)
 
-    async def _denoise(self, host: Host, request: Request, want_logits: bool) -> Answer:
+    async def _denoise(self, host: Host, request: Request) -> Answer:
+        want_logits = host.block == self.config.n_blocks - 1
         await ensure_direct(self.p2p, host.peer_id, self.ping_timeout)  # a relay would cut a request past 128 KiB
         stub = DenoiseServicer.get_stub(self.p2p, PeerID.from_base58(host.peer_id))
         checkpoint = host.announcement.checkpoint.sha256 if host.announcement.checkpoint else ""
@@ -199,3 +327,18 @@ class Request:
     schedule: torch.Tensor
     seed: int
     temperature: float
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The replica a runner asks for a block, and those of the same checkpoint that can confirm it."""
+
+    checkpoint: CheckpointInfo
+    host: Host
+    witnesses: list[Host]  # the fastest replica under each other key, fastest first
+    hosts: list[Host]  # every host of the checkpoint that answers (its file comes from them)
+
+
+def key_of(host: Host) -> bytes:
+    """The key behind a host's record: one key is one voice, whatever peer ids it names."""
+    return host.owner or host.peer_id.encode()
