@@ -4,8 +4,9 @@ Starts a bootstrap node and one `swarm-peer` per block (real processes, real P2P
 127.0.0.1, one thread each), lets them train for --minutes of wall time, fetching the
 assembled model with `swarm-fetch` now and then for the curve, and once more at the end. Then
 it trains the end-to-end denoiser and the autoregressive baseline at equal compute: as many
-optimizer steps as the blocks took (their mean), the same batch size, learning rate and
-schedule as a peer's, each in its own process, one after the other. All three are scored on
+optimizer steps as the blocks took (their mean), the same batch size and schedule as a
+peer's, each at its kind's own learning rate (swarm/model/train.py's `default_lr`: the
+end-to-end denoiser at the blocks' rate), each in its own process, one after the other. All three are scored on
 the same validation windows: bits per byte (the ELBO of a diffusion model, the teacher-forced
 cross-entropy of AR), the share of generated words that are real words (beside the true
 text's and AR's), gen_nll under the AR model as judge (beside the true continuation's), and
@@ -39,6 +40,7 @@ from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import elbo_bits_per_byte, evaluate_autoregressive, evaluate_denoiser
 from swarm.model.families import local_runner
 from swarm.model.generate import continue_text, prefix_tensor
+from swarm.model.train import default_lr
 from swarm.model.words import vocabulary
 from swarm.waiting import wait_for
 
@@ -163,8 +165,12 @@ def train_all(config: ModelConfig, workdir: Path, corpus, args) -> tuple[dict, P
                         {**common, "kind": "autoregressive", "name": "autoregressive", "save_to": str(workdir / "ar")}],
                        initializer=setup_logging)  # fmt: skip
     run = {
-        "settings": {**{k: v for k, v in vars(args).items() if k not in ("keep", "rescore")}, "sync": "none",
-                     "peers": config.n_blocks},  # fmt: skip
+        "settings": {
+            **{k: v for k, v in vars(args).items() if k not in ("keep", "rescore")},
+            "sync": "none",
+            "peers": config.n_blocks,
+            "lr": {"denoiser": default_lr("block"), "autoregressive": default_lr("autoregressive")},
+        },
         "model": config.to_dict(),
         "swarm_seconds": swarm["seconds"],
         "block_steps": swarm["steps"],

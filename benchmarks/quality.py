@@ -37,6 +37,7 @@ from swarm.model.denoiser import FAMILIES, ModelConfig
 from swarm.model.diffusion import GaussianFamily
 from swarm.model.evaluate import NOISE_SEED, evaluate_autoregressive, evaluate_denoiser
 from swarm.model.families import generate_span, local_runner
+from swarm.model.train import default_lr
 from swarm.model.words import vocabulary
 
 logger = logging.getLogger("benchmarks.quality")
@@ -132,7 +133,8 @@ def summarize(configs: dict[str, ModelConfig], trained: list[dict], workdir: Pat
         result["blocks_over_autoregressive"] = result["bits_per_byte"]["blocks"] / ar_bpb
     by_name = {t["name"]: t for t in trained}
     return {
-        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "settings": {**{k: v for k, v in vars(args).items() if k != "out"},
+                     "lr": {"denoiser": default_lr("block"), "autoregressive": default_lr("autoregressive")}},
         "model": any_config.to_dict(),
         "default_family": ModelConfig().family,
         "best_family_by_blocks_bits_per_byte": min(families, key=lambda f: families[f]["bits_per_byte"]["blocks"]),

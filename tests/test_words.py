@@ -8,7 +8,7 @@ TRAINING = "The river flows through the old city. Vitamin E is a nutrient, and I
 
 
 def known() -> frozenset[str]:
-    return vocabulary(torch.tensor(list(TRAINING.encode())))
+    return vocabulary(torch.tensor(list(TRAINING.encode())), min_count=1)
 
 
 def test_words_are_split_on_whitespace_stripped_of_end_punctuation_and_lowercased():
@@ -33,3 +33,11 @@ def test_the_share_counts_known_words_and_distinct_counts_repeats():
     assert real["words"] == 7 and real["share"] == 6 / 7 and real["distinct"] == 1.0
     looping = real_word_share([b"x "], [b"the the the the "], vocabulary_)
     assert looping["share"] == 1.0 and looping["distinct"] == 0.25
+
+
+def test_a_word_counts_only_when_the_training_text_holds_it_often_enough():
+    text = torch.tensor(list(("the river " * 5 + "han es tat ").encode()))
+    assert vocabulary(text, min_count=5) == {"the", "river"}
+    assert vocabulary(text, min_count=1) == {"the", "river", "han", "es", "tat"}
+    soup = real_word_share([b"x "], [b"han the es tat river "], vocabulary(text, min_count=5))
+    assert soup["share"] == 2 / 5

@@ -12,7 +12,16 @@ from swarm.errors import SwarmError
 from swarm.model.checkpoint import load_block, save_block, save_model_folder
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
-from swarm.model.train import TrainConfig, autoregressive_trainer, block_trainer, end_to_end_trainer, train
+from swarm.model.train import (
+    AUTOREGRESSIVE_LR,
+    DENOISER_LR,
+    TrainConfig,
+    autoregressive_trainer,
+    block_trainer,
+    default_lr,
+    end_to_end_trainer,
+    train,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +50,8 @@ def parse_block_choice(value: str, config: ModelConfig) -> list[int]:
 @click.option("--checkpoint-dir", default="checkpoints", show_default=True, help="Where block checkpoints go.")
 @click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True, help="Steps per block (or per baseline).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
+              help=f"Peak learning rate (default: {DENOISER_LR} for a denoiser, {AUTOREGRESSIVE_LR} for autoregressive).")
 @click.option("--data", default=None, help="Text file, folder or dataset name (default: built-in Wikipedia corpus).")
 @click.option("--config", "config_path", default=None, help="Model config JSON (default: the built-in config).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -50,7 +60,7 @@ def train_command(out, kind, block_choice, checkpoint_dir, steps, batch_size, lr
     config = ModelConfig.from_json_file(config_path)
     blocks = parse_block_choice(block_choice, config) if kind == "blocks" else []
     windows = load_corpus(data).windows("train", config.seq_len)
-    train_config = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed)
+    train_config = TrainConfig(steps=steps, batch_size=batch_size, lr=lr or default_lr(kind), seed=seed)
     if kind != "blocks":
         make = end_to_end_trainer if kind == "end-to-end" else autoregressive_trainer
         trainer = train(make(config, windows, train_config), steps, kind)

@@ -2,7 +2,8 @@
 
 A job (a dict, so that it crosses a process boundary) names the kind of model (a block, the
 end-to-end denoiser, the autoregressive baseline), its config, the training and validation
-streams, the schedule and how many steps to run of it. Each runs in its own spawned process,
+streams, the schedule and how many steps to run of it; its learning rate is its kind's own
+(`default_lr`) unless the job names one. Each runs in its own spawned process,
 so that its peak memory is its own, and none runs beside another, so that none steals the
 others' cores. A job records a validation curve on the way: its likelihood in bits per byte
 against its training seconds (the time in forward, backward and update).
@@ -28,7 +29,15 @@ from swarm.model.checkpoint import save_block, save_model_folder
 from swarm.model.data import ByteWindows
 from swarm.model.denoiser import ModelConfig, count_parameters
 from swarm.model.evaluate import block_elbo_bits, elbo_bits_per_byte, judge_nll
-from swarm.model.train import TrainConfig, Trainer, autoregressive_trainer, block_trainer, end_to_end_trainer, train
+from swarm.model.train import (
+    TrainConfig,
+    Trainer,
+    autoregressive_trainer,
+    block_trainer,
+    default_lr,
+    end_to_end_trainer,
+    train,
+)
 
 CURVE_WINDOWS = 64
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
@@ -65,7 +74,7 @@ def train_one(job: dict) -> dict:
     config = ModelConfig.from_dict(job["config"])
     train_windows = ByteWindows(job["train"], config.seq_len)
     curve_windows = ByteWindows(job["validation"], config.seq_len).fixed(CURVE_WINDOWS, seed=7)
-    train_config = TrainConfig(**job["train_config"])
+    train_config = TrainConfig(**{"lr": default_lr(job["kind"]), **job["train_config"]})  # each kind at its own rate
     reset_peak_rss()
     rss_before = psutil.Process().memory_info().rss
     block = job.get("block")

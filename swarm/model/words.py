@@ -5,16 +5,21 @@ of G bytes written after a prefix usually starts and ends inside a word; those t
 words are left out (for the generated text and the true continuation alike), so a share
 counts only words the model wrote whole.
 
-Two guards keep the share honest, both found on an untrained model: the training text holds
-every single letter somewhere ("e" as in "E. coli"), so a model that writes "e ee e" scored
-98%; a single letter counts as a word only if it is "a" or "i". And a model that writes "the
-the the" is all real words: `distinct` (the share of each span's whole words that differ,
-averaged over spans) stands beside the share for that.
+Three guards keep the share honest, all found on models that wrote letter soup. The training
+text holds every single letter somewhere ("e" as in "E. coli"), so a model that writes "e ee e"
+scored 98%: a single letter counts as a word only if it is "a" or "i". It also holds many short
+fragments once or a few times (a name, a foreign word: "es" 8 times in the built-in corpus's
+714k words), so soup such as "t caa tat es t at han" still read 57.5%: a word counts only if
+the training text holds it at least `MIN_COUNT` times (the built-in corpus then knows 12,190
+words of its 49,110, the ones that make up most of its text). And a model that writes "the the
+the" is all real words: `distinct` (the share of each span's whole words that differ, averaged
+over spans) stands beside the share for that.
 """
 
 from __future__ import annotations
 
 import string
+from collections import Counter
 from typing import Iterable
 
 import torch
@@ -29,12 +34,14 @@ def words(text: str) -> list[str]:
 
 
 SINGLE_LETTER_WORDS = frozenset({"a", "i"})
+MIN_COUNT = 5  # times a word must occur in the training text to count as a real word
 
 
-def vocabulary(stream: torch.Tensor) -> frozenset[str]:
-    """Every word of a byte stream (the training split's) that counts as a real word."""
-    found = words(bytes(stream.tolist()).decode("utf-8", errors="replace"))
-    return frozenset(w for w in found if len(w) > 1 or w in SINGLE_LETTER_WORDS)
+def vocabulary(stream: torch.Tensor, min_count: int = MIN_COUNT) -> frozenset[str]:
+    """Every word of a byte stream (the training split's) that counts as a real word: seen at
+    least `min_count` times, and longer than one letter unless it is "a" or "i"."""
+    counts = Counter(words(bytes(stream.tolist()).decode("utf-8", errors="replace")))
+    return frozenset(w for w, n in counts.items() if n >= min_count and (len(w) > 1 or w in SINGLE_LETTER_WORDS))
 
 
 def whole_words(prefix: bytes, span: bytes) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from swarm.errors import SwarmError
+from swarm.model.train import DENOISER_LR
 from swarm.p2p.network import NetworkOptions
 from swarm.p2p.reachability import REACHABILITY_CHOICES
 from swarm.p2p.records import check_swarm_name
@@ -34,7 +35,7 @@ class PeerConfig:
     announce_period: float = 10.0
     public_name: str = ""
     batch_size: int = 32
-    lr: float = 2e-3
+    lr: float = DENOISER_LR
     join_timeout: float = 30.0
     sync: str = "demo"  # a mode of swarm/sync/modes.py's table
     sync_deadline: float = 5.0  # seconds a step waits for the other replicas
