@@ -80,3 +80,13 @@ def test_bad_input_gives_one_line_and_a_nonzero_exit(trained, args, fragments):
     (broken / "config.json").write_text((trained / "model" / "config.json").read_text())
     (broken / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
     assert_one_line_error(run_command(*args, cwd=trained), *fragments)
+
+
+def test_a_join_line_with_several_addresses_is_read_back_whole():
+    """The bootstrap prints one join line for all its addresses; every command must take it as is."""
+    from swarm.cli.status import status_command
+    from swarm.p2p.bootstrap import join_line
+
+    addresses = ["/ip4/127.0.0.1/tcp/1/p2p/A", "/ip4/10.0.0.2/tcp/1/p2p/A"]
+    context = status_command.make_context("swarm-status", join_line("demo", "0" * 32, addresses).split())
+    assert list(context.params["initial_peers"]) == addresses and context.params["swarm"] == "demo"

@@ -109,7 +109,7 @@ class LocalSwarm:
         if not line.startswith("--swarm ") or "--initial-peers" not in args:
             raise SwarmError(f"bootstrap did not start: {line or handle.log()[-2000:]}")
         self.join_args = args
-        self.initial_peers = args[args.index("--initial-peers") + 1 :]
+        self.initial_peers = [value for option, value in zip(args, args[1:]) if option == "--initial-peers"]
         self.creator = args[args.index("--creator") + 1] if "--creator" in args else None
         return self.initial_peers
 

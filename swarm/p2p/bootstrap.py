@@ -60,9 +60,10 @@ def run_bootstrap(config: BootstrapConfig, on_ready: Callable[[str], None]) -> N
 
 
 def join_line(swarm: str, creator: str | None, addresses: list[str]) -> str:
-    """The options every command joins this swarm with: its name, its creator, where to enter."""
+    """The options every command joins this swarm with: its name, its creator, where to enter
+    (`--initial-peers` once per address: the option takes one value each time)."""
     pinned = f" --creator {creator}" if creator else ""
-    return f"--swarm {swarm}{pinned} --initial-peers {' '.join(addresses)}"
+    return f"--swarm {swarm}{pinned} " + " ".join(f"--initial-peers {address}" for address in addresses)
 
 
 def refresh(directory: SwarmDirectory, config: ModelConfig | None, refresh_period: float) -> None:
