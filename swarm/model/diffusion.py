@@ -10,8 +10,8 @@ What we found of its chain (issue 25): the probability-flow Euler step moves z t
 clean estimate softmax(logits) @ T, and while the posterior over a byte is still spread out,
 that estimate is an average of codebook rows, much shorter than any row. z therefore shrinks
 below the norm every training input had (|T[y] + sigma eps|), and the lower blocks read
-inputs they never saw: their output is then driven by the position embeddings (bytes in
-position order) and is confidently wrong (chain cross-entropy above a uniform guess).
+inputs they never saw: their output was then driven by the (then learned) position embeddings
+(bytes in position order) and is confidently wrong (chain cross-entropy above a uniform guess).
 `GaussianFamily.path_norms` measures it; benchmarks/quality.py reports it. The masked family
 has no such gap: its path is the training marginal at every step (masked.py).
 """

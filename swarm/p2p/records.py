@@ -91,7 +91,7 @@ class BlockAnnouncement(_Record):
     sync_round_s: float | None = Field(default=None, ge=0)  # seconds the last exchange with the replicas took
     # time in forward, backward and optimizer (less waits on other replicas) / wall time since the first step
     compute_utilisation: float | None = Field(default=None, ge=0, le=1)
-    drift: float | None = Field(default=None, ge=0)  # max |param - replicas' mean| the last averaging round found
+    drift: float | None = Field(default=None, ge=0)  # the largest change the last merge made to a weight (reconcile.py)
     # round trips to a few peers of this block and its neighbours (a tuple keeps the record hashable;
     # lax only so that a list read back from msgpack is taken: each Ping is strict)
     pings: tuple[Ping, ...] = Field(default=(), max_length=MAX_PINGS, strict=False)

@@ -42,7 +42,7 @@ class PeerConfig:
     overlap_steps: int = 1  # demo-overlap: how many steps late each step's gathered set is applied
     spare_batch_size: int = 0  # windows per spare batch computed while waiting for other replicas (0: wait idle)
     wait_for_replicas: int = 1  # start once this many replicas (itself included) are seen; also the group size
-    average_every: int = 100  # average parameters with the other replicas every this many steps (0: never)
+    average_every: int = 100  # merge with the other replicas' checkpoints every this many steps (0: never; reconcile.py)
     expect_config_hash: str | None = None  # refuse a swarm whose model config hash differs (a prefix will do)
     creator: str | None = None  # fingerprint of the swarm creator's key: the only model record believed
     de_mo: DeMoConfig = field(default_factory=DeMoConfig)  # the DeMo optimizer's settings (--sync demo, demo-overlap)

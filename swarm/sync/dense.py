@@ -116,7 +116,7 @@ def average(
 class DenseSync:
     """`--sync dense` (a `SyncStrategy`): average the full gradients, then step AdamW."""
 
-    # all of it goes through the averager, whose bytes the peer counts (for parameter rounds too);
+    # all of it goes through the averager, whose bytes the peer counts;
     # hivemind's all-reduce does not tell what it receives: about what it sends
     bytes_sent = bytes_received = 0
 

@@ -212,7 +212,7 @@ class Exchange:
         fingerprint of a refused payload says nothing: anyone can send one)."""
         theirs = [gathered.fingerprints[p] for p in accepted if p in gathered.fingerprints]
         if any(f != round_.fingerprint for f in theirs) and not self.drifted:
-            logger.info("step %d: another replica applied other payloads than we did: parameters will be averaged", round_.step)
+            logger.info("step %d: another replica applied other payloads than we did: the next merge will reconcile them", round_.step)
             self.drifted = True
 
     def applied_set(self, round_: Round, peer_ids: list[str]) -> None:

@@ -6,15 +6,14 @@ the trainer to the strategy's `update` (AdamW, the strategy's own step, or both)
 step (`Trainer.end_step`) with what `update` returned: None, or the step to continue from when
 a majority of the replicas is ahead. A strategy reads the trainer and may call its
 `optimizer_step()`; it never writes the trainer's fields. The peer also runs periodic
-parameter averaging (`swarm.sync.dense`) and asks the strategy whether it is needed: replicas
-that applied the same updates hold the same weights and can skip it. The strategies: `NoSync`
+merges of the replicas' checkpoints (swarm/sync/reconcile.py) and asks the strategy whether one
+is needed: replicas that applied the same updates hold the same weights and can skip it. The strategies: `NoSync`
 below, `DenseSync` (dense.py), `DeMoSync` (lockstep.py), `DeMoOverlapSync` (overlap.py),
 `OuterSync` and `OuterOverlapSync` (outer.py); modes.py names each `--sync` mode and builds
 its strategy.
 
 Bytes: a strategy counts what it sends over its own payload exchange; what hivemind's averager
-sends (dense gradient steps and every parameter round) is counted by the averager, and the
-peer adds it once, whatever the strategy.
+sends (`--sync dense`'s gradient steps) is counted by the averager, and the peer adds it once.
 """
 
 from __future__ import annotations
