@@ -8,12 +8,15 @@ fetches, joiners and generation clients end up with.
 from __future__ import annotations
 
 import json
+import math
+from contextlib import contextmanager
 
 import pytest
 from hivemind.utils import get_dht_time
 from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 
 from swarm.checkpoints.choice import SpotCheck
+from swarm.checkpoints.download import download_verified
 from swarm.checkpoints.store import CheckpointStore
 from swarm.checkpoints.transfer import BlockServicer
 from swarm.lab.attacks import (
@@ -32,6 +35,7 @@ from swarm.model.families import local_runner
 from swarm.model.generate import continue_text
 from swarm.p2p.info import InfoServicer
 from swarm.p2p.records import CheckpointInfo, ModelRecord, model_key
+from swarm.serving import vetting
 from swarm.serving.remote import RemoteBlocks
 
 SWARM = "trusttest"
@@ -127,6 +131,7 @@ def test_a_replica_answering_wrongly_is_outvoted_and_banned(swarm):
     assert text == honest_text(model, b"The quick brown", 24, seed=3)
     assert runner.checks.banned == 1 and runner.checks.disagreements == 1, runner.checks
     assert runner.choose(1).peer_id != node.peer_id
+    assert runner._banned_until[liar.peer_id] < math.inf  # outvoted by keys, not shown wrong here: for a while
 
 
 def generation_client(local, client, config: ModelConfig) -> RemoteBlocks:
@@ -163,7 +168,7 @@ def test_a_stranger_one_save_ahead_of_a_lone_honest_host_is_measured_before_it_i
         runner = generation_client(local, client, config)
         text = b"".join(continue_text(runner, config, b"The quick brown", 24, steps_per_block=2, seed=5))
     assert text == honest_text(model, b"The quick brown", 24, seed=5)
-    assert ahead in runner.vetting.failed and honest in runner.vetting.passed
+    assert runner.vetting.failed[ahead] == math.inf and honest in runner.vetting.passed  # a bad file stays bad
     assert runner.checks.checkpoints_measured == 2, runner.checks
 
 
@@ -187,6 +192,83 @@ def test_a_replica_that_answers_honestly_at_first_and_lies_afterwards_gets_no_li
     assert text == honest_text(model, b"Swarms of", 40, seed=6)
     assert runner.checks.banned == 1 and runner.checks.computed_here == (block == 0), runner.checks
     assert runner.choose(block).peer_id != node.peer_id
+
+
+@contextmanager
+def a_liar_beside_a(local, client, model, tmp_path, honest: int):
+    """A stranger that serves lone host a's checkpoint of block 0, its true file for download and
+    its true weights for its first `honest` answers, then other weights; yields (the liar, its
+    host record, a's host record)."""
+    config, info = model.config, honest_of(client, 0)
+    a = next(h for h in serving(client, 0) if h.announcement.public_name == "a")
+    downloaded, _ = client.loop.run(download_verified(client.p2p, [a], config, 0, show_progress=False), 60)
+    store = CheckpointStore(tmp_path, config, 0, SWARM)
+    store.adopt(downloaded.data, info)
+    with HostileNode(SWARM, local.initial_peers) as node:
+        liar = HonestThenWrong(config, 0, model.denoiser_for_block(0), info.sha256, honest=honest)
+        node.serve(InfoServicer(lambda: node.info(0)), BlockServicer(0, store), liar)
+        node.announce(0, state="serving", **checkpoint_of(info))
+        wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(0)}, 30, "the liar's record")
+        yield liar, next(h for h in client.directory.hosts(0) if h.peer_id == node.peer_id), a
+
+
+def test_a_liar_gets_no_lie_through_when_its_only_fellow_replica_fails_once(swarm, tmp_path):
+    """Review of issue 26, finding 1: a liar and lone honest host a serve a's checkpoint. a fails
+    once (busy, which a stranger can cause) just as the client chooses, so the checkpoint looks
+    one-key, is measured (the liar serves the true file) and is chosen. Once a's ban ends, a
+    confirms every answer again: the liar's first lie is caught and settled here."""
+    local, client, model = swarm
+    with a_liar_beside_a(local, client, model, tmp_path, honest=2) as (liar, liar_host, a):
+        runner = generation_client(local, client, model.config)
+        runner._rtt[liar_host.peer_id, liar_host.owner] = 0.0  # the harness: the liar answers fastest
+        runner._ban(a, "failed once (the harness)")
+        assert runner.choose(0).peer_id == liar_host.peer_id
+        runner._banned_until.pop(a.peer_id)  # the harness: a's ban runs out
+        text = b"".join(continue_text(runner, model.config, b"Swarms of", 40, steps_per_block=2, seed=7))
+    assert liar.answered > liar.honest  # it did lie
+    assert text == honest_text(model, b"Swarms of", 40, seed=7)
+    assert runner.checks.disagreements == 1, runner.checks  # a, its witness again, contradicted it
+    assert [info for info, _ in runner.vetting._held.values()] == [honest_of(client, 0)]  # one file held
+    assert runner._banned_until[liar_host.peer_id] == math.inf  # shown wrong by the client's own computation
+
+
+def test_a_liar_gets_no_lie_through_while_its_only_fellow_replica_is_banned(swarm, tmp_path):
+    """Review of issue 26, finding 1: as above, but a stays banned. The checkpoint is measured
+    and the liar is the only replica that answers; a still announces it, so the client does not
+    take the liar's unconfirmed answer: it computes it here, and bans the liar for good."""
+    local, client, model = swarm
+    config = model.config
+    with a_liar_beside_a(local, client, model, tmp_path, honest=0) as (liar, liar_host, a):
+        runner = generation_client(local, client, config)
+        runner._ban(a, "failed once (the harness)", 600)
+        text = b"".join(continue_text(runner, config, b"Swarms of", config.gen_len, steps_per_block=2, seed=7))
+    assert liar.answered == 1 and runner.checks.checkpoints_measured == 1, runner.checks
+    assert text == honest_text(model, b"Swarms of", config.gen_len, seed=7)
+    assert runner.checks.computed_here == runner.checks.banned == 1, runner.checks
+    assert runner._banned_until[liar_host.peer_id] == math.inf
+    runner._ban(liar_host, "failed")  # a later, shorter ban does not end a ban for good
+    assert runner._banned_until[liar_host.peer_id] == math.inf
+
+
+def test_a_checkpoint_whose_download_runs_out_of_time_is_measured_again_later(swarm, monkeypatch):
+    """Review of issue 26, finding 3: the only host the client can reach for a's checkpoint
+    trickles its download. The measurement runs out of time without raising, marks the checkpoint
+    failed for now, and measures it again (from a) once the delay is over."""
+    local, client, model = swarm
+    config, info = model.config, honest_of(client, 0)
+    a = next(h for h in serving(client, 0) if h.announcement.public_name == "a")
+    monkeypatch.setattr(vetting, "MEASURE_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(vetting, "RETRY_AFTER_S", 2.0)
+    with HostileNode(SWARM, local.initial_peers) as node:
+        node.serve(InfoServicer(lambda: node.info(0)), TricklingDownloads(0, size=info.size))
+        node.announce(0, state="serving", **checkpoint_of(info))
+        wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(0)}, 30, "the trickler's record")
+        trickler = next(h for h in client.directory.hosts(0) if h.peer_id == node.peer_id)
+        checks = vetting.Vetting(client.p2p, client.loop, config, SpotCheck.from_source(local.data, config))
+        assert checks.measure(0, [trickler]) == 0
+    assert checks.known(info) and checks.failed[info] < math.inf
+    wait_for(lambda: not checks.known(info), 10, "the delay to run out")
+    assert checks.measure(0, [a]) == 1 and info in checks.passed and info not in checks.failed
 
 
 def test_the_join_line_is_what_every_command_takes(swarm):

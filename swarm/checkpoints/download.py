@@ -68,9 +68,14 @@ logger = logging.getLogger(__name__)
 STREAM_RETRIES = 2  # streams of one host that may end early (then asked again) before it is dropped
 
 
+def key_of(host: Host) -> bytes:
+    """The key behind a host's record: one key is one voice, whatever peer ids it names."""
+    return host.owner or host.peer_id.encode()
+
+
 def independent(hosts: Sequence[Host]) -> int:
     """Independent hosts among `hosts`: distinct keys (one key is one vote, whatever peer id it names)."""
-    return len({h.owner or h.peer_id.encode() for h in hosts})
+    return len({key_of(h) for h in hosts})
 
 
 @dataclass

@@ -4,8 +4,10 @@ A peer serves the checkpoint it announces (see `swarm.serving.server`), and a re
 checkpoint it wants, so replicas that announce the same checkpoint compute the same function:
 their answers to one request differ only by floating-point noise (the masked family's byte ids
 not at all). A generation client sends every request to a second replica of the same checkpoint
-under another key, and on a disagreement asks more; a strict majority decides, and where none
-forms the client computes the answer itself (remote.py has the policy and its cost).
+under another key, and on a disagreement asks more; a strict majority decides which answer is
+used, and where none forms the client computes the answer itself (remote.py has the policy and
+its cost). A majority of keys decides an answer but proves no one a liar (two Sybil keys outvote
+an honest third): only the client's own computation bans a replica for good.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ class CrossCheckStats:
     extra_requests: int = 0  # requests to witnesses
     disagreements: int = 0
     undecided: int = 0  # disagreements nothing settled: no majority, and no file or no replica matching it
-    computed_here: int = 0  # disagreements settled by computing the answer from the checkpoint's file
-    banned: int = 0  # replicas shown to lie
-    unconfirmed: int = 0  # answers dropped: no witness, and a checkpoint not measured here
+    computed_here: int = 0  # answers computed from the checkpoint's file: a disagreement, or no witness answering
+    banned: int = 0  # replicas outvoted (banned a while) or contradicted by the answer computed here (for good)
+    unconfirmed: int = 0  # answers dropped: no witness, no other key announcing, and a checkpoint not measured here
     seconds: float = 0.0  # spent on the checks beyond the answers' own round trips
     checkpoints_measured: int = 0  # checkpoints with one key downloaded and spot-checked
     measuring_seconds: float = 0.0
@@ -56,7 +58,8 @@ def agree(a: Answer, b: Answer, z_in: torch.Tensor, tolerance: float) -> bool:
 
 def majority(answers: dict[str, Answer], z_in: torch.Tensor, tolerance: float) -> tuple[str | None, list[str]]:
     """(a replica whose answer a strict majority shares, the replicas that answered otherwise);
-    (None, []) when no answer has a majority."""
+    (None, []) when no answer has a majority. The majority is of keys, which anyone can make: it
+    says which answer to use, not who lied."""
     for peer_id, answer in answers.items():
         agreeing = [other for other, theirs in answers.items() if agree(answer, theirs, z_in, tolerance)]
         if 2 * len(agreeing) > len(answers):

@@ -13,21 +13,30 @@ No answer is used on one key's word (issue 26, items 6 and 7):
 - A request to a checkpoint that another key also serves goes at the same moment to a replica
   of it under another key, a *witness*, and the answer is used only if the two are identical.
   Replicas of one checkpoint compute the same function (cross_check.py): an honest pair always
-  agrees. On a disagreement more witnesses are asked (up to `CrossCheckPolicy.witnesses`) and a
-  strict majority decides; where none can (two keys), the client computes the answer itself
-  from the checkpoint's verified file (downloaded once) and bans the replicas that answered
-  otherwise. A replica shown to lie is banned for the runner's life; its answer is never used.
-- An answer with no witness (the checkpoint's only key answers) is used only if this client
-  has measured that checkpoint; otherwise it is dropped and the block is asked again of a
-  checkpoint it may use, measuring lone ones first.
+  agrees. The witness is found anew for each request among the hosts that announced the
+  checkpoint when it was chosen: a replica that was banned a while (one failure, which a
+  stranger can cause) or missed a ping is a witness again once its ban ends. On a disagreement
+  more witnesses are asked (up to `CrossCheckPolicy.witnesses`) and a strict majority decides;
+  where none can (two keys), the client computes the answer itself from the checkpoint's
+  verified file (held while the checkpoint is in use: vetting.py). The answer used is never a
+  contradicted one. A replica that the client's own computation contradicts is banned for the
+  runner's life; one merely outvoted is banned for `ban_seconds`, as a failing one is: a
+  majority of keys is no proof (two Sybil keys outvote an honest third), and an outvoted liar
+  that comes back is checked, and caught, again.
+- An answer with no witness is used as it is only if no other key announced the checkpoint
+  and this client has measured it. Where another key announced it but none answers now, the
+  client computes the answer itself and compares (a liar must not gain from its fellow
+  replicas being busy or banned); where no other key announced it and it was not measured, the
+  answer is dropped and the block is asked again of a checkpoint it may use, measuring lone
+  ones first.
 Why every answer and not a fraction: a liar that knows the policy lies only where it is not
 checked. Checking the first request to a replica and then a fraction p lets one that answers
 honestly until it has been checked corrupt (1 - p) / p answers on average before it is caught
 (9 at p = 0.1); a random fraction from the first request does no better. Checking every answer
 leaves it nothing: its first lie is caught before it is used, and gets it banned. What a liar
 still gets is cost: each peer id it burns makes a client send a few more requests, or download
-one checkpoint and compute one block's steps here (a witness that fails makes the client
-measure the checkpoint instead).
+one checkpoint and compute one block's steps here (while no witness answers, the client
+computes each answer of that block here).
 What it costs (counted by `tests/test_serving.py::test_what_confirming_every_answer_costs`):
 one extra request per span for each block whose checkpoint two keys or more serve (B extra
 requests per span where every block has two replicas: twice an unchecked client's requests,
@@ -35,8 +44,8 @@ against about 0.1 per such block per span, after the first, under the old fracti
 benchmarks/serve.py measured 0.083 extra requests per request). Sent at
 the same moment, the two requests cost the slower round trip of the two, not their sum. A block
 whose checkpoint has one key costs no request: one download and spot check per client, as
-swarm-fetch makes, then nothing. A disagreement costs up to `witnesses` more requests, or one
-download and the block's steps computed here.
+swarm-fetch makes, then nothing. A disagreement costs up to `witnesses` more requests, or the
+block's steps computed here (and one download where the file is not held).
 Left open: the lone host of a checkpoint that passed its measurement is believed. A stranger
 that serves a copy of an honest checkpoint stamped a step ahead (so that it measures as well)
 and answers with other weights is caught only once a second key serves its checkpoint; a
@@ -57,6 +66,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
 from swarm.checkpoints.choice import SpotCheck, rank
+from swarm.checkpoints.download import key_of
 from swarm.checkpoints.transfer import TransferError
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
@@ -70,7 +80,7 @@ from swarm.p2p.reachability import ensure_direct
 from swarm.p2p.records import CheckpointInfo
 from swarm.serving.cross_check import Answer, CrossCheckPolicy, CrossCheckStats, agree, majority
 from swarm.serving.server import DenoiseServicer
-from swarm.serving.vetting import Vetting
+from swarm.serving.vetting import RETRY_AFTER_S, Vetting
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +97,7 @@ class RemoteBlocks:
     config: ModelConfig
     request_timeout: float = 30.0
     ping_timeout: float = 5.0
-    ban_seconds: float = 60.0  # for a replica that fails; one shown to lie is banned for good
+    ban_seconds: float = 60.0  # for a replica that fails or is outvoted; one shown here to lie is banned for good
     cross_check: CrossCheckPolicy = field(default_factory=CrossCheckPolicy)
     spot_check: SpotCheck | None = None  # measures checkpoints with one key (None: on the built-in corpus)
     checks: CrossCheckStats = field(default_factory=CrossCheckStats)
@@ -109,7 +119,7 @@ class RemoteBlocks:
         while True:
             self.choose(block)
             chosen = self._chosen[block]
-            witness = self._witness(chosen)
+            witness = self._witness(chosen)  # found anew each time: see `_witness`
             answer, confirmation = self._ask_pair(block, chosen.host, witness, request)
             if isinstance(answer, Exception):  # timeout, vanished peer, refusal, garbage: try another replica
                 self._ban(chosen.host, f"failed ({answer})")
@@ -128,7 +138,8 @@ class RemoteBlocks:
     def _pick(self, block: int) -> Chosen:
         """The first checkpoint in rank order that may be used; one with a single key that was not
         measured yet is measured on the way (with the next ones: `Vetting.measure`)."""
-        hosts = [h for h in self.directory.hosts(block) if h.announcement.checkpoint and not self._banned(h.peer_id)]
+        announced = [h for h in self.directory.hosts(block) if h.announcement.checkpoint]
+        hosts = [h for h in announced if not self._banned(h.peer_id)]
         if not hosts:
             raise SwarmError(f"no live peer serves block {block}")
         while True:
@@ -136,7 +147,8 @@ class RemoteBlocks:
                 answering = [h for h in candidate.hosts if self.round_trip(h) < math.inf]  # and own their record
                 if self.vetting.usable(candidate, answering):  # one behind NAT only if no direct one answers
                     host = min(answering, key=lambda h: (h.announcement.reached == "relayed", self.round_trip(h)))
-                    return Chosen(candidate.checkpoint, host, self._witnesses(host, answering), answering)
+                    same = [h for h in announced if h.announcement.checkpoint == candidate.checkpoint]
+                    return Chosen(candidate.checkpoint, host, answering, same)
                 if answering and not self.vetting.known(candidate.checkpoint):
                     break  # one key, not measured yet
             else:
@@ -147,16 +159,17 @@ class RemoteBlocks:
             self.checks.checkpoints_measured += self.vetting.measure(block, answering)
             self.checks.measuring_seconds += time.perf_counter() - started
 
-    def _witnesses(self, host: Host, answering: list[Host]) -> list[Host]:
-        """The fastest replica under each key other than `host`'s."""
-        by_key: dict[bytes, Host] = {}
-        for other in sorted(answering, key=self.round_trip):
-            by_key.setdefault(key_of(other), other)
-        by_key.pop(key_of(host))
-        return list(by_key.values())
-
     def _witness(self, chosen: Chosen, asked: tuple[str, ...] = ()) -> Host | None:
-        return next((w for w in chosen.witnesses if w.peer_id not in asked and not self._banned(w.peer_id)), None)
+        """The fastest replica of the chosen checkpoint that answers now, under a key other than
+        the chosen host's and those of the replicas `asked`. Looked up at each request, not once
+        when the checkpoint was chosen: a witness banned for a while then (one failure, which a
+        stranger can cause) must count again once its ban ends, or the chosen host's answers would
+        go unconfirmed until it is itself banned. Replicas that answered a ping before come first:
+        a record whose peer is gone is pinged (up to `ping_timeout`) only when no other is left."""
+        keys = {key_of(chosen.host)} | {key_of(h) for h in chosen.announcing if h.peer_id in asked}
+        live = [h for h in chosen.announcing if key_of(h) not in keys and not self._banned(h.peer_id)]
+        known = [h for h in live if self._rtt.get((h.peer_id, h.owner), math.inf) < math.inf]
+        return min(known or [h for h in live if self.round_trip(h) < math.inf], key=self.round_trip, default=None)
 
     def _ask_pair(self, block: int, host: Host, witness: Host | None, request: Request) -> tuple[Reply, Reply | None]:
         """The answers of `host` and of `witness` (if any) to `request`, asked at the same moment;
@@ -195,19 +208,35 @@ class RemoteBlocks:
                 break
             confirmation = self._witness_answer(witness, request)
         if witness is None:
-            if chosen.checkpoint in self.vetting.passed:
-                return answer  # the only key of a checkpoint measured here
-            self.checks.unconfirmed += 1
-            logger.info("block %d: no other key confirms the answer of %s, whose checkpoint is not measured; "
-                        "asking again", block, chosen.host.peer_id)  # fmt: skip
-            self._chosen.pop(block, None)
-            return None
+            return self._unwitnessed(block, chosen, answer, request)
         if agree(answer, confirmation, request.state, self.cross_check.tolerance):
             return answer
         started = time.perf_counter()
         settled = self._settle(block, chosen, {chosen.host.peer_id: answer, witness.peer_id: confirmation}, request)
         self.checks.seconds += time.perf_counter() - started
         return settled
+
+    def _unwitnessed(self, block: int, chosen: Chosen, answer: Answer, request: Request) -> Answer | None:
+        """An answer no witness confirms: used as it is only from the lone key of a checkpoint
+        measured here; where another key announced the checkpoint (but none answers now), checked
+        against the answer computed here, since a liar beside it could otherwise wait for its
+        fellow replicas to be busy or banned; None: the block must be asked again. A replica banned
+        for good counts for nothing: it will never confirm, so it leaves the host alone."""
+        voices = {key_of(h) for h in chosen.announcing if self._banned_until.get(h.peer_id, 0.0) < math.inf}
+        if voices <= {key_of(chosen.host)}:
+            if chosen.checkpoint in self.vetting.passed:
+                return answer
+            self.checks.unconfirmed += 1
+            logger.info("block %d: no other key confirms the answer of %s, whose checkpoint is not measured; "
+                        "asking again", block, chosen.host.peer_id)  # fmt: skip
+            self._chosen.pop(block, None)
+            return None
+        if (right := self._computed_here(block, chosen, request)) is None:
+            return None
+        if not agree(answer, right, request.state, self.cross_check.tolerance):
+            self.checks.banned += 1
+            self._ban(chosen.host, "contradicted by the answer computed here", math.inf)
+        return right
 
     def _witness_answer(self, witness: Host, request: Request) -> Reply:
         self.checks.extra_requests += 1
@@ -218,7 +247,8 @@ class RemoteBlocks:
 
     def _settle(self, block: int, chosen: Chosen, answers: dict[str, Answer], request: Request) -> Answer | None:
         """The right answer where replicas of one checkpoint disagree: a strict majority's, or, where
-        none forms, the one computed here; bans the replicas shown to lie. None: nothing settles it."""
+        none forms, the one computed here; bans those that answered otherwise (for good only where
+        the client's own computation shows it). None: nothing settles it."""
         self.checks.disagreements += 1
         while len(answers) <= self.cross_check.witnesses and (witness := self._witness(chosen, tuple(answers))):
             if isinstance(reply := self._witness_answer(witness, request), Exception):
@@ -226,28 +256,33 @@ class RemoteBlocks:
             else:
                 answers[witness.peer_id] = reply
         winner, liars = majority(answers, request.state, self.cross_check.tolerance) if len(answers) > 2 else (None, [])
-        right = answers[winner] if winner is not None else self._computed_here(block, chosen, request)
-        if right is None:
+        if winner is not None:  # a majority of keys is no proof (Sybil keys outvote honest ones): a ban for a while
+            self._ban_all(chosen, liars, "outvoted by replicas under other keys", self.ban_seconds)
+            return answers[winner]
+        if (right := self._computed_here(block, chosen, request)) is None:
             return None
-        if winner is None:
-            liars = [p for p, a in answers.items() if not agree(a, right, request.state, self.cross_check.tolerance)]
+        liars = [p for p, a in answers.items() if not agree(a, right, request.state, self.cross_check.tolerance)]
         if len(liars) == len(answers):  # no replica computes what this client does: its own arithmetic may differ
             logger.warning("block %d: no replica's answer matches the one computed here; using it, banning none", block)
             self.checks.undecided += 1
             return right
-        for peer_id in liars:
-            self.checks.banned += 1
-            self._ban(next(h for h in chosen.hosts if h.peer_id == peer_id), "contradicted by the checks", math.inf)
+        self._ban_all(chosen, liars, "contradicted by the answer computed here", math.inf)
         return right
+
+    def _ban_all(self, chosen: Chosen, peer_ids: list[str], why: str, seconds: float) -> None:
+        for peer_id in peer_ids:
+            self.checks.banned += 1
+            self._ban(next(h for h in chosen.announcing if h.peer_id == peer_id), why, seconds)
 
     def _computed_here(self, block: int, chosen: Chosen, request: Request) -> Answer | None:
         """The block's steps computed here from the checkpoint's verified file; None (and the
-        checkpoint is not used again) when no host serves it."""
+        checkpoint is not used for a while) when no host serves it in time."""
         try:
             denoiser = self.vetting.weights(block, chosen.checkpoint, chosen.hosts)
         except (TransferError, SwarmError, TimeoutError) as error:
             self.checks.undecided += 1
-            self.vetting.reject(chosen.checkpoint, f"its replicas disagree and none serves its file ({error})")
+            self.vetting.reject(chosen.checkpoint, f"an answer must be checked here and no host serves its file "
+                                f"({error})", RETRY_AFTER_S)  # fmt: skip
             self._chosen.pop(block, None)
             return None
         self.checks.computed_here += 1
@@ -257,10 +292,13 @@ class RemoteBlocks:
         return state, (logits if block == self.config.n_blocks - 1 else None)
 
     def _ban(self, host: Host, why: str, seconds: float | None = None) -> None:
+        """Ask `host`'s peer nothing for `seconds` (`ban_seconds` by default), or longer if it is
+        banned longer already: a failure after a proven lie must not end the lie's ban."""
         seconds = self.ban_seconds if seconds is None else seconds
         logger.warning("block %d on %s %s; banning it for %s", host.block, host.peer_id, why,
                        f"{seconds:.0f}s" if math.isfinite(seconds) else "good")  # fmt: skip
-        self._banned_until[host.peer_id] = time.monotonic() + seconds
+        until = time.monotonic() + seconds
+        self._banned_until[host.peer_id] = max(self._banned_until.get(host.peer_id, 0.0), until)
         if (chosen := self._chosen.get(host.block)) is not None and chosen.host.peer_id == host.peer_id:
             del self._chosen[host.block]
 
@@ -275,7 +313,7 @@ class RemoteBlocks:
             self.loop.run(ensure_direct(self.p2p, host.peer_id, self.ping_timeout), self.ping_timeout + 1)
             rtt, info = self.loop.run(self._ask_info(host.peer_id), self.ping_timeout + 1)
             if info is None:
-                self._banned_until[host.peer_id] = time.monotonic() + self.ban_seconds
+                self._ban(host, "did not answer a ping")
                 return rtt
             if not owns_record(info, host):
                 logger.warning("peer %s does not own a record that names it for block %d: ignored", host.peer_id, host.block)
@@ -335,10 +373,5 @@ class Chosen:
 
     checkpoint: CheckpointInfo
     host: Host
-    witnesses: list[Host]  # the fastest replica under each other key, fastest first
-    hosts: list[Host]  # every host of the checkpoint that answers (its file comes from them)
-
-
-def key_of(host: Host) -> bytes:
-    """The key behind a host's record: one key is one voice, whatever peer ids it names."""
-    return host.owner or host.peer_id.encode()
+    hosts: list[Host]  # every host of the checkpoint that answered when it was chosen (its file comes from them)
+    announcing: list[Host]  # every host that announced it then, banned or not: witnesses are picked among them

@@ -7,15 +7,26 @@ is used only once this client has *measured* it: downloaded it through the verif
 and spot-checked it beside the block's other candidates, as swarm-fetch does
 (`swarm.checkpoints.choice.measure_candidates`, `believable`). A stranger's record one step ahead of
 a lone honest host is thus never used on its word: its file must download, verify and measure
-about as well as the best candidate's. A checkpoint that fails is never used again by this
-client. The bytes of the measured checkpoints are kept: with them a disagreement between two
-replicas is settled by computing the answer here (`weights`).
+about as well as the best candidate's.
+
+A checkpoint that downloaded and failed the spot check is never used again by this client: its
+bytes are fixed by its sha256, so measuring it again would only cost another download. One that
+no host served, or whose download ran out of time, failed *for now* and is measured again after
+`RETRY_AFTER_S`: a busy or briefly unreachable host (which a stranger can cause) must not make a
+lone honest host's block unusable for the client's life. Each candidate has its own time limit,
+so that one slow download fails that candidate, not the whole choice.
+
+Of the measured checkpoints only the losses are kept, and one decoded file per block (the
+best-ranked that passed, or the last fetched by `weights`): with it a disagreement, or an
+answer no other key can confirm, is settled by computing the answer here, without keeping
+every passed file of the session in memory.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 from hivemind.p2p import P2P
 
@@ -31,7 +42,8 @@ from swarm.p2p.records import CheckpointInfo
 logger = logging.getLogger(__name__)
 
 MEASURED_AT_ONCE = 3  # candidates downloaded and spot-checked in one go, as swarm-fetch does
-MEASURE_TIMEOUT_S = 600.0
+MEASURE_TIMEOUT_S = 300.0  # per candidate: one download and spot check, or one download for `weights`
+RETRY_AFTER_S = 120.0  # before a checkpoint that no host served (in time) is measured again
 
 
 @dataclass
@@ -42,52 +54,72 @@ class Vetting:
     loop: EventLoopThread
     config: ModelConfig
     spot_check: SpotCheck | None = None  # None: the built-in corpus's held-out windows, loaded when first needed
-    passed: dict[CheckpointInfo, Measured] = field(default_factory=dict)
-    failed: set[CheckpointInfo] = field(default_factory=set)
+    passed: dict[CheckpointInfo, Measured] = field(default_factory=dict)  # without their bytes (see `_held`)
+    failed: dict[CheckpointInfo, float] = field(default_factory=dict)  # until when (monotonic; inf: for good)
+    _held: dict[int, tuple[CheckpointInfo, Denoiser]] = field(default_factory=dict)  # one file per block
 
     def usable(self, candidate: Candidate, answering: list[Host]) -> bool:
         """Whether the client may use `candidate`, whose hosts `answering` answer: agreed on or measured."""
-        if candidate.checkpoint in self.failed or not answering:
+        if self._failed(candidate.checkpoint) or not answering:
             return False
         return independent(answering) >= 2 or candidate.checkpoint in self.passed
 
     def known(self, info: CheckpointInfo) -> bool:
-        """Whether `info` was measured here (passed or failed)."""
-        return info in self.passed or info in self.failed
+        """Whether `info` was measured here (passed, or failed and not due for another try)."""
+        return info in self.passed or self._failed(info)
 
     def measure(self, block: int, hosts: list[Host]) -> int:
         """Download and spot-check the best-ranked checkpoints of `block` that `hosts` announce and
-        that were not measured yet, beside those of `block` that passed before: how many were
-        measured now; SwarmError when none is left to measure."""
+        that were not measured yet (each within `MEASURE_TIMEOUT_S`), beside those of `block` that
+        passed before: how many were measured now; SwarmError when none is left to measure."""
         candidates = [c for c in rank(hosts, self.config) if not self.known(c.checkpoint)][:MEASURED_AT_ONCE]
         if not candidates:
             raise SwarmError(f"block {block}: no checkpoint left that is agreed on or passes a measurement")
         logger.info("block %d: measuring %d checkpoint(s) (steps %s)", block, len(candidates),
                     [c.checkpoint.step for c in candidates])  # fmt: skip
         spot_check = self._spot_check()
-        coro = measure_candidates(self.p2p, candidates, self.config, block, spot_check, show_progress=False)
-        measured = self.loop.run(coro, MEASURE_TIMEOUT_S)
+        measured = []
+        for candidate in candidates:
+            coro = measure_candidates(self.p2p, [candidate], self.config, block, spot_check, show_progress=False)
+            try:
+                measured += self.loop.run(coro, MEASURE_TIMEOUT_S)
+            except TimeoutError:
+                logger.warning("block %d: measuring step %d ran past %.0fs", block, candidate.checkpoint.step,
+                               MEASURE_TIMEOUT_S)  # fmt: skip
         earlier = [m for m in self.passed.values() if m.host.block == block]
         kept = {m.candidate.checkpoint: m for m in believable(measured + earlier, spot_check.tolerance)}
+        served = {m.candidate.checkpoint for m in measured}
         for info in [c.checkpoint for c in candidates] + [m.candidate.checkpoint for m in earlier]:
             if info in kept:
-                self.passed[info] = kept[info]
+                self.passed[info] = replace(kept[info], data=b"")
+                self.failed.pop(info, None)
+            elif info in served or info in self.passed:
+                self.reject(info, "it did not pass the spot check beside the others")
             else:
-                self.reject(info, "it did not download, verify and pass the spot check beside the others")
+                self.reject(info, "no host served it in time", RETRY_AFTER_S)
+        if best := next((m for m in measured if m.candidate.checkpoint in kept), None):  # rank order
+            self._held[block] = best.candidate.checkpoint, decode_block(best.data, self.config, block)[0]
         return len(measured)
 
     def weights(self, block: int, info: CheckpointInfo, hosts: list[Host]) -> Denoiser:
-        """Block `block` of checkpoint `info`: the one measured here, or downloaded (verified)
-        from `hosts` now; TransferError or SwarmError when none of them serves it."""
-        if info in self.passed:
-            return decode_block(self.passed[info].data, self.config, block)[0]
-        coro = download_verified(self.p2p, hosts, self.config, block, show_progress=False)
-        return self.loop.run(coro, MEASURE_TIMEOUT_S)[1]
+        """Block `block` of checkpoint `info`: the file held here, or downloaded (verified) from
+        `hosts` now and held in place of the block's last one (so it is downloaded once while it is
+        in use); TransferError, SwarmError or TimeoutError when none of them serves it in time."""
+        if (held := self._held.get(block)) is None or held[0] != info:
+            coro = download_verified(self.p2p, hosts, self.config, block, show_progress=False)
+            self._held[block] = info, self.loop.run(coro, MEASURE_TIMEOUT_S)[1]
+        return self._held[block][1]
 
-    def reject(self, info: CheckpointInfo, why: str) -> None:
-        logger.warning("checkpoint %s (step %d) will not be used: %s", info.sha256[:12], info.step, why)
+    def reject(self, info: CheckpointInfo, why: str, seconds: float = float("inf")) -> None:
+        """Use `info` no more: for good, or for `seconds` where it may have failed for a reason of the moment."""
+        logger.warning("checkpoint %s (step %d) will not be used%s: %s", info.sha256[:12], info.step,
+                       "" if seconds == float("inf") else f" for {seconds:.0f}s", why)  # fmt: skip
         self.passed.pop(info, None)
-        self.failed.add(info)
+        self._held = {block: held for block, held in self._held.items() if held[0] != info}
+        self.failed[info] = max(self.failed.get(info, 0.0), time.monotonic() + seconds)
+
+    def _failed(self, info: CheckpointInfo) -> bool:
+        return self.failed.get(info, 0.0) > time.monotonic()
 
     def _spot_check(self) -> SpotCheck:
         if self.spot_check is None:
