@@ -48,22 +48,19 @@ def test_payload_survives_the_wire(tiny_config, tiny_windows, value_bits):
 
 @pytest.mark.parametrize("value_bits", [16, 1])
 def test_replicas_that_gather_every_payload_stay_identical_and_learn(tiny_config, tiny_windows, value_bits):
-    """Three replicas (a majority can judge: two would each keep their own direction where they
-    disagree, test_two_senders_*)."""
     demo = DeMoConfig(value_bits=value_bits, sign_lr=2e-3)
-    blocks, reps = replicas(tiny_config, 3, demo)
+    blocks, reps = replicas(tiny_config, 2, demo)
     losses = []
     for step in range(40):
         wires = []
         for index, (block, replica) in enumerate(zip(blocks, reps)):  # different data on each replica
             losses.append(backward(block, tiny_windows, seed=1000 * index + step))
             wires.append(encode_payload(replica.make_payload(lr=2e-3), value_bits))
-        for index, replica in enumerate(reps):
-            replica.apply(senders(decode_payload(w, replica) for w in wires), own=f"r{index}")
-    for other in blocks[1:]:
-        for a, b in zip(blocks[0].parameters(), other.parameters()):
-            assert torch.equal(a, b)
-    assert sum(losses[-15:]) / 15 < 0.9 * sum(losses[:15]) / 15
+        for replica in reps:
+            replica.apply(senders(decode_payload(w, replica) for w in wires))
+    for a, b in zip(blocks[0].parameters(), blocks[1].parameters()):
+        assert torch.equal(a, b)
+    assert sum(losses[-10:]) / 10 < 0.9 * sum(losses[:10]) / 10
 
 
 def test_bad_payloads_are_refused(tiny_config, tiny_windows):
@@ -121,7 +118,7 @@ def test_one_hostile_payload_cannot_outvote_two_honest_ones(tiny_config, tiny_wi
                    for n, c in honest.items()}
     wires = [encode_payload(p, 16) for p in (honest, other_honest, hostile)]
     before = {n: p.detach().clone() for n, p in replica.params.items()}
-    replica.apply(senders(decode_payload(w, replica) for w in wires), own="r0")
+    replica.apply(senders(decode_payload(w, replica) for w in wires))
     for name, param in replica.params.items():
         decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
         moved = (decay - param).sign()  # +1 where the step went down the update
@@ -147,7 +144,7 @@ def test_a_payload_the_others_contradict_leaves_the_vote(tiny_config, tiny_windo
     replica = reps[0]
     gathered = senders(decode_payload(w, replica) for w in wires)
     before = {n: p.detach().clone() for n, p in replica.params.items()}
-    assert replica.apply(gathered, own="r0") == ["r0", "r1"]
+    assert replica.apply(gathered) == ["r0", "r1"]
     disagreements = 0
     for name, param in replica.params.items():
         decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
@@ -171,9 +168,9 @@ def test_honest_replicas_all_keep_their_vote(tiny_config, tiny_windows, value_bi
         for index, (block, replica) in enumerate(zip(blocks, reps)):
             backward(block, tiny_windows, seed=1000 * index + step)
             wires.append(encode_payload(replica.make_payload(lr=2e-3), value_bits))
-        for index, replica in enumerate(reps):
+        for replica in reps:
             gathered = senders(decode_payload(w, replica) for w in wires)
-            assert replica.apply(gathered, own=f"r{index}") == ["r0", "r1", "r2"], (step, replica.record)
+            assert replica.apply(gathered) == ["r0", "r1", "r2"], (step, replica.record)
     for a, b in zip(blocks[0].parameters(), blocks[2].parameters()):
         assert torch.equal(a, b)
 
@@ -192,7 +189,7 @@ def negated_runs(config, windows, demo: DeMoConfig, steps: int) -> tuple[list[li
         wires = [encode_payload(p, demo.value_bits) for p in payloads]
         for index in (1, 0):  # the first replica's voters are kept
             replica = reps[index]
-            step_voters = replica.apply(senders(decode_payload(w, replica) for w in wires), own=f"r{index}")
+            step_voters = replica.apply(senders(decode_payload(w, replica) for w in wires))
         voters.append(step_voters)
     return voters, blocks[:2]
 
@@ -207,7 +204,7 @@ def test_a_sender_the_others_contradict_over_several_steps_leaves_the_vote_thoug
     for index, (block, replica) in enumerate(zip(blocks, reps)):
         backward(block, tiny_windows, seed=1000 * index)
         shared.append(replica.make_payload(lr=2e-3))
-    reps[0].apply(senders(shared), own="r0")
+    reps[0].apply(senders(shared))
     most_in_one_step = max(s for pair, (_, s) in reps[0].record.items() if "r2" in pair)
     demo = DeMoConfig(min_shared=int(most_in_one_step) + 1)
     voters, honest = negated_runs(tiny_config, tiny_windows, demo, 12)
@@ -215,89 +212,3 @@ def test_a_sender_the_others_contradict_over_several_steps_leaves_the_vote_thoug
     assert all(v == ["r0", "r1"] for v in voters[6:]), voters  # the steps before are
     for a, b in zip(*(h.parameters() for h in honest)):
         assert torch.equal(a, b)
-
-
-def own_direction(replica, own_payload, name: str) -> torch.Tensor:
-    """Where a replica's own evidence points: its own payload's sign, its momentum's where that is silent."""
-    momentum = replica.momentum[name].sign()
-    if name not in own_payload:
-        return momentum
-    own = decompress(own_payload[name]).sign()
-    return torch.where(own != 0, own, momentum)
-
-
-def steps_taken(replica, before) -> dict:
-    """Each coordinate's step (+1: down the update), weight decay taken out."""
-    decay = 1 - replica.config.sign_lr * replica.config.weight_decay
-    return {name: (before[name] * decay - param).sign() for name, param in replica.params.items()}
-
-
-@pytest.mark.parametrize("value_bits", [16, 1])
-def test_two_senders_a_negated_one_neither_freezes_nor_turns_the_step(tiny_config, tiny_windows, value_bits):
-    """Two senders, the other one sending the exact negation of this replica's payload: no
-    majority can judge, so the replica's own payload decides every coordinate it has a sign for
-    (a plain vote ties them all: the block would be frozen), and nothing moves against it."""
-    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig(value_bits=value_bits))
-    backward(blocks[0], tiny_windows, 0)
-    honest = replica.make_payload(lr=2e-3)
-    negated = {n: dataclasses.replace(c, values=(-c.values.float()).to(c.values.dtype)) for n, c in honest.items()}
-    gathered = senders(decode_payload(encode_payload(p, value_bits), replica) for p in (honest, negated))
-    before = {n: p.detach().clone() for n, p in replica.params.items()}
-    assert replica.apply(gathered, own="r0") == ["r0", "r1"]
-    moved_at_all = 0
-    for name, moved in steps_taken(replica, before).items():
-        own = decompress(gathered[0][1][name]).sign()
-        assert torch.equal(moved[own != 0], own[own != 0]), name  # as its own payload says
-        direction = own_direction(replica, gathered[0][1], name)
-        assert not ((moved != 0) & (moved != direction)).any(), name  # never against its own direction
-        moved_at_all += int((moved != 0).sum())
-    assert moved_at_all > 0
-
-
-@pytest.mark.parametrize("attack", ["random signs", "largest values"])
-def test_two_senders_the_other_cannot_move_what_this_replica_did_not_send_against_its_momentum(tiny_config, tiny_windows, attack):
-    """Two senders; this replica's payload leaves out half of the parameters (as when its batch
-    never touched them) and the other sends values as large as allowed on every parameter: where
-    this replica sent a sign, the step is that sign; where it did not, the other's vote moves a
-    coordinate only the way this replica's own momentum points."""
-    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig())
-    backward(blocks[0], tiny_windows, 0)
-    full = replica.make_payload(lr=2e-3)
-    silent = set(list(full)[::2])
-    honest = {n: c for n, c in full.items() if n not in silent}
-    largest = 0.95 * replica.max_value
-    generator = torch.Generator().manual_seed(5)
-
-    def hostile_values(c):
-        if attack == "random signs":
-            return (torch.randint(0, 2, c.values.shape, generator=generator) * 2 - 1).float() * largest
-        return -c.values.float().sign() * largest
-
-    hostile = {n: dataclasses.replace(c, values=hostile_values(c).to(c.values.dtype)) for n, c in full.items()}
-    gathered = senders(decode_payload(encode_payload(p, 16), replica) for p in (honest, hostile))
-    before = {n: p.detach().clone() for n, p in replica.params.items()}
-    replica.apply(gathered, own="r0")
-    moved_where_silent = 0
-    for name, moved in steps_taken(replica, before).items():
-        direction = own_direction(replica, gathered[0][1], name)
-        assert not ((moved != 0) & (moved != direction)).any(), name
-        if name in silent:
-            moved_where_silent += int((moved != 0).sum())
-        else:
-            own = decompress(gathered[0][1][name]).sign()
-            assert torch.equal(moved[own != 0], own[own != 0]), name
-    assert moved_where_silent > 0  # where the other agrees with the momentum, its vote still counts
-
-
-def test_a_pair_with_a_stranger_sending_the_negation_every_step_still_learns(tiny_config, tiny_windows):
-    """Two senders over 40 steps, the stranger sending the negation of the honest payload each
-    step (the plain vote ties every coordinate: the honest block would never move)."""
-    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig(sign_lr=2e-3))
-    losses = []
-    for step in range(40):
-        losses.append(backward(blocks[0], tiny_windows, seed=step))
-        honest = replica.make_payload(lr=2e-3)
-        negated = {n: dataclasses.replace(c, values=(-c.values.float()).to(c.values.dtype)) for n, c in honest.items()}
-        wires = [encode_payload(p, 16) for p in (honest, negated)]
-        replica.apply(senders(decode_payload(w, replica) for w in wires), own="r0")
-    assert sum(losses[-10:]) / 10 < 0.9 * sum(losses[:10]) / 10

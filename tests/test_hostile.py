@@ -38,9 +38,7 @@ def test_a_hostile_replica_cannot_poison_or_derail_honest_ones(tmp_path, attack)
         assert sorted(a.step for a in finals) == [8, 8], finals  # nobody jumped to the claimed 10^12
         r1, r2 = (load_file(local.workdir / name / "block_0_step_8.safetensors") for name in ("r1", "r2"))
         assert all(torch.isfinite(t).all() for t in r1.values())
-        # both applied the honest payloads alone: two senders, so each kept its own direction where
-        # they disagreed (decoupled_momentum.py), at most two sign steps apart per step
-        assert max((r1[k] - r2[k]).abs().max().item() for k in r1) <= 2 * DeMoConfig().sign_lr * 8 * 1.001 + 1e-7
+        assert all(torch.equal(r1[k], r2[k]) for k in r1)  # both applied exactly the honest payloads
         assert all(peer.process.poll() is None for peer in honest)  # still up, serving
         if attack == "nan payloads":
             assert honest[0].log().count("refused the step") >= 8

@@ -27,7 +27,6 @@ from swarm.model.families import local_runner
 from swarm.model.generate import continue_text
 from swarm.p2p.reachability import ensure_direct, route
 from swarm.serving.remote import RemoteBlocks
-from swarm.sync.decoupled_momentum import DeMoConfig
 
 REASON = netlab.available(nat=True)
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -81,8 +80,7 @@ def test_peers_behind_nat_host_serve_and_sync_through_a_relay(tmp_path, symmetri
                 # DeMo across the NAT: both replicas applied both payloads at every step
                 assert hosts["home0"].announcement.sync_steps == hosts["public0"].announcement.sync_steps == STEPS
                 home, public = checkpoint(local, "home0", "0"), checkpoint(local, "public0", "0")
-                # two senders: each keeps its own direction where they disagree, two sign steps apart at most a step
-                assert max((home[k] - public[k]).abs().max().item() for k in home) <= 2 * DeMoConfig().sign_lr * STEPS * 1.001 + 1e-7
+                assert all(torch.equal(home[k], public[k]) for k in home)
 
                 # the client reaches a NATed peer directly once it has dialed the client back
                 home0 = hosts["home0"].peer_id

@@ -11,11 +11,6 @@ from swarm.sync.decoupled_momentum import PayloadError
 from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer, majority_mean
 
 
-def senders(changes) -> list:
-    """Decoded payloads as gathered: (sender, changes), the senders r0, r1, ..."""
-    return [(f"r{i}", c) for i, c in enumerate(changes)]
-
-
 def moved_replica(config, outer: OuterConfig, seed: int = 0, scale: float = 1e-3) -> OuterOptimizer:
     """A replica whose weights moved away from its anchor by a random change of about `scale`."""
     torch.manual_seed(0)
@@ -76,8 +71,8 @@ def test_replicas_that_apply_the_same_payloads_hold_the_same_weights(tiny_config
     outer = OuterConfig()
     replicas = [moved_replica(tiny_config, outer, seed=s) for s in range(3)]
     wires = [r.make_payload() for r in replicas]
-    for index, replica in enumerate(replicas):
-        replica.apply(senders(replica.decode(w) for w in wires), own=f"r{index}")
+    for replica in replicas:
+        replica.apply([replica.decode(w) for w in wires])
     for name in replicas[0].params:
         assert torch.equal(replicas[0].params[name], replicas[1].params[name])
         assert torch.equal(replicas[0].params[name], replicas[2].anchor[name])
@@ -92,14 +87,14 @@ def test_a_round_applied_late_keeps_the_local_steps_taken_since_and_the_same_anc
         for param in replicas[0].params.values():
             param.add_(torch.randn(param.shape) * 1e-3)
     progress = replicas[0].progress_since(sent_from)
-    for index, replica in enumerate(replicas):
-        replica.apply(senders(replica.decode(w) for w in wires), own=f"r{index}", progress=progress if index == 0 else None)
+    for replica in replicas:
+        replica.apply([replica.decode(w) for w in wires], progress if replica is replicas[0] else None)
     for name, param in replicas[0].params.items():
         assert torch.equal(replicas[0].anchor[name], replicas[1].anchor[name])
         assert torch.allclose(param, replicas[1].params[name] + progress[name], atol=1e-7)
         assert not torch.equal(param, replicas[1].params[name])
     no_progress = replicas[1].progress_since(replicas[1].weights())
-    replicas[1].apply(senders(replicas[1].decode(w) for w in wires), own="r1", progress=no_progress)  # none since: exactly the anchor
+    replicas[1].apply([replicas[1].decode(w) for w in wires], no_progress)  # none since: exactly the anchor
     assert all(torch.equal(p, replicas[1].anchor[n]) for n, p in replicas[1].params.items())
 
 
@@ -124,33 +119,3 @@ def test_bad_payloads_are_refused(tiny_config):
             replica.decode(data)
             pytest.fail(f"accepted a payload with {what}")
     assert math.isfinite(sum(p.sum().item() for p in replica.params.values()))
-
-
-@pytest.mark.parametrize("attack", ["negated", "negated and as large as allowed", "as large as allowed, same way", "random"])
-def test_two_replicas_the_other_moves_no_weight_further_than_or_against_its_own_change(tiny_config, attack):
-    """Two senders: no majority can vouch, so the replica's own change bounds the outer update:
-    each coordinate moves between 0 and its own change (never further, never against it), and
-    exactly its own change wherever the other disagrees (a negated change does not freeze it)."""
-    replica = moved_replica(tiny_config, OuterConfig(compression="none"))
-    own = replica.decode(replica.make_payload())
-    generator = torch.Generator().manual_seed(3)
-    largest = 0.95 * replica.max_change
-    hostile = {
-        name: {
-            "negated": -change,
-            "negated and as large as allowed": -change.sign() * largest,
-            "as large as allowed, same way": change.sign() * largest,
-            "random": (torch.rand(change.shape, generator=generator) * 2 - 1) * largest,
-        }[attack]
-        for name, change in own.items()
-    }
-    before = {name: a.clone() for name, a in replica.anchor.items()}
-    replica.apply(senders([own, hostile]), own="r0")
-    for name, change in own.items():
-        update = before[name] - replica.anchor[name]
-        assert torch.equal(replica.params[name], replica.anchor[name])
-        slack = 1e-6 * (1 + before[name].abs())  # the anchor's float32 rounding
-        assert (update * change.sign() >= -slack).all(), name  # never against its own change
-        assert (update.abs() <= change.abs() + slack).all(), name  # never further
-        disagree = hostile[name].sign() != change.sign()
-        assert torch.allclose(update[disagree], change[disagree], atol=1e-6), name  # not frozen where they disagree

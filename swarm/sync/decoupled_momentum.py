@@ -12,19 +12,6 @@ coefficients they both sent (an update negated or sent against its own direction
 vote (`DeMoOptimizer.trusted`: judged on the counts of the last ~10 steps), and the honest
 ones' disagreements become ties. Replicas that gathered the same sets compute the same update.
 
-With fewer than three senders (a block of two, or a step where only one other payload came)
-no majority can judge anyone, and a plain vote would let the other sender tie, and so freeze,
-every coordinate it contradicts (a negated payload freezes them all). There the replica's own
-evidence decides (`MIN_JUDGES`, `DeMoOptimizer.apply`): wherever its own payload has a sign,
-the step follows it, whatever the other sent; where its own payload is silent, the other's
-vote moves a coordinate only in the direction the replica's own momentum already points. A
-stranger can thus neither freeze nor steer the replica: disagreement changes nothing, and the
-replica logs once that it stepped so. The price: two honest replicas no longer apply the
-same update (each keeps its own direction where they disagree), so a pair drifts apart while
-its fingerprints still match (they name the same senders); two keys cannot merge weights
-anyway (swarm/sync/reconcile.py needs three), and a third replica's arrival (its fingerprint
-differs) starts a merge that brings them back together.
-
 Payloads cross the network as bytes (`encode_payload` / `decode_payload`); a payload that does
 not fit this replica's parameters, or holds NaN, Inf, out-of-range or repeated indices or values larger
 than honest ones can be (`max_value_per_lr` learning rates; honest coefficients of
@@ -36,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,10 +46,7 @@ from swarm.sync.compression import (
     unpack_message,
 )
 
-logger = logging.getLogger(__name__)
-
 Payload = dict[str, Compressed]
-MIN_JUDGES = 3  # distinct senders needed before the vote (and `trusted`) may overrule a replica's own direction
 FORGOTTEN_BELOW = 0.01  # a pair's record is dropped once its shared count has decayed below this (senders gone)
 
 
@@ -103,7 +86,6 @@ class DeMoOptimizer:
         self.momentum = {name: torch.zeros_like(p) for name, p in self.params.items()}
         # per pair of senders (sorted peer ids): coefficients they agreed on and shared, decayed (see `trusted`)
         self.record: dict[tuple[str, str], tuple[float, float]] = {}
-        self.own_rule_logged = False  # a step under the own-evidence rule was logged since the last majority step
 
     def make_payload(self, lr: float) -> Payload:
         """Fold this step's gradients into the momentum and take out what is shared."""
@@ -117,56 +99,19 @@ class DeMoOptimizer:
         return payload
 
     @torch.no_grad()
-    def apply(self, gathered: Sequence[tuple[str, Payload]], own: str) -> list[str]:
+    def apply(self, gathered: Sequence[tuple[str, Payload]]) -> list[str]:
         """The sign step on the coordinate-wise majority vote of the gathered (sender, payload)
-        pairs that the evidence does not rule out (`trusted`); returns the senders that voted.
-        `own` is this replica's sender id: with fewer than `MIN_JUDGES` distinct senders its own
-        evidence decides instead (`_own_evidence_step`)."""
+        pairs that the evidence does not rule out (`trusted`); returns the senders that voted."""
         kept, self.record = self.trusted(gathered)
         voters = [gathered[i][1] for i in kept]
-        senders = [sender for sender, _ in gathered]
-        judged = len(set(senders)) >= MIN_JUDGES
-        own_payload = next((payload for sender, payload in gathered if sender == own), None)
-        others = [payload for sender, payload in gathered if sender != own]
-        overruled = 0
         for name, param in self.params.items():
             votes = [decompress(p[name]).sign() for p in voters if name in p]
             if not votes:
                 continue
-            if judged:
-                step = torch.stack(votes).sum(dim=0).sign()
-            else:
-                step, contradicted = self._own_evidence_step(name, own_payload, others)
-                overruled += contradicted
+            majority = torch.stack(votes).sum(dim=0).sign()
             param.mul_(1 - self.config.sign_lr * self.config.weight_decay)
-            param.sub_(self.config.sign_lr * step)
-        if judged:
-            self.own_rule_logged = False
-        elif len(set(senders)) > 1 and not self.own_rule_logged:
-            logger.info("DeMo step with %d senders (%d needed to judge one): this replica's own direction decided; "
-                        "%d coordinates another sender contradicted were not moved its way (logged once until "
-                        "a majority step)", len(set(senders)), MIN_JUDGES, overruled)  # fmt: skip
-            self.own_rule_logged = True
+            param.sub_(self.config.sign_lr * majority)
         return [gathered[i][0] for i in kept]
-
-    def _own_evidence_step(self, name: str, own_payload: Payload | None, others: list[Payload]) -> tuple[torch.Tensor, int]:  # fmt: skip
-        """The step of one parameter when no majority can judge the senders: the sign of the
-        replica's own payload wherever it has one; elsewhere the others' vote, but only where it
-        points the way the replica's own momentum does (never against it, never where the
-        momentum is 0). Also the count of coordinates where the others' vote went against the
-        step taken (what the plain vote would have tied or turned)."""
-        own_vote = decompress(own_payload[name]).sign() if own_payload is not None and name in own_payload else None
-        others_votes = [decompress(p[name]).sign() for p in others if name in p]
-        zeros = torch.zeros_like(self.momentum[name])
-        others_sum = torch.stack(others_votes).sum(dim=0).sign() if others_votes else zeros
-        reference = self.momentum[name].sign()
-        if own_vote is not None:
-            reference = torch.where(own_vote != 0, own_vote, reference)
-        step = torch.where(others_sum == reference, others_sum, torch.zeros_like(others_sum))
-        if own_vote is not None:
-            step = torch.where(own_vote != 0, own_vote, step)
-        contradicted = int(((others_sum != 0) & (others_sum != step)).sum())
-        return step, contradicted
 
     def trusted(self, gathered: Sequence[tuple[str, Payload]]) -> tuple[list[int], dict[tuple[str, str], tuple[float, float]]]:
         """The positions of the (sender, payload) pairs that vote, and the record with this step's
@@ -189,7 +134,7 @@ class DeMoOptimizer:
         record = {pair: (agreed * decay, shared * decay) for pair, (agreed, shared) in self.record.items()
                   if shared * decay >= FORGOTTEN_BELOW}  # fmt: skip
         senders = [sender for sender, _ in gathered]
-        if len(gathered) < MIN_JUDGES or len(set(senders)) != len(senders):
+        if len(gathered) < 3 or len(set(senders)) != len(senders):
             return list(range(len(gathered))), record
         signs = [self._coefficient_signs(payload) for _, payload in gathered]
         contradicted = [0] * len(gathered)

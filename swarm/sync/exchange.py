@@ -6,10 +6,7 @@ between peers over P2P (transport.py), or between replicas in one process (in_pr
 benchmarks). A replica whose payload has not come by then is left out of that step: nobody
 waits longer for a slow or dead peer. Payloads that fail the strategy's checks are logged and
 not applied, and say nothing about drift. Every replica decodes the gathered set in peer-id
-order, so replicas that gather the same set of three or more stay identical. With two senders
-each replica's own change decides where they disagree (decoupled_momentum.py,
-pseudo_gradient.py: no majority can judge a stranger), so a pair parts while its fingerprints
-match; two keys cannot merge weights anyway, and a third replica's arrival starts a merge.
+order, so replicas that gather the same set stay identical.
 
 With its payload each replica sends a fingerprint (8 bytes) of the last set it applied: that
 step and the peers whose payloads it used (for DeMo, those that voted). Replicas that applied

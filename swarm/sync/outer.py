@@ -20,8 +20,7 @@ the first step whose update finds the gather done, on top of the local steps tak
 (`OuterOptimizer.apply`'s `progress`). It waits for the gather at the latest a tenth of a round
 after the round's end (`_overdue`): replicas that never waited would drift apart in time, a
 slower one further behind each round, until its payload missed the others' deadline.
-Replicas that apply the same sets (of three or more: with two senders each replica's own
-change bounds its outer step, pseudo_gradient.py) hold the same anchor, whatever step each applied it at; at
+Replicas that apply the same sets hold the same anchor, whatever step each applied it at; at
 a checkpoint the peer first settles the round in flight (`settle`), so that checkpoints, which
 fall on round ends, hold the anchor itself and are identical across replicas, as `outer`'s are.
 """
@@ -57,7 +56,7 @@ class OuterSync(Exchanging):
         the step to continue from when a majority of the replicas is ahead."""
         gathered = self.exchange.collect(round_)
         decoded = self.exchange.in_order(round_, gathered, self.optimizer.decode)
-        self.optimizer.apply(decoded, own=self.exchange.own_id, progress=progress)
+        self.optimizer.apply([changes for _, changes in decoded], progress)
         self.exchange.applied_set(round_, [peer_id for peer_id, _ in decoded])
         return self.exchange.majority_ahead(gathered, step, self.optimizer.config.steps)
 

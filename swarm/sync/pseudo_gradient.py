@@ -17,17 +17,9 @@ vouches for, [v(n-m+1), v(m)] of the n sorted values with m = n // 2 + 1. Why th
   that way (at least m values are above 0, so the clip's lower end is);
 - with fewer than half of them hostile, both ends of the range are values some honest replica
   sent, so no minority can push a coordinate further than an honest replica asked for;
-- for three or more it moves toward the coordinate-wise median (for two the range would be
-  [min, max] and the rule the plain mean, which a stranger could move by half the largest
-  change allowed, `max_change_per_lr` x lr x H: 0.3 per coordinate at the defaults).
-With fewer than three pseudo-gradients (`MIN_JUDGES`: a block of two) no majority can vouch for
-anything, and the replica's own change bounds the update (`own_bounded`): where the other's
-change agrees in sign with its own, the smaller of the two; elsewhere its own. So a stranger can
-neither move a weight further than the replica itself would, nor against it, nor hold it
-still; the replica logs once that it stepped so. Two honest replicas then take different outer
-steps where they disagree (each its own change), so a pair drifts apart while its
-fingerprints match; two keys cannot merge weights anyway (swarm/sync/reconcile.py), and a
-third replica's arrival starts a merge.
+- for two replicas the range is [min, max] and the rule is the plain mean: with H = 1 and no
+  compression, an outer step is exactly parameter averaging after every step (a test checks
+  this over real peers); for three or more it moves toward the coordinate-wise median.
 The anchor then moves by `outer_lr` times that update (1.0: SparseLoCo's choice; its error
 feedback already plays the part of DiLoCo's outer momentum) and every replica's weights are
 set to the new anchor, so replicas that applied the same payloads hold the same weights.
@@ -39,9 +31,7 @@ at most about lr per AdamW step, and the error buffer adds a few rounds' worth a
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,10 +53,7 @@ from swarm.sync.compression import (
     unpack_message,
 )
 
-logger = logging.getLogger(__name__)
-
 COMPRESSIONS = ("dct", "raw", "none")
-MIN_JUDGES = 3  # distinct senders needed before the others' changes may move a weight beyond this replica's own
 Changes = dict[str, torch.Tensor]  # decoded pseudo-gradient, by parameter name
 
 
@@ -102,17 +89,6 @@ def majority_mean(changes: list[torch.Tensor]) -> torch.Tensor:
     return torch.clamp(stacked.mean(dim=0), ordered[n - majority], ordered[majority - 1])
 
 
-def own_bounded(own: torch.Tensor, others: list[torch.Tensor]) -> torch.Tensor:
-    """The update when no majority can judge (module docstring): `own` where the others' mean
-    disagrees with it in sign (or either is 0), and where it agrees, whichever of the two is
-    smaller in size; always between 0 and `own`, coordinate by coordinate."""
-    if not others:
-        return own.clone()
-    other = torch.stack(others).mean(dim=0)
-    agree = (other.sign() == own.sign()) & (own != 0)
-    return torch.where(agree & (other.abs() < own.abs()), other, own)
-
-
 class OuterOptimizer:
     """One replica's outer optimizer: the anchor, the error buffer, the payloads in and out, and the outer step."""
 
@@ -124,7 +100,6 @@ class OuterOptimizer:
         self.error = {name: torch.zeros_like(p) for name, p in self.params.items()}
         self.max_change = config.max_change_per_lr * lr * config.steps
         self.anchor: Changes = {}
-        self.own_rule_logged = False  # a step under the own-change rule was logged since the last majority step
         self.reset()
 
     def reset(self) -> None:
@@ -154,44 +129,19 @@ class OuterOptimizer:
         return changes
 
     @torch.no_grad()
-    def apply(self, gathered: Sequence[tuple[str, Changes]], own: str, progress: Changes | None = None) -> None:
-        """The outer step on what a majority of the gathered (sender, changes) vouches for; every
-        replica's weights become the new anchor, plus `progress` where given: the change of its
-        own local steps since it made the payload (an overlapped round, applied some steps late).
-        `own` is this replica's sender id: with fewer than `MIN_JUDGES` distinct senders its own
-        change bounds the update (`own_bounded`), and without its own change (refused) nothing
-        moves. With nothing to apply (every payload refused, our own included) the round changes
-        nothing."""
+    def apply(self, gathered: list[Changes], progress: Changes | None = None) -> None:
+        """The outer step on what a majority vouches for; every replica's weights become the new
+        anchor, plus `progress` where given: the change of its own local steps since it made the
+        payload (an overlapped round, applied some steps late). With nothing to apply (every
+        payload refused, our own included) the round changes nothing."""
         if not gathered:
             return
-        senders = {sender for sender, _ in gathered}
-        judged = len(senders) >= MIN_JUDGES
-        own_changes = next((changes for sender, changes in gathered if sender == own), None)
-        if not judged and own_changes is None:
-            logger.warning("outer step with %d senders and without this replica's own change: nothing to bound "
-                           "the others' by, so the anchor stays", len(senders))  # fmt: skip
-        overruled = 0
         for name, param in self.params.items():
-            if judged:
-                update = majority_mean([changes[name] for _, changes in gathered])
-            elif own_changes is not None:
-                others = [changes[name] for sender, changes in gathered if sender != own]
-                update = own_bounded(own_changes[name], others)
-                if others:
-                    overruled += int((torch.stack(others).mean(dim=0) != update).sum())
-            else:
-                update = torch.zeros_like(param)
+            update = majority_mean([changes[name] for changes in gathered])
             self.anchor[name].sub_(update, alpha=self.config.outer_lr)
             param.copy_(self.anchor[name])
             if progress is not None:
                 param.add_(progress[name])
-        if judged:
-            self.own_rule_logged = False
-        elif len(senders) > 1 and not self.own_rule_logged:
-            logger.info("outer step with %d senders (%d needed to judge one): this replica's own change bounded the "
-                        "update; %d coordinates of the other's were not taken as sent (logged once until a majority "
-                        "step)", len(senders), MIN_JUDGES, overruled)  # fmt: skip
-            self.own_rule_logged = True
 
     @torch.no_grad()
     def weights(self) -> Changes:
