@@ -80,7 +80,9 @@ class Verdict:
 NOT_CHECKED = Verdict(None, "not checked yet", 0.0)
 
 
-def key_of(host: Host) -> Key:
+def check_key(host: Host) -> Key:
+    """What a check's result is kept under (not the voice a host counts as: that is
+    swarm.checkpoints.download.key_of)."""
     assert host.announcement.checkpoint is not None, "only a host that announces a checkpoint is checked"
     return host.block, host.peer_id, host.owner, host.announcement.checkpoint
 
@@ -101,7 +103,7 @@ class CheckpointChecks:
         checked yet (or whose last check failed `RETRY_S` ago). Never waits for a check."""
         found, now = {}, time.monotonic()
         for host in hosts:
-            key = key_of(host)
+            key = check_key(host)
             verdict = self._results.get(key)
             if verdict is not None:
                 self._results.move_to_end(key)

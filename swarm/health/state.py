@@ -31,7 +31,7 @@ from typing import Any
 from hivemind.p2p import P2P
 from hivemind.utils import get_dht_time
 
-from swarm.health.checks import WHOLE_BYTES, CheckpointChecks, Verdict, key_of
+from swarm.health.checks import WHOLE_BYTES, CheckpointChecks, Verdict, check_key
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import DHTUnavailable, Host, SwarmDirectory
 from swarm.p2p.info import owns_record
@@ -123,7 +123,7 @@ class SwarmMonitor:
         whys = [problem(h, answers.get(h.peer_id)) for h in hosts]
         believed = [h for h, why in zip(hosts, whys) if why is None]
         checked = self.run(self.checks.verdicts(believed), self.ping_timeout + 5)  # never waits for a check
-        verdicts = [Verdict(None, why, 0.0) if why else checked[key_of(h)] for h, why in zip(hosts, whys)]
+        verdicts = [Verdict(None, why, 0.0) if why else checked[check_key(h)] for h, why in zip(hosts, whys)]
         rows = [self._row(h, answers.get(h.peer_id), verdict, now) for h, verdict in zip(hosts, verdicts)]
         for host in hosts:
             self.history.add(host, now)
