@@ -169,8 +169,9 @@ def train_all(config: ModelConfig, workdir: Path, corpus, args) -> tuple[dict, P
             **{k: v for k, v in vars(args).items() if k not in ("keep", "rescore")},
             "sync": "none",
             "peers": config.n_blocks,
-            "lr": {"denoiser": default_lr("block"), "autoregressive": default_lr("autoregressive")},
         },
+        # not a command-line option (the page renders settings as the command): each kind's own rate
+        "learning_rates": {"denoiser": default_lr("block"), "autoregressive": default_lr("autoregressive")},
         "model": config.to_dict(),
         "swarm_seconds": swarm["seconds"],
         "block_steps": swarm["steps"],

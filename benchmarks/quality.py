@@ -133,8 +133,9 @@ def summarize(configs: dict[str, ModelConfig], trained: list[dict], workdir: Pat
         result["blocks_over_autoregressive"] = result["bits_per_byte"]["blocks"] / ar_bpb
     by_name = {t["name"]: t for t in trained}
     return {
-        "settings": {**{k: v for k, v in vars(args).items() if k != "out"},
-                     "lr": {"denoiser": default_lr("block"), "autoregressive": default_lr("autoregressive")}},
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        # not a command-line option (the page renders settings as the command): each kind's own rate
+        "learning_rates": {"denoiser": default_lr("block"), "autoregressive": default_lr("autoregressive")},
         "model": any_config.to_dict(),
         "default_family": ModelConfig().family,
         "best_family_by_blocks_bits_per_byte": min(families, key=lambda f: families[f]["bits_per_byte"]["blocks"]),
