@@ -56,8 +56,8 @@ def test_replicas_that_gather_every_payload_stay_identical_and_learn(tiny_config
         for index, (block, replica) in enumerate(zip(blocks, reps)):  # different data on each replica
             losses.append(backward(block, tiny_windows, seed=1000 * index + step))
             wires.append(encode_payload(replica.make_payload(lr=2e-3), value_bits))
-        for replica in reps:
-            replica.apply(senders(decode_payload(w, replica) for w in wires))
+        for index, replica in enumerate(reps):  # two honest senders keep each other's vote
+            assert replica.apply(senders(decode_payload(w, replica) for w in wires), f"r{index}") == ["r0", "r1"]
     for a, b in zip(blocks[0].parameters(), blocks[1].parameters()):
         assert torch.equal(a, b)
     assert sum(losses[-10:]) / 10 < 0.9 * sum(losses[:10]) / 10
@@ -118,7 +118,7 @@ def test_one_hostile_payload_cannot_outvote_two_honest_ones(tiny_config, tiny_wi
                    for n, c in honest.items()}
     wires = [encode_payload(p, 16) for p in (honest, other_honest, hostile)]
     before = {n: p.detach().clone() for n, p in replica.params.items()}
-    replica.apply(senders(decode_payload(w, replica) for w in wires))
+    replica.apply(senders(decode_payload(w, replica) for w in wires), "r0")
     for name, param in replica.params.items():
         decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
         moved = (decay - param).sign()  # +1 where the step went down the update
@@ -144,7 +144,7 @@ def test_a_payload_the_others_contradict_leaves_the_vote(tiny_config, tiny_windo
     replica = reps[0]
     gathered = senders(decode_payload(w, replica) for w in wires)
     before = {n: p.detach().clone() for n, p in replica.params.items()}
-    assert replica.apply(gathered) == ["r0", "r1"]
+    assert replica.apply(gathered, "r0") == ["r0", "r1"]
     disagreements = 0
     for name, param in replica.params.items():
         decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
@@ -168,9 +168,9 @@ def test_honest_replicas_all_keep_their_vote(tiny_config, tiny_windows, value_bi
         for index, (block, replica) in enumerate(zip(blocks, reps)):
             backward(block, tiny_windows, seed=1000 * index + step)
             wires.append(encode_payload(replica.make_payload(lr=2e-3), value_bits))
-        for replica in reps:
+        for index, replica in enumerate(reps):
             gathered = senders(decode_payload(w, replica) for w in wires)
-            assert replica.apply(gathered) == ["r0", "r1", "r2"], (step, replica.record)
+            assert replica.apply(gathered, f"r{index}") == ["r0", "r1", "r2"], (step, replica.record)
     for a, b in zip(blocks[0].parameters(), blocks[2].parameters()):
         assert torch.equal(a, b)
 
@@ -189,7 +189,7 @@ def negated_runs(config, windows, demo: DeMoConfig, steps: int) -> tuple[list[li
         wires = [encode_payload(p, demo.value_bits) for p in payloads]
         for index in (1, 0):  # the first replica's voters are kept
             replica = reps[index]
-            step_voters = replica.apply(senders(decode_payload(w, replica) for w in wires))
+            step_voters = replica.apply(senders(decode_payload(w, replica) for w in wires), f"r{index}")
         voters.append(step_voters)
     return voters, blocks[:2]
 
@@ -204,7 +204,7 @@ def test_a_sender_the_others_contradict_over_several_steps_leaves_the_vote_thoug
     for index, (block, replica) in enumerate(zip(blocks, reps)):
         backward(block, tiny_windows, seed=1000 * index)
         shared.append(replica.make_payload(lr=2e-3))
-    reps[0].apply(senders(shared))
+    reps[0].apply(senders(shared), "r0")
     most_in_one_step = max(s for pair, (_, s) in reps[0].record.items() if "r2" in pair)
     demo = DeMoConfig(min_shared=int(most_in_one_step) + 1)
     voters, honest = negated_runs(tiny_config, tiny_windows, demo, 12)
@@ -212,3 +212,54 @@ def test_a_sender_the_others_contradict_over_several_steps_leaves_the_vote_thoug
     assert all(v == ["r0", "r1"] for v in voters[6:]), voters  # the steps before are
     for a, b in zip(*(h.parameters() for h in honest)):
         assert torch.equal(a, b)
+
+
+def negate(payload):
+    return {n: dataclasses.replace(c, values=(-c.values.float()).to(c.values.dtype)) for n, c in payload.items()}
+
+
+def test_of_two_senders_a_contradicting_one_leaves_and_the_replica_steps_on_its_own(tiny_config, tiny_windows):
+    """One replica and a stranger that sends its own honest update negated, every step: once the
+    record shows the stranger contradicting, the replica steps on its update alone (it is not
+    frozen by ties, as it would be if the stranger kept its vote)."""
+    blocks, reps = replicas(tiny_config, 2, DeMoConfig())
+    voters = []
+    for step in range(12):
+        payloads = []
+        for index, (block, replica) in enumerate(zip(blocks, reps)):
+            backward(block, tiny_windows, seed=1000 * index + step)
+            payloads.append(replica.make_payload(lr=2e-3))
+        payloads[1] = negate(payloads[1])
+        replica = reps[0]
+        gathered = senders(decode_payload(encode_payload(p, 16), replica) for p in payloads)
+        before = {n: p.detach().clone() for n, p in replica.params.items()}
+        voters.append(replica.apply(gathered, "r0"))
+    assert voters[-1] == ["r0"], voters
+    for name, param in replica.params.items():  # the last step: its own update's signs, everywhere
+        decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
+        own = decompress(gathered[0][1][name]).sign()
+        assert torch.equal((decay - param).sign(), own), name
+
+
+def test_of_two_senders_the_other_moves_no_coordinate_this_one_does_not(tiny_config, tiny_windows):
+    """Before any evidence, a stranger beside one replica: a coordinate moves only where both
+    voted the same way; where this replica is silent (here a whole parameter it has no gradient
+    for) or opposed, nothing moves, whatever the stranger sends within the wire's limits."""
+    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig())
+    backward(blocks[0], tiny_windows, 0)
+    own = replica.make_payload(lr=2e-3)
+    silent = next(iter(own))
+    del own[silent]
+    largest = 0.95 * replica.max_value
+    backward(blocks[0], tiny_windows, 1)
+    hostile = {n: dataclasses.replace(c, values=(torch.randint(0, 2, c.values.shape) * 2 - 1).to(c.values.dtype) * largest)
+               for n, c in replica.make_payload(lr=2e-3).items()}
+    gathered = senders(decode_payload(encode_payload(p, 16), replica) for p in (own, hostile))
+    before = {n: p.detach().clone() for n, p in replica.params.items()}
+    assert replica.apply(gathered, "r0") == ["r0", "r1"]  # no evidence yet: both vote
+    for name, param in replica.params.items():
+        decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
+        moved = (decay - param).sign()
+        mine = decompress(gathered[0][1][name]).sign() if name in own else torch.zeros_like(param)
+        theirs = decompress(gathered[1][1][name]).sign()
+        assert torch.equal(moved, torch.where(mine == theirs, mine, 0.0)), name

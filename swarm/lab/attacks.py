@@ -276,7 +276,7 @@ class HostileReplica(Impersonating, PayloadServicer):
         others = [h.peer_id for h in hosts if h.peer_id != self.node.peer_id]
         gathered = await gather(self.node.p2p, self.block, step, others, self.deadline)
         honest = [(peer_id, decode_payload(data, self.optimizer)) for peer_id, data in sorted(gathered.payloads.items())]
-        await loop.run_in_executor(None, self.optimizer.apply, [*honest, (self.node.peer_id, own)])
+        await loop.run_in_executor(None, self.optimizer.apply, [*honest, (self.node.peer_id, own)], self.node.peer_id)
 
     def _own_payload(self, step: int) -> dict:
         trainer = self.trainer

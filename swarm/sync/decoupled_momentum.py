@@ -12,6 +12,19 @@ coefficients they both sent (an update negated or sent against its own direction
 vote (`DeMoOptimizer.trusted`: judged on the counts of the last ~10 steps), and the honest
 ones' disagreements become ties. Replicas that gathered the same sets compute the same update.
 
+Two senders (a block with two replicas, or one replica and a stranger) cannot outvote each
+other, so the rule there is unanimity and the evidence decides whether the other counts
+(issue 26, item 4). A coordinate moves only where both voted and agree, so the other can never
+move a weight in a direction this replica's own update does not (where this replica is silent
+the other is too, by the rule), and the two compute the same step. Once the record shows the
+other contradicting (the same test as above: `min_shared` coefficients shared, at most
+`contradicted_at` of them agreed), it leaves the vote and this replica steps on its own update
+alone: a negated stranger cannot freeze it. What a stranger that knows this can still do is
+slow it: a payload whose coefficients avoid ours (so that the record never fills) decodes to an
+update orthogonal to ours, which agrees on about half the coordinates, so about half of our
+step is kept. Two honest replicas share coefficients and agree on 70% or more of them
+(`trusted`), so they keep each other and stay identical.
+
 Payloads cross the network as bytes (`encode_payload` / `decode_payload`); a payload that does
 not fit this replica's parameters, or holds NaN, Inf, out-of-range or repeated indices or values larger
 than honest ones can be (`max_value_per_lr` learning rates; honest coefficients of
@@ -99,24 +112,29 @@ class DeMoOptimizer:
         return payload
 
     @torch.no_grad()
-    def apply(self, gathered: Sequence[tuple[str, Payload]]) -> list[str]:
+    def apply(self, gathered: Sequence[tuple[str, Payload]], own: str) -> list[str]:
         """The sign step on the coordinate-wise majority vote of the gathered (sender, payload)
-        pairs that the evidence does not rule out (`trusted`); returns the senders that voted."""
-        kept, self.record = self.trusted(gathered)
+        pairs that the evidence does not rule out (`trusted`), unanimity where two vote; `own`
+        is this replica's sender name. Returns the senders that voted."""
+        kept, self.record = self.trusted(gathered, own)
         voters = [gathered[i][1] for i in kept]
         for name, param in self.params.items():
-            votes = [decompress(p[name]).sign() for p in voters if name in p]
-            if not votes:
+            votes = [decompress(p[name]).sign() if name in p else torch.zeros_like(param) for p in voters]
+            if not any(name in p for p in voters):
                 continue
-            majority = torch.stack(votes).sum(dim=0).sign()
+            stacked = torch.stack(votes)
+            majority = stacked.sum(dim=0).sign()
+            if len(gathered) == 2 and len(votes) == 2:  # unanimity: neither of two senders moves a coordinate the other does not
+                majority = torch.where((stacked != 0).all(dim=0), majority, 0.0)
             param.mul_(1 - self.config.sign_lr * self.config.weight_decay)
             param.sub_(self.config.sign_lr * majority)
         return [gathered[i][0] for i in kept]
 
-    def trusted(self, gathered: Sequence[tuple[str, Payload]]) -> tuple[list[int], dict[tuple[str, str], tuple[float, float]]]:
+    def trusted(self, gathered: Sequence[tuple[str, Payload]], own: str) -> tuple[list[int], dict[tuple[str, str], tuple[float, float]]]:
         """The positions of the (sender, payload) pairs that vote, and the record with this step's
         counts in (`apply` keeps it; this leaves the replica as it was). Every sender votes but
-        those a strict majority of the others contradict. Two payloads are compared on the DCT
+        those a strict majority of the others contradict; of two senders, a contradicted pair
+        leaves `own` alone (the module docstring). Two payloads are compared on the DCT
         coefficients both of them sent (same parameter, tile and index): honest replicas'
         momenta share the gradient's large components, so where both picked one they agree on
         its sign (seen: 90-100% of shared coefficients early in training, ~70% or more later),
@@ -134,7 +152,7 @@ class DeMoOptimizer:
         record = {pair: (agreed * decay, shared * decay) for pair, (agreed, shared) in self.record.items()
                   if shared * decay >= FORGOTTEN_BELOW}  # fmt: skip
         senders = [sender for sender, _ in gathered]
-        if len(gathered) < 3 or len(set(senders)) != len(senders):
+        if len(gathered) < 2 or len(set(senders)) != len(senders):
             return list(range(len(gathered))), record
         signs = [self._coefficient_signs(payload) for _, payload in gathered]
         contradicted = [0] * len(gathered)
@@ -147,6 +165,8 @@ class DeMoOptimizer:
             if shared >= self.config.min_shared and agreed <= self.config.contradicted_at * shared:
                 contradicted[i] += 1
                 contradicted[j] += 1
+        if len(gathered) == 2:
+            return ([senders.index(own)] if contradicted[0] and own in senders else [0, 1]), record
         others = len(gathered) - 1
         kept = [i for i, count in enumerate(contradicted) if 2 * count <= others]
         return (kept if 2 * len(kept) > len(gathered) else list(range(len(gathered)))), record

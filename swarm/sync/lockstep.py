@@ -35,7 +35,7 @@ class DeMoSync(Exchanging):
         """Wait for a round's gather and take the sign step on its set, at the trainer's `step`;
         the step to continue from when a majority of the replicas is ahead."""
         gathered = self.exchange.collect(round_)
-        voters = self.optimizer.apply(self.exchange.in_order(round_, gathered, self._decode))
+        voters = self.optimizer.apply(self.exchange.in_order(round_, gathered, self._decode), self.exchange.own_id)
         self.exchange.applied_set(round_, voters)
         return self.exchange.majority_ahead(gathered, step)
 
