@@ -277,3 +277,19 @@ def test_the_join_line_is_what_every_command_takes(swarm):
     for command, extra in (("swarm-status", []), ("swarm-generate", ["--max-bytes", "4", "hi"])):
         result = local.run(command, *extra)
         assert result.returncode == 0, (command, result.stderr[-2000:])
+
+
+def test_a_client_remembers_a_bounded_number_of_failed_checkpoints(monkeypatch):
+    """A stranger can announce any number of checkpoints that fail: the client keeps at most
+    `REMEMBERED` of them, dropping those whose failure ran out first, then the oldest."""
+    monkeypatch.setattr(vetting, "REMEMBERED", 8)
+    checks = vetting.Vetting(None, None, ModelConfig())  # rejecting asks no peer
+    bad = CheckpointInfo(step=0, sha256="f" * 64, size=1)
+    checks.reject(bad, "it did not pass the spot check")
+    for i in range(1, 30):
+        checks.reject(CheckpointInfo(step=i, sha256=f"{i:064x}", size=1), "no host served it", seconds=0.0)
+    assert len(checks.failed) <= 8 and checks.failed[bad] == math.inf  # the expired ones went first
+    for i in range(30, 60):
+        checks.reject(CheckpointInfo(step=i, sha256=f"{i:064x}", size=1), "it did not pass the spot check")
+    assert len(checks.failed) == 8 and bad not in checks.failed  # then the oldest
+    assert all(CheckpointInfo(step=i, sha256=f"{i:064x}", size=1) in checks.failed for i in range(52, 60))

@@ -16,6 +16,11 @@ no host served, or whose download ran out of time, failed *for now* and is measu
 lone honest host's block unusable for the client's life. Each candidate has its own time limit,
 so that one slow download fails that candidate, not the whole choice.
 
+What is remembered is bounded (`REMEMBERED`, each of passed and failed): a stranger can
+announce any number of checkpoints that fail, and must not make the client's memory grow with
+them. Past the bound, checkpoints whose failure has run out go first, then the oldest; one
+forgotten that was bad for good is measured, and caught, again if it comes back.
+
 Of the measured checkpoints only the losses are kept, and one decoded file per block (the
 best-ranked that passed, or the last fetched by `weights`): with it a disagreement, or an
 answer no other key can confirm, is settled by computing the answer here, without keeping
@@ -44,6 +49,7 @@ logger = logging.getLogger(__name__)
 MEASURED_AT_ONCE = 3  # candidates downloaded and spot-checked in one go, as swarm-fetch does
 MEASURE_TIMEOUT_S = 300.0  # per candidate: one download and spot check, or one download for `weights`
 RETRY_AFTER_S = 120.0  # before a checkpoint that no host served (in time) is measured again
+REMEMBERED = 1024  # checkpoints kept in each of `passed` and `failed`
 
 
 @dataclass
@@ -93,6 +99,7 @@ class Vetting:
             if info in kept:
                 self.passed[info] = replace(kept[info], data=b"")
                 self.failed.pop(info, None)
+                _forget_oldest(self.passed, REMEMBERED)
             elif info in served or info in self.passed:
                 self.reject(info, "it did not pass the spot check beside the others")
             else:
@@ -116,7 +123,12 @@ class Vetting:
                        "" if seconds == float("inf") else f" for {seconds:.0f}s", why)  # fmt: skip
         self.passed.pop(info, None)
         self._held = {block: held for block, held in self._held.items() if held[0] != info}
-        self.failed[info] = max(self.failed.get(info, 0.0), time.monotonic() + seconds)
+        until = max(self.failed.pop(info, 0.0), time.monotonic() + seconds)  # popped: now the newest
+        now = time.monotonic()
+        if len(self.failed) >= REMEMBERED:
+            self.failed = {i: t for i, t in self.failed.items() if t > now}
+        self.failed[info] = until
+        _forget_oldest(self.failed, REMEMBERED)
 
     def _failed(self, info: CheckpointInfo) -> bool:
         return self.failed.get(info, 0.0) > time.monotonic()
@@ -125,3 +137,9 @@ class Vetting:
         if self.spot_check is None:
             self.spot_check = SpotCheck.from_source(None, self.config)
         return self.spot_check
+
+
+def _forget_oldest(remembered: dict, bound: int) -> None:
+    """Drop the first-inserted entries of `remembered` until it holds at most `bound`."""
+    for info in list(remembered)[: max(0, len(remembered) - bound)]:
+        del remembered[info]
