@@ -20,6 +20,7 @@ class Recorder(nn.Module):
     def __init__(self, config, answer: torch.Tensor | None = None):
         super().__init__()
         self.config, self.answer, self.calls = config, answer, []
+        self.weight = nn.Parameter(torch.zeros(1))  # a block computes where its weights are, in their dtype
 
     def forward(self, prefix, ids, t):
         self.calls.append((float(t[0]), float((ids == MASK_ID).float().mean())))

@@ -22,6 +22,7 @@ class Oracle(nn.Module):
     def __init__(self, config, answer: torch.Tensor):
         super().__init__()
         self.config, self.answer, self.calls = config, answer, []
+        self.weight = nn.Parameter(torch.zeros(1))  # a block computes where its weights are, in their dtype
 
     def forward(self, prefix, z, sigma):
         self.calls.append(float(sigma[0]))
@@ -48,7 +49,8 @@ def test_euler_steps_move_z_to_the_clean_estimate(gaussian_config):
     answer = torch.randint(0, 256, (gaussian_config.gen_len,))
     z = torch.randn(1, gaussian_config.gen_len, gaussian_config.d_model) * 10
     sigmas = torch.tensor([10.0, 5.0, 1.0, 0.0])
-    z_end, _ = denoise_steps(Oracle(gaussian_config, answer), codebook, None, z, sigmas)
+    prefix = torch.zeros(1, gaussian_config.prefix_len, dtype=torch.long)
+    z_end, _ = denoise_steps(Oracle(gaussian_config, answer), codebook, prefix, z, sigmas)
     assert torch.allclose(z_end[0], codebook[answer], atol=1e-4)
 
 

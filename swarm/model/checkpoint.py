@@ -59,6 +59,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of a module's tensors, wherever it lives and in its dtype: what safetensors writes."""
     return {name: t.detach().cpu().contiguous().clone() for name, t in module.state_dict().items()}
 
 
@@ -102,13 +103,19 @@ def read_block_metadata(data: bytes) -> dict[str, str]:
 
 
 def decode_block(data: bytes, config: ModelConfig, block: int) -> tuple[Denoiser, int]:
-    """A block denoiser and its step from checkpoint bytes, checked against the config and index."""
+    """A block denoiser and its step from checkpoint bytes, checked against the config and index.
+
+    The block is on the CPU, in the default dtype, whatever device or dtype wrote the file: a
+    caller that trains or serves elsewhere loads it into its own module (`load_state_dict`
+    copies onto that module's device and into its dtype) or moves it.
+    """
     metadata = read_block_metadata(data)
     if metadata.get("config_hash") != config.hash():
         raise SwarmError("checkpoint was trained for a different model config (config hash differs)")
     if metadata.get("block") != str(block):
         raise SwarmError(f"checkpoint holds block {metadata.get('block')}, not block {block}")
-    denoiser = build_block(config, block)
+    with torch.device("cpu"):
+        denoiser = build_block(config, block)
     _load_into(denoiser, _decode(data))
     return denoiser, int(metadata.get("step", 0))
 

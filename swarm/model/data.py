@@ -122,15 +122,15 @@ class ByteWindows:
 
     def sample(self, batch: int, generator: torch.Generator) -> torch.Tensor:
         """A random batch (batch, length) of int64 bytes."""
-        starts = torch.randint(0, len(self.stream) - self.length, (batch,), generator=generator)
-        return self.at(starts)
+        last = len(self.stream) - self.length
+        return self.at(torch.randint(0, last, (batch,), generator=generator, device=generator.device))
 
     def fixed(self, count: int, seed: int = 1234) -> torch.Tensor:
         """The same `count` windows every time for a given seed: every model is evaluated on them."""
         return self.sample(count, torch.Generator().manual_seed(seed))
 
     def at(self, starts: torch.Tensor) -> torch.Tensor:
-        offsets = starts[:, None] + torch.arange(self.length)
+        offsets = starts[:, None] + torch.arange(self.length, device=starts.device)
         return self.stream[offsets].long()
 
 

@@ -225,7 +225,7 @@ class EmbeddingInput(nn.Linear):
 
     def forward(self, z: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         c_in = (sigma**2 + self.sigma_data**2).rsqrt()[:, None, None]
-        return super().forward(c_in * z)
+        return super().forward(c_in * z.to(self.weight.dtype))
 
     @staticmethod
     def c_noise(sigma: torch.Tensor) -> torch.Tensor:
@@ -288,7 +288,12 @@ class Denoiser(nn.Module):
             nn.init.normal_(self.input_proj.weight, std=0.02)
 
     def forward(self, prefix: torch.Tensor, target: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
-        """prefix: (N, P) int64 bytes; target: (N, G, d) noisy embeddings or (N, G) int64 ids; level: (N,)."""
+        """prefix: (N, P) int64 bytes; target: (N, G, d) noisy embeddings or (N, G) int64 ids; level: (N,).
+
+        Noise levels and embeddings are drawn in float32 wherever the block runs; they are taken
+        into the block's own dtype here, so a block in another dtype needs nothing of its callers.
+        """
+        level = level.to(self.head.weight.dtype)
         cond = self.noise_embed(self.input_proj.c_noise(level))
         x = torch.cat([self.prefix_embed(prefix), self.input_proj(target, level)], dim=1)
         for layer in self.layers:

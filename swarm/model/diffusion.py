@@ -63,7 +63,7 @@ class NoisePartition:
     def sample(self, n: int, block: int | None, generator: torch.Generator) -> torch.Tensor:
         """n training sigmas for a block (its widened interval), or for the whole range if block is None."""
         lo, hi = (0.0, 1.0) if block is None else self.config.block_slice(block, widened=True)
-        q = lo + (hi - lo) * torch.rand(n, generator=generator, dtype=torch.float64)
+        q = lo + (hi - lo) * torch.rand(n, generator=generator, dtype=torch.float64, device=generator.device)
         return self.sigma_at(q)
 
     def grid(self, block: int, points: int) -> torch.Tensor:
@@ -101,14 +101,16 @@ def denoise_steps(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Euler steps along `sigmas` (K + 1 values): what one block runs. Returns (z, last logits).
 
-    The clean estimate of each step is softmax(logits) @ T.
+    The clean estimate of each step is softmax(logits) @ T. The steps run on the block's device,
+    in its dtype; z comes back where and as it came, the logits on its device in the block's dtype.
     """
-    logits = None
+    weight, start, logits = next(denoiser.parameters()), z, None
+    codebook, prefix, z, sigmas = codebook.to(weight), prefix.to(weight.device), z.to(weight), sigmas.to(weight)
     for sigma, sigma_next in zip(sigmas[:-1], sigmas[1:]):
         logits = denoiser(prefix, z, sigma.expand(len(z)))
         clean = logits.softmax(dim=-1) @ codebook
         z = z + (sigma_next - sigma) * (z - clean) / sigma
-    return z, logits
+    return z.to(start), logits.to(start.device)
 
 
 def input_only_ce(codebook: torch.Tensor, sigma: float, samples: int, generator: torch.Generator) -> float:
@@ -144,7 +146,7 @@ class GaussianFamily:
 
         def loss(window: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
             sigma = self.partition.sample(len(window), block, generator)
-            noise = torch.randn(len(window), *shape, generator=generator)
+            noise = torch.randn(len(window), *shape, generator=generator, device=generator.device)
             return denoising_loss(denoiser, codebook, window, sigma.to(device), noise.to(device))
 
         return loss

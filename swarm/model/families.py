@@ -9,6 +9,10 @@ on the likelihood), the steps a block runs for a generation request (`run_steps`
 such a request may hold (`check_state`, `check_schedule`), and the pass through all blocks
 (`generate_span`). Everything else (blocks, trainers, checkpoints, sync, serving) is the same
 for both. The config's `family` field picks one, so the config hash covers it.
+
+`run_steps` runs on its denoiser's device and in its dtype, wherever its inputs are, and answers
+on the device of the state it was given: a peer computes on its GPU while requests, spans and
+the wire stay on the CPU.
 """
 
 from __future__ import annotations

@@ -76,18 +76,23 @@ def unmask_steps(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One block's K ancestral steps along `ts` (K + 1 decreasing mask rates): what a peer runs.
 
-    All draws (which bytes to reveal, and their values) come from a generator seeded with
-    `seed`, a fixed number of them per step, so the same inputs give the same bytes anywhere.
-    Returns (ids, logits each newly revealed byte was drawn from, zeros where none was).
+    All draws (which bytes to reveal, and their values) come from a CPU generator seeded with
+    `seed`, a fixed number of them per step, so the same inputs give the same bytes anywhere,
+    whatever device the block is on. The steps run on the block's device, in its dtype; returns
+    (ids, logits each newly revealed byte was drawn from, zeros where none was) on the device
+    `ids` came on, the logits in the block's dtype.
     """
+    weight, home = next(denoiser.parameters()), ids.device
     generator = torch.Generator().manual_seed(seed)
-    drawn_from = torch.zeros(*ids.shape, VOCAB_SIZE)
+    prefix, ids = prefix.to(weight.device), ids.to(weight.device)
+    drawn_from = torch.zeros(*ids.shape, VOCAB_SIZE, device=weight.device, dtype=weight.dtype)
     for t, s in zip(ts[:-1], ts[1:]):
-        logits = denoiser(prefix, ids, t.expand(len(ids)))
-        reveal = (ids == MASK_ID) & (torch.rand(ids.shape, generator=generator) < (t - s) / t)
+        logits = denoiser(prefix, ids, t.expand(len(ids)).to(weight.device))
+        draws = torch.rand(ids.shape, generator=generator, device=generator.device)
+        reveal = (ids == MASK_ID) & (draws < (t - s) / t).to(weight.device)
         ids = torch.where(reveal, pick_bytes(logits, temperature, generator), ids)
         drawn_from = torch.where(reveal[..., None], logits, drawn_from)
-    return ids, drawn_from
+    return ids.to(home), drawn_from.to(home)
 
 
 class MaskedFamily:
@@ -101,7 +106,7 @@ class MaskedFamily:
     def sample(self, n: int, block: int | None, generator: torch.Generator) -> torch.Tensor:
         """n training mask rates in (lo, hi] of a block's widened slice (of (0, 1] if block is None)."""
         lo, hi = (0.0, 1.0) if block is None else self.config.block_slice(block, widened=True)
-        return hi - (hi - lo) * torch.rand(n, generator=generator)
+        return hi - (hi - lo) * torch.rand(n, generator=generator, device=generator.device)
 
     def grid(self, block: int, points: int) -> torch.Tensor:
         """Midpoints of `points` equal sub-slices of a block's own slice: a midpoint quadrature."""
@@ -119,7 +124,7 @@ class MaskedFamily:
 
         def loss(window: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
             t = self.sample(len(window), block, generator)
-            draws = torch.rand(len(window), self.config.gen_len, generator=generator)
+            draws = torch.rand(len(window), self.config.gen_len, generator=generator, device=generator.device)
             return masked_loss(denoiser, window, t.to(device), draws.to(device))
 
         return loss

@@ -24,8 +24,12 @@ BlockSteps = Callable[[Denoiser, torch.Tensor, torch.Tensor, torch.Tensor, int, 
 
 
 def pick_bytes(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
-    """Argmax at temperature 0, else one sample per position from softmax(logits / temperature)."""
+    """Argmax at temperature 0, else one sample per position from softmax(logits / temperature).
+
+    The sample is drawn on the generator's device and returned on the logits': a block on a GPU
+    draws from the same CPU stream as a replica on a CPU, so that both write the same bytes.
+    """
     if temperature <= 0:
         return logits.argmax(dim=-1)
-    probs = (logits / temperature).softmax(dim=-1)
-    return torch.multinomial(probs.reshape(-1, VOCAB_SIZE), 1, generator=generator).view(probs.shape[:-1])
+    probs = (logits / temperature).softmax(dim=-1).reshape(-1, VOCAB_SIZE).to(generator.device)
+    return torch.multinomial(probs, 1, generator=generator).view(logits.shape[:-1]).to(logits.device)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from swarm.errors import SwarmError
 from swarm.model.autoregressive import ByteTransformer, next_byte_loss
 from swarm.model.data import ByteWindows
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_to_end
@@ -113,7 +114,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.module.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay
         )
-        self.generator = torch.Generator().manual_seed(self.config.seed)
+        self.generator = torch.Generator().manual_seed(self.config.seed)  # CPU: the same draws on any device
         self.device = next(self.module.parameters()).device
 
     def step(self) -> float:
@@ -199,24 +200,44 @@ def diffusion_loss_fn(denoiser: Denoiser, block: int | None) -> LossFn:
     return family_of(denoiser.config).training_loss(denoiser, block)
 
 
+def checked_device(name: str) -> torch.device:
+    """The torch device `name` (--device), or SwarmError (one line) if this machine has none such:
+    a peer told to train on a GPU it lacks says so before it joins, not at its first step."""
+    try:
+        device = torch.device(name)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:  # a bad name; torch built without it; no such device here
+        raise SwarmError(f"--device {name}: not available here ({str(error).splitlines()[0]})") from None
+    return device
+
+
+def _built_on_cpu(build: Callable[[], nn.Module], seed: int, device: str) -> nn.Module:
+    """A fresh module drawn on the CPU from `seed`, then moved to `device`: every replica starts
+    from the same weights, whatever device it trains on (a GPU's random stream is another)."""
+    torch.manual_seed(seed)
+    with torch.device("cpu"):
+        return build().to(device)
+
+
 def block_trainer(
     config: ModelConfig, block: int, windows: ByteWindows, train_config: TrainConfig, device: str = "cpu"
 ) -> Trainer:
     """A trainer that holds block `block` and nothing of any other block."""
-    torch.manual_seed(train_config.seed * 1000 + block)
-    denoiser = build_block(config, block).to(device)
+    denoiser = _built_on_cpu(lambda: build_block(config, block), train_config.seed * 1000 + block, device)
     return Trainer(denoiser, diffusion_loss_fn(denoiser, block), windows, _seeded(train_config, block))
 
 
-def end_to_end_trainer(config: ModelConfig, windows: ByteWindows, train_config: TrainConfig) -> Trainer:
-    torch.manual_seed(train_config.seed)
-    denoiser = build_end_to_end(config)
+def end_to_end_trainer(
+    config: ModelConfig, windows: ByteWindows, train_config: TrainConfig, device: str = "cpu"
+) -> Trainer:
+    denoiser = _built_on_cpu(lambda: build_end_to_end(config), train_config.seed, device)
     return Trainer(denoiser, diffusion_loss_fn(denoiser, None), windows, train_config)
 
 
-def autoregressive_trainer(config: ModelConfig, windows: ByteWindows, train_config: TrainConfig) -> Trainer:
-    torch.manual_seed(train_config.seed)
-    model = ByteTransformer(config)
+def autoregressive_trainer(
+    config: ModelConfig, windows: ByteWindows, train_config: TrainConfig, device: str = "cpu"
+) -> Trainer:
+    model = _built_on_cpu(lambda: ByteTransformer(config), train_config.seed, device)
     return Trainer(model, lambda window, _generator: next_byte_loss(model, window), windows, train_config)
 
 

@@ -5,10 +5,11 @@ Request (`ExpertRequest`): tensors [prefix (N, P) int64 bytes, the span's state,
 return logits, the checkpoint the client wants answers from, the seed and temperature of the
 block's draws). The state is the family's (swarm/model/families.py): byte ids (N, G) int64 with
 the mask id where hidden (masked), or noisy embeddings z (N, G, d) float32 (gaussian).
-Reply (`ExpertResponse`): tensors [the state after the K steps, and logits if asked], or
-metadata an `ErrorReply` for a request that is refused. Every request is checked
+Reply (`ExpertResponse`): tensors [the state after the K steps, and logits (N, G, 256) float32
+if asked], or metadata an `ErrorReply` for a request that is refused. Every request is checked
 (shapes, dtypes, sizes, finite values, the block this peer hosts) before any work; the
-forward pass runs in a worker thread.
+forward pass runs in a worker thread, on the peer's device (`--device`) in the block's own
+dtype, while requests and replies stay CPU tensors in the dtypes above.
 
 A peer serves the checkpoint it announces, not its live training weights: clients choose
 a checkpoint by the agreement of its hosts, and replicas that announce the same checkpoint
@@ -83,7 +84,9 @@ class DenoiseServicer(ServicerBase):
     def swap_in(self, weights: Denoiser, checkpoint: str) -> None:
         """From now on answer with a copy of `weights`, the checkpoint with sha256 `checkpoint`
         (and, for requests that name it, the one served before)."""
-        copy = build_block(self.config, self.block).eval()
+        like = next(weights.parameters())
+        with torch.device(like.device):  # served where it trained, in its dtype
+            copy = build_block(self.config, self.block).to(like.dtype).eval()
         with torch.no_grad():
             copy.load_state_dict(weights.state_dict())
         with self._weights_lock:
@@ -126,10 +129,11 @@ class DenoiseServicer(ServicerBase):
         run = functools.partial(self._run, denoiser, prefix, state, schedule, options.seed, options.temperature)
         async with self._slots:
             state, logits = await asyncio.get_running_loop().run_in_executor(None, run)
-        outputs = [state] + ([logits] if options.logits else [])
+        outputs = [state] + ([logits.float()] if options.logits else [])
         return runtime_pb2.ExpertResponse(tensors=[serialize_torch_tensor(t) for t in outputs])
 
     def _run(self, denoiser: Denoiser, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor,
              seed: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """The block's steps on a checked request: on the block's device, answered on the request's."""
         with torch.no_grad():  # a served copy is never written: `swap_in` replaces it whole
             return self.family.run_steps(denoiser, prefix, state, schedule, seed, temperature)
