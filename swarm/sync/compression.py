@@ -8,6 +8,9 @@ largest coefficients of each tile are kept (k scaled with the tile's size agains
 64 x 64 tile, at least 1), their indices packed at ceil(log2(tile size)) bits and their
 values sent as bfloat16 (float16 underflows at these magnitudes) or as 1-bit signs.
 
+Everything is computed on the tensor's device, in float32 or the tensor's own dtype if wider
+(`working_dtype`); only the bits on the wire pass through the CPU.
+
 The DeMo update that uses it is in decoupled_momentum.py, the outer step's in pseudo_gradient.py,
 the exchange between replicas in exchange.py.
 """
@@ -31,14 +34,20 @@ def tile_side(n: int) -> int:
     return max(d for d in range(1, min(n, MAX_TILE_SIDE) + 1) if n % d == 0)
 
 
+def working_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a tensor of `dtype` is compressed in: at least float32 (a bfloat16 momentum's
+    coefficients of 1e-7 would drown in its own rounding), a wider one kept."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 @lru_cache(maxsize=None)
-def dct_matrix(n: int) -> torch.Tensor:
-    """Orthonormal DCT-II matrix (n x n): its transpose is its inverse."""
-    k = torch.arange(n, dtype=torch.float64)[:, None]
-    i = torch.arange(n, dtype=torch.float64)[None, :]
+def dct_matrix(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Orthonormal DCT-II matrix (n x n) on `device` in `dtype`: its transpose is its inverse."""
+    k = torch.arange(n, dtype=torch.float64, device="cpu")[:, None]
+    i = torch.arange(n, dtype=torch.float64, device="cpu")[None, :]
     matrix = torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * math.sqrt(2 / n)
     matrix[0] /= math.sqrt(2)
-    return matrix.float()
+    return matrix.to(device, dtype)
 
 
 def to_tiles(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -47,6 +56,13 @@ def to_tiles(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
     rows, cols = tile_side(matrix.shape[0]), tile_side(matrix.shape[1])
     r, c = matrix.shape[0] // rows, matrix.shape[1] // cols
     return matrix.reshape(r, rows, c, cols).permute(0, 2, 1, 3).reshape(r * c, rows, cols), (rows, cols)
+
+
+def tiling(shape: torch.Size) -> tuple[int, tuple[int, int]]:
+    """(number of tiles, tile shape) of a tensor of `shape`, found on the meta device: no memory
+    and no device of its own."""
+    tiles, tile = to_tiles(torch.empty(shape, device="meta"))
+    return tiles.shape[0], tile
 
 
 def from_tiles(tiles: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -60,12 +76,13 @@ def from_tiles(tiles: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 def dct(tiles: torch.Tensor) -> torch.Tensor:
     """2-D DCT-II of every tile (a 1-row tile gets the 1-D transform)."""
     _, rows, cols = tiles.shape
-    return dct_matrix(rows) @ tiles @ dct_matrix(cols).T
+    return dct_matrix(rows, tiles.device, tiles.dtype) @ tiles @ dct_matrix(cols, tiles.device, tiles.dtype).T
 
 
 def idct(coefficients: torch.Tensor) -> torch.Tensor:
     _, rows, cols = coefficients.shape
-    return dct_matrix(rows).T @ coefficients @ dct_matrix(cols)
+    where = coefficients.device, coefficients.dtype
+    return dct_matrix(rows, *where).T @ coefficients @ dct_matrix(cols, *where)
 
 
 def keep_per_tile(top_k: int, tile_elements: int) -> int:
@@ -93,7 +110,7 @@ class Compressed:
 
 def _top_k(momentum: torch.Tensor, top_k: int) -> tuple[tuple[int, int], torch.Tensor, torch.Tensor]:
     """(tile, indices, values) of the k largest DCT coefficients of each tile, in full precision."""
-    tiles, tile = to_tiles(momentum.detach().float())
+    tiles, tile = to_tiles(momentum.detach().to(working_dtype(momentum.dtype)))
     coefficients = dct(tiles).flatten(1)
     k = keep_per_tile(top_k, coefficients.shape[1])
     indices = coefficients.abs().topk(k, dim=1).indices.sort(dim=1).values
@@ -120,10 +137,12 @@ def _signs(kept: torch.Tensor) -> torch.Tensor:
 
 
 def decompress(compressed: Compressed) -> torch.Tensor:
-    """The tensor whose tile DCTs hold exactly the sent coefficients (zeros elsewhere)."""
+    """The tensor whose tile DCTs hold exactly the sent coefficients (zeros elsewhere), on the
+    device of what was sent, in the working dtype of its values."""
     rows, cols = compressed.tile
-    coefficients = torch.zeros(compressed.indices.shape[0], rows * cols)
-    coefficients.scatter_(1, compressed.indices, compressed.values.float())
+    values = compressed.values.to(working_dtype(compressed.values.dtype))
+    coefficients = torch.zeros(compressed.indices.shape[0], rows * cols, device=values.device, dtype=values.dtype)
+    coefficients.scatter_(1, compressed.indices, values)
     return from_tiles(idct(coefficients.view(-1, rows, cols)), compressed.shape)
 
 
@@ -142,7 +161,7 @@ def extract(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compres
 
 def to_bits(values: torch.Tensor, bits: int) -> np.ndarray:
     """Non-negative integers below 2**bits as a flat array of their bits (least significant first)."""
-    array = values.flatten().numpy().astype(np.uint64)
+    array = values.flatten().cpu().numpy().astype(np.uint64)
     assert (array < (1 << bits)).all(), "value does not fit in the given bits"
     return ((array[:, None] >> np.arange(bits, dtype=np.uint64)) & 1).astype(np.uint8).flatten()
 

@@ -29,7 +29,7 @@ Payloads cross the network as bytes (`encode_payload` / `decode_payload`); a pay
 not fit this replica's parameters, or holds NaN, Inf, out-of-range or repeated indices or values larger
 than honest ones can be (`max_value_per_lr` learning rates; honest coefficients of
 lr * momentum stay near 1e-7..1e-5 at lr 2e-3 once training settles), is refused with
-PayloadError and not applied.
+PayloadError and not applied. A payload decoded from bytes lands on its replica's device.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from swarm.sync.compression import (
     index_bits,
     keep_per_tile,
     pack_message,
+    tiling,
     to_bits,
-    to_tiles,
     unpack_message,
 )
 
@@ -176,10 +176,11 @@ class DeMoOptimizer:
         parts = []
         for name, param in self.params.items():
             if name not in payload:
-                parts.append(torch.zeros(param.numel(), dtype=torch.int8))
+                parts.append(torch.zeros(param.numel(), dtype=torch.int8, device=param.device))
                 continue
             sent = payload[name]
-            dense = torch.zeros(sent.indices.shape[0], sent.tile[0] * sent.tile[1], dtype=torch.int8)
+            shape = sent.indices.shape[0], sent.tile[0] * sent.tile[1]
+            dense = torch.zeros(shape, dtype=torch.int8, device=param.device)
             dense.scatter_(1, sent.indices.long(), sent.values.float().sign().to(torch.int8))
             parts.append(dense.flatten())
         return torch.cat(parts)
@@ -214,11 +215,11 @@ def decode_payload(data: bytes, optimizer: DeMoOptimizer) -> Payload:
 def _decode_entry(position: int, bit_array: np.ndarray, offset: int, optimizer: DeMoOptimizer):
     name = optimizer.names[position]
     param = optimizer.params[name]
-    tiles, tile = to_tiles(param.detach())
+    n_tiles, tile = tiling(param.shape)
     k = keep_per_tile(optimizer.config.top_k, tile[0] * tile[1])
     try:
-        indices, offset = from_bits(bit_array, offset, index_bits(tile[0] * tile[1]), tiles.shape[0] * k)
-        values, offset = _read_values(bit_array, offset, optimizer.config.value_bits, (tiles.shape[0], k))
+        indices, offset = from_bits(bit_array, offset, index_bits(tile[0] * tile[1]), n_tiles * k)
+        values, offset = _read_values(bit_array, offset, optimizer.config.value_bits, (n_tiles, k))
     except ValueError:
         raise PayloadError(f"{name}: payload is too short for this block") from None
     if indices.max() >= tile[0] * tile[1]:
@@ -228,13 +229,15 @@ def _decode_entry(position: int, bit_array: np.ndarray, offset: int, optimizer: 
     largest = 1.0 if optimizer.config.value_bits == 1 else optimizer.max_value  # 1-bit values are signs
     if not torch.isfinite(values.float()).all() or values.float().abs().max() > largest:
         raise PayloadError(f"{name}: values are not finite, or larger than honest ones can be")
-    return Compressed(param.shape, tile, indices.view(-1, k), values, position), offset
+    indices, values = indices.view(-1, k).to(param.device), values.to(param.device)  # checked here, used on its device
+    return Compressed(param.shape, tile, indices, values, position), offset
 
 
 def _value_bits_of(values: torch.Tensor, value_bits: int) -> np.ndarray:
     if value_bits != 1:
         return to_bits(values.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF, 16)
-    return np.concatenate([(values > 0).flatten().numpy(), (values == 0).all(dim=1).numpy()]).astype(np.uint8)
+    signs, empty = (values > 0).flatten().cpu().numpy(), (values == 0).all(dim=1).cpu().numpy()
+    return np.concatenate([signs, empty]).astype(np.uint8)
 
 
 def _read_values(bit_array: np.ndarray, offset: int, value_bits: int, shape: tuple[int, int]):

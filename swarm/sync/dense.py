@@ -83,9 +83,11 @@ class CountingAverager(DecentralizedAverager):
 def block_averager(
     dht: DHT, prefix: str, tensors: Sequence[torch.Tensor], group_size: int, matchmaking_time: float
 ) -> CountingAverager:
-    """An averager for one block's replicas, grouping up to `group_size` of them."""
+    """An averager for one block's replicas, grouping up to `group_size` of them. It holds float32
+    copies on the CPU, whatever the block's device and dtype: the dense fp32 exchange, the baseline."""
+    host_copies = [t.detach().to("cpu", torch.float32, copy=True) for t in tensors]
     return CountingAverager(
-        [t.detach().cpu().clone() for t in tensors], dht, prefix=prefix, target_group_size=group_size,
+        host_copies, dht, prefix=prefix, target_group_size=group_size,
         min_group_size=2, min_matchmaking_time=matchmaking_time, request_timeout=matchmaking_time / 2,
         allreduce_timeout=10 * matchmaking_time + 30, next_chunk_timeout=matchmaking_time + 10,
     )  # fmt: skip
@@ -148,6 +150,6 @@ class DenseSync:
         if averaged is not None:
             self.steps += 1
             for param, grad in zip(self.params, averaged):
-                param.grad = grad
+                param.grad = grad.to(param)  # from the averager's CPU float32 to the block's device and dtype
         trainer.optimizer_step()
         return None

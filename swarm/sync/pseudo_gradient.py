@@ -48,9 +48,11 @@ from swarm.sync.compression import (
     index_bits,
     keep_per_tile,
     pack_message,
+    tiling,
     to_bits,
     to_tiles,
     unpack_message,
+    working_dtype,
 )
 
 COMPRESSIONS = ("dct", "raw", "none")
@@ -113,16 +115,17 @@ class OuterOptimizer:
         for name, param in self.params.items():
             error = self.error[name].mul_(self.config.error_decay).add_(self.anchor[name] - param)
             sent = _compress(error, self.config)
-            error.sub_(_decompress(sent, param.shape, self.config))
+            error.sub_(_decompress(sent, param, self.config))
             entries.append(sent)
         return _encode(entries, self.config)
 
     def decode(self, data: bytes) -> Changes:
-        """A replica's payload as changes of this block's parameters; PayloadError if it is bad."""
+        """A replica's payload as changes of this block's parameters (on their device, in float32
+        or their dtype if wider: `working_dtype`); PayloadError if it is bad."""
         entries = _decode(data, self.config, [p.shape for p in self.params.values()])
         changes = {}
         for name, entry in zip(self.names, entries):
-            change = _decompress(entry, self.params[name].shape, self.config)
+            change = _decompress(entry, self.params[name], self.config)
             if not torch.isfinite(change).all() or change.abs().max() > self.max_change:
                 raise PayloadError(f"{name}: changes are not finite, or larger than honest ones can be")
             changes[name] = change
@@ -169,7 +172,7 @@ def _levels(config: OuterConfig) -> int:
 
 
 def _coefficients(tensor: torch.Tensor, config: OuterConfig) -> tuple[torch.Tensor, tuple[int, int]]:
-    tiles, tile = to_tiles(tensor.detach().float())
+    tiles, tile = to_tiles(tensor.detach().to(working_dtype(tensor.dtype)))
     return (dct(tiles) if config.compression == "dct" else tiles).flatten(1), tile
 
 
@@ -192,16 +195,17 @@ def _masked_mean(size: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (size * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
-def _decompress(entry: _Entry, shape: torch.Size, config: OuterConfig) -> torch.Tensor:
-    """The change an entry stands for, as a tensor of the parameter's shape."""
+def _decompress(entry: _Entry, param: torch.Tensor, config: OuterConfig) -> torch.Tensor:
+    """The change an entry stands for, shaped as the parameter, on its device, in its working dtype."""
     if config.compression == "none":
-        return entry.scales.float().view(shape)
-    tiles, tile = to_tiles(torch.zeros(shape))
-    sizes = entry.scales.float().gather(1, entry.codes >> 1)
-    values = torch.where(entry.codes & 1 == 1, -sizes, sizes)
-    coefficients = torch.zeros(tiles.shape[0], tile[0] * tile[1]).scatter_(1, entry.indices, values)
-    coefficients = coefficients.view(-1, *tile)
-    return from_tiles(idct(coefficients) if config.compression == "dct" else coefficients, shape)
+        return entry.scales.view(param.shape).to(param.device, working_dtype(param.dtype))
+    n_tiles, tile = tiling(param.shape)
+    indices, codes = entry.indices.to(param.device), entry.codes.to(param.device)
+    sizes = entry.scales.to(param.device, working_dtype(param.dtype)).gather(1, codes >> 1)
+    values = torch.where(codes & 1 == 1, -sizes, sizes)
+    coefficients = torch.zeros(n_tiles, tile[0] * tile[1], device=param.device, dtype=values.dtype)
+    coefficients = coefficients.scatter_(1, indices, values).view(-1, *tile)
+    return from_tiles(idct(coefficients) if config.compression == "dct" else coefficients, param.shape)
 
 
 def _encode(entries: list[_Entry], config: OuterConfig) -> bytes:
@@ -237,8 +241,8 @@ def _decode_entry(bit_array: np.ndarray, offset: int, shape: torch.Size, config:
     if config.compression == "none":
         words, offset = from_bits(bit_array, offset, 32, math.prod(shape))
         return _Entry(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), words.to(torch.int32).view(torch.float32)), offset
-    tiles, tile = to_tiles(torch.zeros(shape))
-    size, n = tile[0] * tile[1], tiles.shape[0]
+    n, tile = tiling(shape)
+    size = tile[0] * tile[1]
     k = keep_per_tile(config.top_k, size)
     indices, offset = from_bits(bit_array, offset, index_bits(size), n * k)
     codes, offset = from_bits(bit_array, offset, config.value_bits, n * k)

@@ -57,7 +57,7 @@ def weighted_median(stacked: torch.Tensor, weights: torch.Tensor) -> torch.Tenso
     """The coordinate-wise weighted median of `stacked` (groups x ...) with one weight per group:
     at each coordinate, the smallest value whose cumulative weight reaches half of the total."""
     values, order = stacked.sort(dim=0)
-    cumulative = weights[order].cumsum(dim=0)
+    cumulative = weights.to(stacked.device)[order].cumsum(dim=0)
     first = (cumulative * 2 >= weights.sum()).to(torch.int8).argmax(dim=0, keepdim=True)
     return values.gather(0, first).squeeze(0)
 
@@ -72,7 +72,7 @@ def median_of(voices: list[Voice]) -> dict[str, torch.Tensor] | None:
     leader = max(voices, key=lambda v: v.keys)
     if 2 * leader.keys > keys:
         return {name: tensor.clone() for name, tensor in leader.tensors.items()}
-    weights = torch.tensor([float(v.keys) for v in voices])
+    weights = torch.tensor([float(v.keys) for v in voices], device="cpu")
     return {name: weighted_median(torch.stack([v.tensors[name] for v in voices]), weights) for name in voices[0].tensors}
 
 
@@ -110,7 +110,7 @@ class ReconcileRound:
             return None
         voices = [Voice(own.sha256, _tensors(module), 1 + agreeing)]
         for checkpoint, hosts in groups.items():
-            if (tensors := self._download(hosts, started + self.deadline)) is not None:
+            if (tensors := self._download(hosts, started + self.deadline, module)) is not None:
                 voices.append(Voice(checkpoint.sha256, tensors, independent(hosts)))
         merged = median_of(voices)
         if merged is None:  # downloads failed: fewer voices than announced
@@ -138,16 +138,19 @@ class ReconcileRound:
                 return groups
             time.sleep(POLL_S)
 
-    def _download(self, hosts: list[Host], give_up_at: float) -> dict[str, torch.Tensor] | None:
+    def _download(
+        self, hosts: list[Host], give_up_at: float, like: torch.nn.Module
+    ) -> dict[str, torch.Tensor] | None:
         """The tensors of the checkpoint `hosts` vouch for, verified (size, sha256, finite
-        weights of this block); None if it does not come in time or does not verify."""
+        weights of this block), on the device and in the dtype of `like`'s weights (the median is
+        taken beside them); None if it does not come in time or does not verify."""
         try:
             left = max(1.0, give_up_at - time.monotonic())
             _, denoiser = self.loop.run(download_verified(self.p2p, hosts, self.config, self.block, False), left)
         except (TransferError, SwarmError, TimeoutError) as error:
             logger.warning("block %d: a replica's checkpoint is left out of the round: %s", self.block, error)
             return None
-        return _tensors(denoiser)
+        return _tensors(denoiser.to(next(like.parameters())))
 
     def _adopt(self, module: torch.nn.Module, merged: dict[str, torch.Tensor], step: int) -> bool:
         with torch.no_grad():
