@@ -30,7 +30,8 @@ PAYLOAD_MODES = ", ".join(payload_modes())
 @click.option("--block", default=PEER.block, show_default=True, help="'auto' (the least hosted block) or an index.")
 @click.option("--checkpoint-dir", default=PEER.checkpoint_dir, show_default=True)
 @click.option("--data", default=PEER.data, help="Text file, folder or dataset name (default: built-in corpus).")
-@click.option("--device", default=PEER.device, show_default=True)
+@click.option("--device", default=PEER.device, show_default=True,
+              help="Torch device to train and serve the block on: cpu, cuda, cuda:1, mps.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=PEER.max_steps,
               help="Stop training after this many steps, then keep serving until stopped.")
 @click.option("--save-every", type=click.IntRange(min=1), default=PEER.save_every, show_default=True)

@@ -18,6 +18,7 @@ from swarm.model.train import (
     TrainConfig,
     autoregressive_trainer,
     block_trainer,
+    checked_device,
     default_lr,
     end_to_end_trainer,
     train,
@@ -55,20 +56,22 @@ def parse_block_choice(value: str, config: ModelConfig) -> list[int]:
 @click.option("--data", default=None, help="Text file, folder or dataset name (default: built-in Wikipedia corpus).")
 @click.option("--config", "config_path", default=None, help="Model config JSON (default: the built-in config).")
 @click.option("--seed", type=int, default=0, show_default=True)
-def train_command(out, kind, block_choice, checkpoint_dir, steps, batch_size, lr, data, config_path, seed):
+@click.option("--device", default="cpu", show_default=True, help="Torch device to train on: cpu, cuda, cuda:1, mps.")
+def train_command(out, kind, block_choice, checkpoint_dir, steps, batch_size, lr, data, config_path, seed, device):
     """Train a model on this machine: every block in turn (holding one at a time), or a baseline."""
+    checked_device(device)
     config = ModelConfig.from_json_file(config_path)
     blocks = parse_block_choice(block_choice, config) if kind == "blocks" else []
     windows = load_corpus(data).windows("train", config.seq_len)
     train_config = TrainConfig(steps=steps, batch_size=batch_size, lr=lr or default_lr(kind), seed=seed)
     if kind != "blocks":
         make = end_to_end_trainer if kind == "end-to-end" else autoregressive_trainer
-        trainer = train(make(config, windows, train_config), steps, kind)
+        trainer = train(make(config, windows, train_config, device), steps, kind)
         save_model_folder(Path(out), kind.replace("-", "_"), config, [trainer.module])
         logger.info("wrote %s", out)
         return
     for block in blocks:
-        trainer = train(block_trainer(config, block, windows, train_config), steps, f"block {block}")
+        trainer = train(block_trainer(config, block, windows, train_config, device), steps, f"block {block}")
         save_block(block_path(Path(checkpoint_dir), block), trainer.module, config, block, trainer.step_count)
     if len(blocks) == config.n_blocks:
         modules = [load_block(block_path(Path(checkpoint_dir), b), config, b)[0] for b in blocks]

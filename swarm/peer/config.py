@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from swarm.errors import SwarmError
-from swarm.model.train import DENOISER_LR
+from swarm.model.train import DENOISER_LR, checked_device
 from swarm.p2p.network import NetworkOptions
 from swarm.p2p.reachability import REACHABILITY_CHOICES
 from swarm.p2p.records import check_swarm_name
@@ -29,7 +29,7 @@ class PeerConfig:
     block: str = "auto"  # "auto" or a block index
     checkpoint_dir: str = "peer-checkpoints"
     data: str | None = None  # text source; None: the built-in corpus
-    device: str = "cpu"
+    device: str = "cpu"  # torch device of the trainer, the sync's tensors and the denoise service
     max_steps: int | None = None  # stop after this many steps (None: until stopped)
     save_every: int = 50
     announce_period: float = 10.0
@@ -61,6 +61,7 @@ class PeerConfig:
             raise SwarmError("--average-every must be 0 (never) or a number of steps")
         if self.reachability not in REACHABILITY_CHOICES:
             raise SwarmError(f"--reachability must be one of {', '.join(REACHABILITY_CHOICES)}, not {self.reachability!r}")
+        checked_device(self.device)
         self._check_sync()
         return self
 
