@@ -116,19 +116,23 @@ class Impersonating:
 
 class TricklingDownloads(Impersonating, BlockServicer):
     """Lists a file of `size` bytes (a huge one by default) for any checkpoint it is asked for, and
-    answers every download with its header and then a chunk's reply, one byte per `every_s`."""
+    answers every download with its header and then a chunk's reply, one byte per `every_s`.
+    `asked` counts the chunk lists and download streams it was asked for."""
 
     imitates = BlockServicer
 
     def __init__(self, block: int, every_s: float = 1.0, size: int = 2**33):
         super().__init__(block, store=None)
         self.every_s, self.size = every_s, size
+        self.asked = 0
 
     async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        self.asked += 1
         hashes = bytes(HASH_BYTES * chunk_count(self.size))
         return runtime_pb2.ExpertResponse(metadata=ChunkListReply(size=self.size, hashes=hashes).encode())
 
     async def _send_replies(self, request: runtime_pb2.ExpertRequest, context: P2PContext, writer: asyncio.StreamWriter) -> None:
+        self.asked += 1
         await P2P.send_protobuf(runtime_pb2.ExpertResponse(metadata=DownloadHeader(size=self.size).encode()), writer)
         chunk = runtime_pb2.ExpertResponse(metadata=bytes(CHUNK_BYTES)).SerializeToString()
         writer.write(P2P.MESSAGE_MARKER + len(chunk).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))  # a chunk's reply, a byte at a time
