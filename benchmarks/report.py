@@ -28,7 +28,7 @@ NOT_SETTINGS = {"out", "from_json", "model_path", "regions"}  # where files went
 DASH = "–"
 TITLES = {  # the heading of each results folder's section, in the page's order
     "quality": "Quality", "long_run": "A long run through the swarm", "serve": "Serving", "sync": "Replica sync", "outer_gap": "The outer mode's loss gap",
-    "transfer": "Checkpoint transfer", "regions": "Emulated regions", "discovery": "Discovery",
+    "scale": "Cost as a block grows", "transfer": "Checkpoint transfer", "regions": "Emulated regions", "discovery": "Discovery",
     "chaos": "Chaos", "attacks": "Attacks", "health": "Health page",
 }  # fmt: skip
 
@@ -450,6 +450,44 @@ def outer_gap_run(folder: Folder, title: str) -> list[str]:
 TRANSFER_COLUMNS = ["case", "MB", "hosts", "seconds", "Mbit/s", "over cap", "cpu_steal"]
 
 
+def scale(folder: Folder) -> list[str]:
+    r = folder.json("scale.json")
+    steps, costs = [], []
+    for s in r["sizes"]:
+        sync, memory, checkpoint = s["sync"], s["memory"], s["checkpoint"]
+        name = f"{plain(s['size'])} ({s.num('parameters') / 1e6:.2f} M)"
+        steps.append([name, fixed(s.num("forward_backward_s")), fixed(s.num("adamw_step_s")),
+                      percent(sync["demo"].num("over_forward_backward")), percent(sync["outer"].num("over_forward_backward")),
+                      size(sync["dense"].num("bytes_per_replica_per_step")), times(sync["demo"].num("dense_over_mode")),
+                      times(sync["outer"].num("dense_over_mode"))])  # fmt: skip
+        costs.append([name, size(memory.num("peak_rss_bytes")), size(memory.num("overhead_bytes")),
+                      size(memory.num("state_bytes")), fixed(memory.num("peak_above_overhead_over_state"), 2),
+                      size(checkpoint.num("bytes")), fixed(checkpoint.num("save_s")), fixed(checkpoint.num("load_s")),
+                      fixed(checkpoint["download_s"].num("20"), 2), fixed(checkpoint["download_s"].num("100"), 2),
+                      fixed(s.num("spot_check_s")), fixed(s.num("denoise_s"))])  # fmt: skip
+    slopes = ", ".join(f"`{name}` {fixed(r['slopes'].num(name), 2)}" for name in r["slopes"].names())
+    smoke = "" if r["complete"] else ("A smoke run at the smallest sizes only, not the full list of sizes: its "
+                                      "slopes come from these sizes alone.")  # fmt: skip
+    step_header = ["size (parameters)", "forward+backward s", "AdamW s", "DeMo sync / f+b", "outer sync / f+b",
+                   "dense bytes / step", "dense / DeMo", "dense / outer"]  # fmt: skip
+    cost_header = ["size", "peak RSS", "overhead", "weights+grads+AdamW", "(peak - overhead) / that", "checkpoint",
+                   "save s", "load s", "download 20 Mbit/s s", "100 Mbit/s s", "spot check s", "denoise s"]  # fmt: skip
+    return section(
+        "scale",
+        "One block at several sizes through the library's own code: the trainer's forward and backward, each sync "
+        "mode's compress, encode, decode and apply with 4 replicas' payloads gathered (outer: a round spread over "
+        "its H steps), bytes per replica per step against dense fp32 all-reduce, the peak RSS of a fresh process "
+        "training the block beside its weights, gradients and AdamW state (and its RSS before the block: the fixed "
+        "overhead), the checkpoint's bytes, save and load, its download at 20 and 100 Mbit/s (bytes over the link "
+        "plus the receiver's measured work), the spot check and one denoise request (4 steps, one prompt).",
+        smoke, plain(r.get("note") or ""),
+        command("scale.py", r["settings"].data),
+        table(step_header, steps), table(cost_header, costs),
+        f"Slopes against the parameter count (least squares on log-log; 1 is linear): {slopes}.",
+        targets_table(r["targets"]), folder.pictures(),
+    )  # fmt: skip
+
+
 def transfer(folder: Folder) -> list[str]:
     t = folder.json("transfer.json")
     config = t["config"]
@@ -639,7 +677,8 @@ def health(folder: Folder) -> list[str]:
 
 Renderer = Callable[[Folder], list[str]]
 RENDERERS: dict[str, Renderer] = {
-    "quality": quality, "long_run": long_run, "serve": serve, "sync": sync, "outer_gap": outer_gap, "transfer": transfer,
+    "quality": quality, "long_run": long_run, "serve": serve, "sync": sync, "outer_gap": outer_gap, "scale": scale,
+    "transfer": transfer,
     "regions": regions, "discovery": discovery, "chaos": chaos, "attacks": attacks, "health": health,
 }  # fmt: skip
 
