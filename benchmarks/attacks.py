@@ -68,7 +68,7 @@ import math
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hivemind.utils import get_dht_time
@@ -209,8 +209,14 @@ class Swarm:
         return next(h.announcement.checkpoint for h in hosts_of(self.client, block)
                     if h.announcement.checkpoint and h.announcement.checkpoint.sha256 == sha256)  # fmt: skip
 
-    def stranger(self) -> HostileNode:
-        return HostileNode(self.local.swarm, self.local.initial_peers)
+    @contextlib.contextmanager
+    def stranger(self, block: int) -> Iterator[HostileNode]:
+        """A liar's node for one row, whose record of `block` says it left once the row is over."""
+        with HostileNode(self.local.swarm, self.local.initial_peers) as node:
+            try:
+                yield node
+            finally:
+                node.leave(block)
 
     def wait_for_record(self, block: int, peer_id: str) -> None:
         wait_for(lambda: peer_id in {h.peer_id for h in self.client.directory.hosts(block)}, 30, "the liar's record")
@@ -314,7 +320,7 @@ def checkpoint_ahead(swarm: Swarm, name: str, block: int, denoiser: Denoiser, ah
     step = swarm.honest_checkpoint(block).step + ahead
     store = CheckpointStore(swarm.local.workdir / name, swarm.config, block, swarm.local.swarm)
     info = store.save(denoiser, step)
-    with swarm.stranger() as node:
+    with swarm.stranger(block) as node:
         node.serve_checkpoint(store, info, *([WrongAnswers(swarm.config, block, info.sha256)] if answers else []))
         swarm.wait_for_record(block, node.peer_id)
         row = measured(swarm, name, block, liar_sha256=info.sha256, liar_peer=node.peer_id, generate=answers)
@@ -323,7 +329,7 @@ def checkpoint_ahead(swarm: Swarm, name: str, block: int, denoiser: Denoiser, ah
 
 def oversized(swarm: Swarm) -> dict:
     honest = swarm.honest_checkpoint(1)
-    with swarm.stranger() as node:
+    with swarm.stranger(1) as node:
         node.serve(InfoServicer(lambda: node.info(1)), TricklingDownloads(1))
         node.announce(1, **checkpoint_of(CheckpointInfo(step=honest.step + 1, sha256="ab" * 32, size=2**33)))
         return measured(swarm, "oversized", 1, joiner=False)
@@ -332,7 +338,7 @@ def oversized(swarm: Swarm) -> dict:
 def hijack(swarm: Swarm) -> dict:
     config = swarm.config
     other = ModelConfig(**{**config.to_dict(), "n_blocks": 1, "n_layers": 2})
-    with swarm.stranger() as node:
+    with HostileNode(swarm.local.swarm, swarm.local.initial_peers) as node:  # it announces no block
         node.directory.publish_model(other, lifetime_s=600)
         status = swarm.local.run("swarm-status", "--json")
         followed = json.loads(status.stdout)["config_hash"] if status.returncode == 0 else None
@@ -341,7 +347,7 @@ def hijack(swarm: Swarm) -> dict:
 
 def wrong_answers(swarm: Swarm) -> dict:
     honest = swarm.honest_checkpoint(1)
-    with swarm.stranger() as node:
+    with swarm.stranger(1) as node:
         empty = CheckpointStore(swarm.local.workdir / "wrong-answers", swarm.config, 1, swarm.local.swarm)  # no file
         liar = WrongAnswers(swarm.config, 1, honest.sha256)
         node.serve(InfoServicer(lambda: node.info(1)), BlockServicer(1, empty), liar)  # downloads refused
@@ -354,7 +360,7 @@ def honest_then_lying(swarm: Swarm, block: int) -> dict:
     """A key vouching for the honest checkpoint of `block` that answers its first request with
     the true weights (the one a check-the-first-answer policy checks), then with others."""
     honest = swarm.honest_checkpoint(block)
-    with swarm.stranger() as node:
+    with swarm.stranger(block) as node:
         liar = HonestThenWrong(swarm.config, block, swarm.reference.denoiser_for_block(block), honest.sha256, honest=1)
         node.serve(InfoServicer(lambda: node.info(block)), liar)
         node.announce(block, state="serving", **checkpoint_of(honest))

@@ -56,6 +56,7 @@ from swarm.sync.transport import PayloadServicer, gather
 
 STEP_LIE = 999_999
 STEP_CLAIM = 10**12  # the step a lying sync reply claims
+LEAVING_RECORD_S = 7200.0  # longer than any record a stranger here writes (at most an hour)
 POISON_AHEAD_STEPS = 3  # how many steps before the merge step a `MergePoisoner` announces its checkpoint
 
 
@@ -130,6 +131,13 @@ class HostileNode(InProcessNode):
         announcement = BlockAnnouncement(peer_id=self.peer_id, **{"state": "training", "step": 0, **fields})
         stored = any(self.directory.announce(block, announcement, lifetime_s, wait=True) for _ in range(3))
         assert stored, "the DHT refused the record three times"
+
+    def leave(self, block: int) -> None:
+        """Mark its record of `block` as leaving, which readers skip, as an honest peer does when it
+        stops: the liar of one scenario is not in the next one's way. The DHT keeps the entry that
+        expires last, so this one outlives every record the lab's strangers write."""
+        leaving = BlockAnnouncement(peer_id=self.peer_id, state="leaving", step=0)
+        self.directory.announce(block, leaving, lifetime_s=LEAVING_RECORD_S, wait=True)
 
     def serve_checkpoint(self, store: CheckpointStore, info: CheckpointInfo, *servicers) -> None:
         """Serve `store`'s checkpoints for download (and `rpc_info`, and `servicers`) and announce
