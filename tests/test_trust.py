@@ -18,7 +18,6 @@ from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 from swarm.checkpoints.choice import SpotCheck
 from swarm.checkpoints.download import download_verified
 from swarm.checkpoints.store import CheckpointStore
-from swarm.checkpoints.transfer import BlockServicer
 from swarm.errors import SwarmError
 from swarm.lab.attacks import (
     STEP_LIE,
@@ -164,8 +163,7 @@ def test_a_stranger_one_save_ahead_of_a_lone_honest_host_is_measured_before_it_i
     with HostileNode(SWARM, local.initial_peers) as node:
         store = CheckpointStore(tmp_path, config, 0, SWARM)
         ahead = store.save(garbage_block(config, 0), honest.step + 1)
-        node.serve(InfoServicer(lambda: node.info(0)), BlockServicer(0, store), WrongAnswers(config, 0, ahead.sha256))
-        node.announce(0, state="serving", **checkpoint_of(ahead))
+        node.serve_checkpoint(store, ahead, WrongAnswers(config, 0, ahead.sha256))
         announced = lambda: ahead in {h.announcement.checkpoint for h in client.directory.hosts(0)}
         wait_for(announced, 30, "the stranger's record")
         runner = generation_client(local, client, config)
@@ -209,8 +207,7 @@ def a_liar_beside_a(local, client, model, tmp_path, honest: int):
     store.adopt(downloaded.data, info)
     with HostileNode(SWARM, local.initial_peers) as node:
         liar = HonestThenWrong(config, 0, model.denoiser_for_block(0), info.sha256, honest=honest)
-        node.serve(InfoServicer(lambda: node.info(0)), BlockServicer(0, store), liar)
-        node.announce(0, state="serving", **checkpoint_of(info))
+        node.serve_checkpoint(store, info, liar)
         wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(0)}, 30, "the liar's record")
         yield liar, next(h for h in client.directory.hosts(0) if h.peer_id == node.peer_id), a
 

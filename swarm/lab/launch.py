@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from swarm.errors import SwarmError
 from swarm.lab.netlab import NetLab, Node
 from swarm.p2p.client import SwarmClient
@@ -49,6 +51,22 @@ class Started:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def peak_rss(self) -> int | None:
+        """The peak resident memory in bytes of this process and every process under it (its DHT,
+        its libp2p daemon), each one's peak summed, since it started or since `reset_peak_rss`;
+        None once it has exited. Linux only (VmHWM in /proc/PID/status)."""
+        if self.process.poll() is not None:
+            return None
+        return sum(_read_peak_rss(pid) for pid in _process_tree(self.process.pid))
+
+    def reset_peak_rss(self) -> None:
+        """Start this process's and its children's peaks over from their present resident memory."""
+        for pid in _process_tree(self.process.pid):
+            try:
+                Path(f"/proc/{pid}/clear_refs").write_text("5")  # 5: reset the peak RSS (proc(5))
+            except OSError:  # exited meanwhile
+                pass
 
 
 @dataclass
@@ -194,6 +212,25 @@ class _ClientOnNode(SwarmClient):
     def __enter__(self) -> SwarmClient:
         with self.node.inside():
             return super().__enter__()
+
+
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants now ([] once it has exited)."""
+    try:
+        root = psutil.Process(pid)
+        return [pid, *(child.pid for child in root.children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+def _read_peak_rss(pid: int) -> int:
+    """VmHWM of `pid` in bytes (0 if it has exited)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    line = next((line for line in status.splitlines() if line.startswith("VmHWM:")), "VmHWM: 0 kB")
+    return int(line.split()[1]) * 1024
 
 
 def _kill_group(pid: int) -> None:

@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 LOSS_WINDOW = 20  # steps averaged into the announced loss
 DHT_STORE_TIMEOUT_S = 20.0
+RECORD_LIFETIME_PERIODS = 3  # a record lives this many announce periods unless stored again
 
 
 class Announcer:
@@ -75,11 +76,11 @@ class Announcer:
         """Store this peer's record. One at a time, so that a record built before a change of
         state (the announcer's) never expires later than the one built after it (the main
         thread's): the later expiration is the one the DHT keeps."""
-        lifetime = 3 * self.period
+        lifetime = RECORD_LIFETIME_PERIODS * self.period
         try:
             with self._announcing:
                 ok = self.directory.announce(self.block, self.record(), lifetime, wait=wait)
-        except DHTUnavailable as error:  # the next announcement tries again; the record lives 3 periods
+        except DHTUnavailable as error:  # the next announcement tries again; the record lives on meanwhile
             logger.warning("block %d: %s", self.block, error)
             return
         if wait and not ok:
