@@ -63,6 +63,7 @@ def stranger_host(local: LocalSwarm, config) -> CheckpointHost:
     """A node with no certificate that hosts a plausible, poisoned checkpoint of block 0 at step 5,
     announces itself as training that block, and counts the sync polls it is sent."""
     folder = local.workdir / "stranger-plant"
+    folder.mkdir(exist_ok=True)
     planted = plant_checkpoint(folder, poisoned_block(config, 0, local.data, folder, steps=10), config, 0,
                                STRANGER_STEP, SWARM)  # fmt: skip
     host = CheckpointHost(local.workdir / "stranger", SWARM, 0, initial_peers=local.initial_peers, config=config)
