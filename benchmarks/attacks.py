@@ -1,187 +1,152 @@
-"""Attacks on an open swarm, each beside a clean run: what honest fetches, joiners, generation and
-training end up with when one peer lies (the liars are in swarm/lab/attacks.py).
+"""Attacks on an open swarm, each beside a clean run, on default peer settings: what honest fetches,
+joiners, generation and training end up with when one stranger lies (the liars are in
+swarm/lab/attacks.py; issue 26 numbers the attacks it found, "item N" below).
 
-Part 1, on one trained swarm (a small model, two replicas per block, DeMo sync, separate
-processes on 127.0.0.1), one attack at a time, the liar removed after each:
-- step lie, garbage block: a peer serving a blown-up block stamped with step 999999;
-- step lie, poisoned block: a block 0 trained on text whose characters were shuffled, stamped
-  one save ahead;
-- oversized announcement: a record announcing a newer checkpoint of 8 GiB, served a byte a second;
-- model-record hijack: another valid config written under `S.model` by a stranger's key;
-- wrong answers: a peer vouching for the honest checkpoint and answering denoise requests wrongly.
-For each: the fetched model's denoise_ce / the clean fetch's, which checkpoint a joiner
-started from, whether generation through the swarm equals local generation, bans, time.
+Honest peers run with `swarm-peer`'s defaults (DeMo sync, merges of drifted replicas every
+`--average-every` steps, announce period, sync deadline, ...) but for these options:
+- `--max-steps` (this script's --steps, --train-steps), `--save-every` and `--batch-size 16`,
+  with a small model: a budget that fits 2 cores;
+- `--wait-for-replicas N` where N replicas train together: they start at once, from the same weights;
+- `--value-bits 1` in the 1-bit runs of part 2;
+- `--identity` in part 3: the honest replica keeps one peer id across runs, so it draws the same
+  batches (a replica's batches are seeded by its peer id) alone and beside a stranger;
+- `--average-every`, only where this script's --average-every is not the peer's default (a quick run).
+The liars that are `swarm-peer`s (the step liars) run `--max-steps 1 --announce-period 1`, a joiner
+`--max-steps 1`.
 
-Part 2, training under attack: one block, three replicas, every replica from the same start
-for the same steps; clean (three honest) against two honest and one hostile replica that sends
-each step an honest payload negated, at the largest values allowed, or with random signs, at
-16-bit and 1-bit, and against one that answers sync polls with garbage or a step of 10^12. For
-each: the honest replicas' validation loss / the clean run's, and whether an honest peer crashed
-or hung.
+Part 1, one trained swarm: block 0 with one honest host (b0), block 1 with two DeMo replicas
+(b1r0, b1r1) and a copy of their checkpoint (b1copy); one liar at a time, removed after each:
+- step_lie_garbage_block: a swarm-peer serving a blown-up block 1 stamped with step 999999;
+- step_lie_poisoned_block: a block 0 trained on shuffled characters, one save ahead of b0;
+- nan_weight_block, nan_loss_block (item 5): a block 0 with a NaN weight, or with finite weights
+  whose loss is NaN, one save ahead of b0, served for download under one key;
+- one_record_ahead (item 6): one key announcing a garbage block 0 at b0's step + 1, served for
+  download, and answering denoise requests wrongly;
+- oversized_announcement: a record of a newer block 1 of 8 GiB, served a byte a second;
+- model_record_hijack: another valid config written under `S.model` by a stranger's key;
+- wrong_denoise_answers: a key vouching for block 1's honest checkpoint, answering wrongly;
+- honest_then_lying_beside_two_keys, _beside_one_key (item 7): a key vouching for the honest
+  checkpoint of block 1 (two honest keys) or block 0 (one) that answers its first request
+  honestly, then lies.
+For each: the fetched model's bits per byte (the ELBO on fixed validation windows) over the clean
+fetch's, met at <= 1.02; the checkpoint a joiner starts from (met if not the liar's); generation
+through the swarm (preferring the liar) against local generation from the clean fetch (met if
+equal) and bans; the honest peers' peak RSS during the row over the clean row's; every honest
+peer alive with a recent record (met).
 
-    python benchmarks/attacks.py            # about 20 minutes on 2 cores
+Part 2, one hostile replica among three (block 0, all from the same start for the same steps):
+three honest (clean) and two honest alone, against two honest and a stranger that sends its own
+update negated, at the largest values allowed, or with random signs (at 16 and 1 bits), answers
+sync polls with garbage and a step of 10^12, sends payloads every replica refuses under a
+fingerprint that says they drifted (item 2: no merge is forced), or sends honest payloads and
+brings a poisoned checkpoint to the merge round at the merge step (item 1: reconcile.py). For each:
+the honest replicas' loss (block 0's share of the bound in bits per byte, validation windows)
+over the clean run's, met at <= 1.03 with every step done and none jumped; drift noticed, merges,
+refused payloads (counted in the honest logs); the largest honest weight; peak RSS over the clean
+run's; crashed or hung.
+
+Part 3, two-replica blocks (items 3, 4): one honest replica alone, and the same replica (same
+peer id, same batches) beside a stranger whose every sync reply claims step 10^12, or that sends
+its own DeMo update negated each step. Met when the honest replica does every step and no more,
+and its loss is within 1.03x of the lone run's (neither frozen nor moved); beside it, the distance
+of its weights from the lone run's over the lone run's distance from the start weights.
+
+    python benchmarks/attacks.py            # about 35 minutes on 2 cores (estimated: parts 1 and 2 took
+                                            # 20 before issue 26's rows and merges were added)
+    python benchmarks/attacks.py --steps 20 --train-steps 20 --save-every 10 --average-every 10 \\
+        --out /tmp/attacks-smoke            # a smoke run of every row (its figures mean little)
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
+import math
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from hivemind.utils import get_dht_time
 
 from swarm.checkpoints.store import CheckpointStore
 from swarm.checkpoints.transfer import BlockServicer
 from swarm.cli.console import setup_logging
 from swarm.lab.attacks import (
     STEP_LIE,
+    HonestThenWrong,
     HostileNode,
     HostileReplica,
     LyingSyncReplies,
+    MergePoisoner,
+    RefusedPayloads,
     TricklingDownloads,
     WrongAnswers,
     checkpoint_of,
     garbage_block,
+    nan_weight_block,
+    overflowing_block,
     plant_checkpoint,
     poisoned_block,
 )
-from swarm.lab.launch import LocalSwarm
+from swarm.lab.launch import LocalSwarm, Started
 from swarm.model.checkpoint import load_block, load_model_folder
 from swarm.model.data import load_corpus
-from swarm.model.denoiser import ModelConfig
+from swarm.model.denoiser import Denoiser, ModelConfig
+from swarm.model.evaluate import block_elbo_bits, elbo_bits_per_byte
 from swarm.model.families import local_runner
-from swarm.model.evaluate import block_denoise_ce, denoise_ce
 from swarm.model.generate import continue_text
+from swarm.model.train import TrainConfig, block_trainer
 from swarm.p2p.client import SwarmClient
+from swarm.p2p.directory import DHTUnavailable
 from swarm.p2p.info import InfoServicer
 from swarm.p2p.records import CheckpointInfo
+from swarm.peer.announcer import RECORD_LIFETIME_PERIODS
+from swarm.peer.config import PeerConfig
 from swarm.serving.remote import RemoteBlocks
-from swarm.sync.decoupled_momentum import DeMoConfig
 from swarm.waiting import WaitTimeout, wait_for
 
 logger = logging.getLogger("benchmarks.attacks")
 
 SMALL = {"prefix_len": 32, "gen_len": 16, "d_model": 64, "n_heads": 2, "n_layers": 4, "n_blocks": 2}
+BATCH_SIZE = 16
 VALIDATION_WINDOWS = 256
 PROMPT = b"The history of the city"
+GENERATED_BYTES = 64
+PEER = PeerConfig()  # the defaults every honest peer keeps
+QUALITY_BOUND = 1.02  # the fetched model's bits per byte over the clean fetch's
+LOSS_BOUND = 1.03  # the honest replicas' loss over the clean run's
+RECENT_S = 2 * PEER.announce_period + 5  # a record older than this: its peer missed announcements
+LIAR_PEER = ["--max-steps", "1", "--announce-period", "1"]
+LOSS = "block 0's share of the bound on validation windows, bits per byte"
+LOG_COUNTS = {  # lines of the honest replicas' logs counted in parts 2 and 3 (sync/exchange.py, reconcile.py)
+    "drift_noticed": "the next merge will reconcile them",
+    "merged": "merged the replicas' checkpoints",
+    "merges_weights_kept": "weights kept",
+    "payloads_refused": "refused the step",
+    "jumps": "jumping from",
+}
+Honest = list[tuple[Started, int]]  # an honest peer and its block
 
 
-def peer_options(args, steps: int, replicas: int) -> list[str]:
-    return ["--max-steps", str(steps), "--save-every", str(args.save_every), "--announce-period", "1",
-            "--sync", "demo", "--sync-deadline", "3", "--batch-size", "16", "--average-every", "0",
-            "--wait-for-replicas", str(replicas)]  # fmt: skip
+def peer_options(args, steps: int, replicas: int = 1, value_bits: int = PEER.de_mo.value_bits) -> list[str]:
+    """What an honest peer is told beyond its defaults (the module docstring says why)."""
+    options = ["--max-steps", str(steps), "--save-every", str(args.save_every), "--batch-size", str(BATCH_SIZE)]
+    if replicas > 1:
+        options += ["--wait-for-replicas", str(replicas)]
+    if value_bits != PEER.de_mo.value_bits:
+        options += ["--value-bits", str(value_bits)]
+    if args.average_every != PEER.average_every:
+        options += ["--average-every", str(args.average_every)]
+    return options
 
 
 def hosts_of(client: SwarmClient, block: int, state: str = "serving") -> list:
     return [h for h in client.directory.hosts(block) if h.announcement.state == state]
-
-
-# ---- part 1: a trained swarm, one liar at a time -------------------------------------------
-
-
-def trained_swarm(args, local: LocalSwarm, client: SwarmClient) -> None:
-    for block in range(SMALL["n_blocks"]):
-        for replica in range(2):
-            local.start_peer(f"b{block}r{replica}", str(block), peer_options(args, args.steps, 2))
-    wait_for(lambda: all(len(hosts_of(client, b)) == 2 for b in range(SMALL["n_blocks"])), args.timeout,
-             "every replica to finish", interval=2.0)  # fmt: skip
-    # a third host of block 1 that starts from the checkpoint the others agree on: replicas of
-    # one checkpoint, which a generation client can check against each other
-    local.start_peer("b1copy", "1", peer_options(args, args.steps, 1))
-    wait_for(lambda: len(hosts_of(client, 1)) == 3, args.timeout, "the copy of block 1", interval=2.0)
-
-
-def fetch(local: LocalSwarm, name: str, windows) -> dict:
-    started = time.monotonic()
-    result = local.run("swarm-fetch", "--out", name, timeout=900)
-    seconds = time.monotonic() - started
-    if result.returncode != 0:
-        return {"fetched": False, "error": result.stderr.strip().splitlines()[-1:], "seconds": seconds}
-    model = load_model_folder(local.workdir / name)
-    blocks = model.manifest["blocks"]
-    return {"fetched": True, "seconds": seconds, "denoise_ce": denoise_ce(model.denoiser_for_block, model.config, windows)["overall"],
-            "steps": [blocks[str(b)]["step"] for b in range(model.config.n_blocks)],
-            "spot_check_seconds": model.manifest.get("spot_check_seconds")}  # fmt: skip
-
-
-def joiner_start(local: LocalSwarm, client: SwarmClient, block: int, name: str) -> dict:
-    """Start a fresh replica of `block` and report the checkpoint it started from."""
-    joiner = local.start_peer(name, str(block), ["--max-steps", "1", "--announce-period", "1"])
-    try:
-        found = wait_for(lambda: [h for h in client.directory.hosts(block) if h.announcement.public_name == name
-                                  and h.announcement.state != "joining"], 120, f"joiner {name}")[0]  # fmt: skip
-    finally:
-        local.stop(joiner)
-    checkpoint = found.announcement.checkpoint
-    return {"step": checkpoint.step if checkpoint else None, "sha256": checkpoint.sha256 if checkpoint else None}
-
-
-def generation(client: SwarmClient, config: ModelConfig, reference, liar: str | None = None) -> dict:
-    """Text through the swarm against the same text from the clean fetched model, here."""
-    runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=20)
-    if liar is not None:  # the worst case: the liar is the replica the client prefers
-        for block in range(config.n_blocks):
-            for host in client.directory.hosts(block):
-                if host.peer_id == liar:
-                    runner._rtt[host.peer_id, host.owner] = 0.0
-    started = time.monotonic()
-    text = b"".join(continue_text(runner, config, PROMPT, 64, steps_per_block=2, seed=1))
-    expected = b"".join(continue_text(local_runner(reference.denoiser_for_block, config), config, PROMPT, 64,
-                                      steps_per_block=2, seed=1))  # fmt: skip
-    return {"equals_clean_local_generation": text == expected, "seconds": time.monotonic() - started,
-            "cross_check": vars(runner.checks)}  # fmt: skip
-
-
-def attack_step_lie(args, local, client, config, folder: Path, poisoned: bool) -> dict:
-    """A garbage block 1 stamped 999999, or a poisoned block 0 (the high-noise block, where what
-    the prefix says matters most) stamped one save ahead of the honest replicas."""
-    name, block = ("poisoned-liar", 0) if poisoned else ("garbage-liar", 1)
-    honest_step = max(h.announcement.checkpoint.step for h in hosts_of(client, block))
-    if poisoned:
-        denoiser, step = poisoned_block(config, block, None, folder, args.steps), honest_step + args.save_every
-    else:
-        denoiser, step = garbage_block(config, block), STEP_LIE
-    plant_checkpoint(local.workdir / name, denoiser, config, block, step, local.swarm)
-    liar = local.start_peer(name, str(block), ["--max-steps", "1", "--announce-period", "1"])
-    try:
-        wait_for(lambda: [h for h in hosts_of(client, block) if h.announcement.step == step], 120, f"{name} announcing")
-        return {"block": block, "liar_step": step, "fetch": fetch(local, name + "-fetch", args.windows),
-                "joiner": joiner_start(local, client, block, name + "-joiner"),
-                "liar_alive": liar.process.poll() is None}  # fmt: skip
-    finally:
-        local.stop(liar)
-
-
-def attack_oversized(args, local, client, config) -> dict:
-    honest = max(h.announcement.checkpoint.step for h in hosts_of(client, 1))
-    with HostileNode(local.swarm, local.initial_peers) as node:
-        node.serve(InfoServicer(lambda: node.info(1)), TricklingDownloads(1))
-        node.announce(1, **checkpoint_of(CheckpointInfo(step=honest + 1, sha256="ab" * 32, size=2**33)))
-        return {"fetch": fetch(local, "oversized-fetch", args.windows)}
-
-
-def attack_hijack(args, local, client, config) -> dict:
-    other = ModelConfig(**{**config.to_dict(), "n_blocks": 1, "n_layers": 2})
-    with HostileNode(local.swarm, local.initial_peers) as node:
-        node.directory.publish_model(other, lifetime_s=600)
-        status = local.run("swarm-status", "--json")
-        followed = json.loads(status.stdout)["config_hash"] if status.returncode == 0 else None
-        return {"status_follows_creator": followed == config.hash(), "fetch": fetch(local, "hijack-fetch", args.windows)}
-
-
-def attack_wrong_answers(args, local, client, config, reference) -> dict:
-    announced = [h.announcement.checkpoint for h in hosts_of(client, 1)]
-    honest = max(announced, key=announced.count)  # the checkpoint most hosts vouch for
-    with HostileNode(local.swarm, local.initial_peers) as node:
-        empty = CheckpointStore(local.workdir / "wrong-answers", config, 1, local.swarm)  # it holds no file: downloads refused
-        node.serve(InfoServicer(lambda: node.info(1)), BlockServicer(1, empty), WrongAnswers(config, 1, honest.sha256))
-        node.announce(1, state="serving", **checkpoint_of(honest))
-        wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(1)}, 30, "the liar's record")
-        return {"generation": generation(client, config, reference, liar=node.peer_id),
-                "fetch": fetch(local, "wrong-answers-fetch", args.windows)}
 
 
 def write_config(workdir: Path) -> Path:
@@ -191,85 +156,396 @@ def write_config(workdir: Path) -> Path:
     return path
 
 
+def honest_health(client: SwarmClient, honest: Honest) -> dict:
+    """Every honest peer alive, with a record stored in the last two announce periods; their
+    largest peak RSS (peer and children) since it was last reset."""
+    lifetime, ages, peaks = RECORD_LIFETIME_PERIODS * PEER.announce_period, [], []
+    for handle, block in honest:
+        peaks.append(handle.peak_rss() or 0)
+        try:
+            records = [h for h in client.directory.hosts(block) if h.announcement.public_name == handle.name]
+        except DHTUnavailable:
+            records = []
+        ages.append(lifetime - (max(h.expires_at for h in records) - get_dht_time()) if records else None)
+    alive = sum(handle.process.poll() is None for handle, _ in honest)
+    recent = sum(age is not None and age <= RECENT_S for age in ages)
+    return {"peers": len(honest), "alive": alive, "recent_records": recent,
+            "oldest_record_s": max((a for a in ages if a is not None), default=None),
+            "peak_rss_mb": max(peaks, default=0) / 2**20, "ok": alive == recent == len(honest)}  # fmt: skip
+
+
+def beside_clean(health: dict, clean: dict) -> dict:
+    health["peak_rss_over_clean"] = health["peak_rss_mb"] / clean["peak_rss_mb"] if clean["peak_rss_mb"] else None
+    return health
+
+
+def guarded(name: str, run: Callable[[], dict]) -> dict:
+    """One row; a row that fails is recorded as failed (and not met), and the others still run."""
+    logger.info("row: %s", name)
+    try:
+        return run()
+    except Exception as error:  # noqa: BLE001 - a long run should not end on one row
+        logger.exception("row %s failed", name)
+        return {"error": f"{type(error).__name__}: {error}"[:300]}
+
+
+# ---- part 1: a trained swarm, one liar at a time -------------------------------------------
+
+
+@dataclasses.dataclass
+class Swarm:
+    """Part 1's trained swarm, and the clean fetch every row is measured against."""
+
+    args: argparse.Namespace
+    workdir: Path
+    local: LocalSwarm
+    client: SwarmClient
+    config: ModelConfig
+    reference: object = None  # the clean fetch (an assembled model folder, loaded)
+
+    def honest_checkpoint(self, block: int) -> CheckpointInfo:
+        """The checkpoint of `block` the clean fetch took, as its hosts announce it."""
+        sha256 = self.reference.manifest["blocks"][str(block)]["sha256"]
+        return next(h.announcement.checkpoint for h in hosts_of(self.client, block)
+                    if h.announcement.checkpoint and h.announcement.checkpoint.sha256 == sha256)  # fmt: skip
+
+    @contextlib.contextmanager
+    def stranger(self, block: int) -> Iterator[HostileNode]:
+        """A liar's node for one row, whose record of `block` says it left once the row is over."""
+        with HostileNode(self.local.swarm, self.local.initial_peers) as node:
+            try:
+                yield node
+            finally:
+                node.leave(block)
+
+    def wait_for_record(self, block: int, peer_id: str) -> None:
+        wait_for(lambda: peer_id in {h.peer_id for h in self.client.directory.hosts(block)}, 30, "the liar's record")
+
+
+def trained_swarm(args, local: LocalSwarm, client: SwarmClient) -> Honest:
+    """Block 0 with one honest host; block 1 with two DeMo replicas, then a copy of their checkpoint."""
+    honest = [(local.start_peer("b0", "0", peer_options(args, args.steps)), 0)]
+    honest += [(local.start_peer(f"b1r{r}", "1", peer_options(args, args.steps, replicas=2)), 1) for r in range(2)]
+    wait_for(lambda: len(hosts_of(client, 0)) == 1 and len(hosts_of(client, 1)) == 2, args.timeout,
+             "every replica to finish", interval=2.0)  # fmt: skip
+    # a third host of block 1 that starts from the checkpoint the others agree on: replicas of
+    # one checkpoint, which a generation client can check against each other
+    honest.append((local.start_peer("b1copy", "1", peer_options(args, args.steps)), 1))
+    wait_for(lambda: len(hosts_of(client, 1)) == 3, args.timeout, "the copy of block 1", interval=2.0)
+    return honest
+
+
+def fetch(local: LocalSwarm, name: str, windows) -> dict:
+    started = time.monotonic()
+    result = local.run("swarm-fetch", "--out", name, timeout=900)
+    seconds = time.monotonic() - started
+    if result.returncode != 0:
+        return {"fetched": False, "error": result.stderr.strip().splitlines()[-1:], "seconds": seconds}
+    model = load_model_folder(local.workdir / name)
+    blocks = [model.manifest["blocks"][str(b)] for b in range(model.config.n_blocks)]
+    return {"fetched": True, "seconds": seconds,
+            "bits_per_byte": elbo_bits_per_byte(model.denoiser_for_block, model.config, windows)["overall"],
+            "steps": [b["step"] for b in blocks], "sha256": [b["sha256"][:12] for b in blocks],
+            "spot_check_seconds": model.manifest.get("spot_check_seconds")}  # fmt: skip
+
+
+def joiner_start(local: LocalSwarm, client: SwarmClient, block: int, name: str, liar_sha256: str | None) -> dict:
+    """Start a fresh replica of `block` and report the checkpoint it started from."""
+    joiner = local.start_peer(name, str(block), ["--max-steps", "1"])
+    try:
+        found = wait_for(lambda: [h for h in client.directory.hosts(block) if h.announcement.public_name == name
+                                  and h.announcement.state != "joining"], 180, f"joiner {name}")[0]  # fmt: skip
+    finally:
+        local.stop(joiner)
+    checkpoint = found.announcement.checkpoint
+    sha256 = checkpoint.sha256 if checkpoint else None
+    return {"step": checkpoint.step if checkpoint else None, "sha256": sha256, "from_liar": sha256 == liar_sha256}
+
+
+def generation(swarm: Swarm, liar: str | None = None) -> dict:
+    """Text through the swarm against the same text from the clean fetched model, here."""
+    config, client = swarm.config, swarm.client
+    runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=20)
+    if liar is not None:  # the worst case: the liar is the replica the client prefers
+        for block in range(config.n_blocks):
+            for host in client.directory.hosts(block):
+                if host.peer_id == liar:
+                    runner._rtt[host.peer_id, host.owner] = 0.0
+    started = time.monotonic()
+    text = b"".join(continue_text(runner, config, PROMPT, GENERATED_BYTES, steps_per_block=2, seed=1))
+    seconds = time.monotonic() - started
+    local = local_runner(swarm.reference.denoiser_for_block, config)
+    expected = b"".join(continue_text(local, config, PROMPT, GENERATED_BYTES, steps_per_block=2, seed=1))
+    result = {"equals_clean_local_generation": text == expected, "seconds": seconds, "cross_check": vars(runner.checks)}
+    if liar is not None:
+        result["liar_banned"] = liar in runner._banned_until
+    return result
+
+
+def measured(swarm: Swarm, name: str, block: int, liar_sha256: str | None = None, joiner: bool = True,
+             liar_peer: str | None = None, generate: bool = False) -> dict:  # fmt: skip
+    """While a liar is up: a fetch, a joiner of `block` and generation through the swarm, as asked."""
+    row = {"fetch": fetch(swarm.local, f"{name}-fetch", swarm.args.windows)}
+    if joiner:
+        row["joiner"] = joiner_start(swarm.local, swarm.client, block, f"{name}-joiner", liar_sha256)
+    if generate:
+        row["generation"] = generation(swarm, liar_peer)
+    return row
+
+
+def step_lie(swarm: Swarm, name: str, poisoned: bool) -> dict:
+    """A swarm-peer serving a garbage block 1 stamped 999999, or a poisoned block 0 (the high-noise
+    block, where what the prefix says matters most) one save ahead of the lone honest host."""
+    args, local, config = swarm.args, swarm.local, swarm.config
+    block = 0 if poisoned else 1
+    if poisoned:
+        denoiser = poisoned_block(config, block, None, swarm.workdir, args.steps)
+        step = swarm.honest_checkpoint(block).step + args.save_every
+    else:
+        denoiser, step = garbage_block(config, block), STEP_LIE
+    plant_checkpoint(local.workdir / name, denoiser, config, block, step, local.swarm)
+    liar = local.start_peer(name, str(block), LIAR_PEER)
+    try:
+        record = wait_for(lambda: [h for h in hosts_of(swarm.client, block) if h.announcement.step == step], 120,
+                          f"{name} announcing")[0]  # fmt: skip
+        row = measured(swarm, name, block, liar_sha256=record.announcement.checkpoint.sha256)
+        return {"block": block, "liar_step": step, **row, "liar_alive": liar.process.poll() is None}
+    finally:
+        local.stop(liar)
+
+
+def checkpoint_ahead(swarm: Swarm, name: str, block: int, denoiser: Denoiser, ahead: int, answers=False) -> dict:
+    """One key serving `denoiser` stamped `ahead` steps past the honest checkpoint of `block`, for
+    download and, with `answers`, for denoise requests, which it answers wrongly."""
+    step = swarm.honest_checkpoint(block).step + ahead
+    store = CheckpointStore(swarm.local.workdir / name, swarm.config, block, swarm.local.swarm)
+    info = store.save(denoiser, step)
+    with swarm.stranger(block) as node:
+        node.serve_checkpoint(store, info, *([WrongAnswers(swarm.config, block, info.sha256)] if answers else []))
+        swarm.wait_for_record(block, node.peer_id)
+        row = measured(swarm, name, block, liar_sha256=info.sha256, liar_peer=node.peer_id, generate=answers)
+    return {"block": block, "liar_step": step, **row}
+
+
+def oversized(swarm: Swarm) -> dict:
+    honest = swarm.honest_checkpoint(1)
+    with swarm.stranger(1) as node:
+        node.serve(InfoServicer(lambda: node.info(1)), TricklingDownloads(1))
+        node.announce(1, **checkpoint_of(CheckpointInfo(step=honest.step + 1, sha256="ab" * 32, size=2**33)))
+        return measured(swarm, "oversized", 1, joiner=False)
+
+
+def hijack(swarm: Swarm) -> dict:
+    config = swarm.config
+    other = ModelConfig(**{**config.to_dict(), "n_blocks": 1, "n_layers": 2})
+    with HostileNode(swarm.local.swarm, swarm.local.initial_peers) as node:  # it announces no block
+        node.directory.publish_model(other, lifetime_s=600)
+        status = swarm.local.run("swarm-status", "--json")
+        followed = json.loads(status.stdout)["config_hash"] if status.returncode == 0 else None
+        return {"status_follows_creator": followed == config.hash(), **measured(swarm, "hijack", 1, joiner=False)}
+
+
+def wrong_answers(swarm: Swarm) -> dict:
+    honest = swarm.honest_checkpoint(1)
+    with swarm.stranger(1) as node:
+        empty = CheckpointStore(swarm.local.workdir / "wrong-answers", swarm.config, 1, swarm.local.swarm)  # no file
+        liar = WrongAnswers(swarm.config, 1, honest.sha256)
+        node.serve(InfoServicer(lambda: node.info(1)), BlockServicer(1, empty), liar)  # downloads refused
+        node.announce(1, state="serving", **checkpoint_of(honest))
+        swarm.wait_for_record(1, node.peer_id)
+        return measured(swarm, "wrong-answers", 1, joiner=False, liar_peer=node.peer_id, generate=True)
+
+
+def honest_then_lying(swarm: Swarm, block: int) -> dict:
+    """A key vouching for the honest checkpoint of `block` that answers its first request with
+    the true weights (the one a check-the-first-answer policy checks), then with others."""
+    honest = swarm.honest_checkpoint(block)
+    with swarm.stranger(block) as node:
+        liar = HonestThenWrong(swarm.config, block, swarm.reference.denoiser_for_block(block), honest.sha256, honest=1)
+        node.serve(InfoServicer(lambda: node.info(block)), liar)
+        node.announce(block, state="serving", **checkpoint_of(honest))
+        swarm.wait_for_record(block, node.peer_id)
+        row = measured(swarm, f"honest-then-lying-{block}", block, joiner=False, liar_peer=node.peer_id, generate=True)
+    return {"block": block, **row, "liar_answers": liar.answered, "liar_lied": liar.answered > liar.honest}
+
+
+def part_one_rows(swarm: Swarm) -> dict[str, Callable[[], dict]]:
+    config, save = swarm.config, swarm.args.save_every
+    return {
+        "step_lie_garbage_block": lambda: step_lie(swarm, "garbage-liar", poisoned=False),
+        "step_lie_poisoned_block": lambda: step_lie(swarm, "poisoned-liar", poisoned=True),
+        "nan_weight_block": lambda: checkpoint_ahead(swarm, "nan-weight", 0, nan_weight_block(config, 0), save),
+        "nan_loss_block": lambda: checkpoint_ahead(swarm, "nan-loss", 0, overflowing_block(config, 0), save),
+        "one_record_ahead": lambda: checkpoint_ahead(swarm, "one-ahead", 0, garbage_block(config, 0), 1, answers=True),
+        "oversized_announcement": lambda: oversized(swarm),
+        "model_record_hijack": lambda: hijack(swarm),
+        "wrong_denoise_answers": lambda: wrong_answers(swarm),
+        "honest_then_lying_beside_two_keys": lambda: honest_then_lying(swarm, 1),
+        "honest_then_lying_beside_one_key": lambda: honest_then_lying(swarm, 0),
+    }
+
+
+def scored(row: dict, clean: dict) -> dict:
+    """The row's quality over the clean fetch's, and whether it met every bound."""
+    fetched = row.get("fetch") or {}
+    if fetched.get("fetched") and clean.get("fetch", {}).get("fetched"):
+        row["bits_per_byte_over_clean"] = fetched["bits_per_byte"] / clean["fetch"]["bits_per_byte"]
+    checks = ["error" not in row, (row.get("honest_peers") or {}).get("ok", False),
+              row.get("bits_per_byte_over_clean", math.inf) <= QUALITY_BOUND]  # fmt: skip
+    if "joiner" in row:
+        checks.append(not row["joiner"]["from_liar"])
+    if "generation" in row:
+        checks.append(row["generation"]["equals_clean_local_generation"])
+    if "status_follows_creator" in row:
+        checks.append(row["status_follows_creator"])
+    row["met"] = all(checks)
+    return row
+
+
 def part_one(args, workdir: Path) -> dict:
     config_path, config = write_config(workdir), ModelConfig(**SMALL)
     with LocalSwarm(workdir, swarm="attacks", config_path=str(config_path)) as local:
         local.start_bootstrap(refresh_period=2)
         with local.client() as client:
-            trained_swarm(args, local, client)
-            clean = fetch(local, "clean-fetch", args.windows)
-            reference = load_model_folder(local.workdir / "clean-fetch")
-            results = {"clean": {"fetch": clean, "generation": generation(client, config, reference)}}
-            attacks = {
-                "step_lie_garbage_block": lambda: attack_step_lie(args, local, client, config, workdir, poisoned=False),
-                "step_lie_poisoned_block": lambda: attack_step_lie(args, local, client, config, workdir, poisoned=True),
-                "oversized_announcement": lambda: attack_oversized(args, local, client, config),
-                "model_record_hijack": lambda: attack_hijack(args, local, client, config),
-                "wrong_denoise_answers": lambda: attack_wrong_answers(args, local, client, config, reference),
-            }
-            for name, attack in attacks.items():
-                logger.info("attack: %s", name)
-                results[name] = attack()
-                fetched = results[name]["fetch"]
-                if fetched.get("fetched"):
-                    results[name]["denoise_ce_over_clean"] = fetched["denoise_ce"] / clean["denoise_ce"]
-            honest_peers = [h for h in local.started if h.name.startswith("b")]
-            results["honest_peers_crashed"] = sum(h.process.poll() not in (None, 0) for h in honest_peers)
+            honest = trained_swarm(args, local, client)
+            for handle, _ in honest:  # from here on, each row's own peak
+                handle.reset_peak_rss()
+            swarm = Swarm(args, workdir, local, client, config)
+            clean = {"fetch": fetch(local, "clean-fetch", args.windows)}
+            swarm.reference = load_model_folder(local.workdir / "clean-fetch")
+            clean["generation"] = generation(swarm)
+            health = honest_health(client, honest)
+            clean["honest_peers"] = beside_clean(health, health)
+            results = {"clean": scored(clean, clean)}
+            for name, run in part_one_rows(swarm).items():
+                for handle, _ in honest:
+                    handle.reset_peak_rss()
+                row = guarded(name, run)
+                row["honest_peers"] = beside_clean(honest_health(client, honest), clean["honest_peers"])
+                results[name] = scored(row, clean)
+            results["honest_peers_crashed"] = sum(h.process.poll() not in (None, 0) for h, _ in honest)
+    results["met"] = all(row["met"] for row in results.values() if isinstance(row, dict))
     return results
 
 
-# ---- part 2: training with a hostile replica among three ----------------------------------------
+# ---- parts 2 and 3: training beside a stranger ----------------------------------------------
 
 
-def training_run(args, workdir: Path, value_bits: int, attack: str | None) -> dict:
-    """Block 0 trained by three replicas: three honest ones, or two and a hostile one (or, for
-    "alone", two honest replicas and nobody else: the best any defence can keep of three)."""
-    config_path = write_config(workdir)
+def stranger_services(args, node: HostileNode, config: ModelConfig, kind: str, value_bits: int, folder: Path) -> list:
+    """What the stranger of a training run serves: `kind` names it (the module docstring)."""
+    if kind == "lying-replies":
+        return [LyingSyncReplies(0)]
+    if kind == "step-claims":
+        return [LyingSyncReplies.step_claims(0)]
+    if kind == "refused-payloads":
+        return [RefusedPayloads(0)]
+    windows = load_corpus(None).windows("train", config.seq_len)
+    de_mo = dataclasses.replace(PEER.de_mo, value_bits=value_bits)
+    if kind == "merge-poison":
+        store = CheckpointStore(folder, config, 0, node.swarm)
+        poison = garbage_block(config, 0)
+        poisoner = MergePoisoner(node, config, 0, de_mo, PEER.lr, windows, store, poison, args.average_every)
+        return [InfoServicer(lambda: node.info(0)), BlockServicer(0, store), poisoner]
+    return [HostileReplica(node, config, 0, de_mo, PEER.lr, kind, windows)]
+
+
+def train_block(args, workdir: Path, honest: dict[str, list[str]], stranger: str | None,
+                value_bits: int = PEER.de_mo.value_bits) -> tuple[dict, list[Denoiser]]:
+    """Block 0 trained by the peers `honest` (name: options), beside a stranger of kind `stranger`
+    if given; returns the run's figures and the honest replicas' final blocks (those that finished)."""
     config = ModelConfig(**SMALL)
-    honest_names = ["h0", "h1"] if attack else ["h0", "h1", "h2"]
-    if attack == "alone":
-        attack = None
-    options = peer_options(args, args.train_steps, len(honest_names) + bool(attack)) + ["--value-bits", str(value_bits)]
+    config_path = write_config(workdir)
     with LocalSwarm(workdir, swarm="training", config_path=str(config_path)) as local:
         local.start_bootstrap(refresh_period=2)
-        hostile = HostileNode(local.swarm, local.initial_peers) if attack else contextlib.nullcontext()
+        hostile = HostileNode(local.swarm, local.initial_peers) if stranger else contextlib.nullcontext()
         with local.client() as client, hostile as node:
-            if attack == "lying-replies":
-                node.serve(LyingSyncReplies(0))
-            elif attack:
-                windows = load_corpus(None).windows("train", config.seq_len)
-                node.serve(HostileReplica(node, config, 0, DeMoConfig(value_bits=value_bits), 2e-3, attack, windows))
-            if attack:
+            if stranger:
+                node.serve(*stranger_services(args, node, config, stranger, value_bits, workdir / "stranger"))
                 node.announce(0, lifetime_s=3600)
             started = time.monotonic()
-            peers = [local.start_peer(name, "0", options) for name in honest_names]
-            hung = False
+            peers = [(local.start_peer(name, "0", options), 0) for name, options in honest.items()]
             try:
-                wait_for(lambda: len(hosts_of(client, 0)) == len(honest_names), args.timeout, "the honest replicas")
+                wait_for(lambda: len(hosts_of(client, 0)) == len(honest), args.timeout, "the honest replicas")
+                hung = False
             except WaitTimeout:
                 hung = True
             seconds = time.monotonic() - started
-            crashed = sum(p.process.poll() not in (None, 0) for p in peers)
-        steps = args.train_steps
-        blocks = [load_block(local.workdir / n / f"block_0_step_{steps}.safetensors", config, 0)[0] for n in honest_names
-                  if (local.workdir / n / f"block_0_step_{steps}.safetensors").exists()]  # fmt: skip
-    losses = [block_denoise_ce(b, config, 0, args.windows) for b in blocks]
-    return {"attack": attack or ("two honest alone" if len(honest_names) == 2 else "none"), "value_bits": value_bits, "honest_replicas": len(honest_names),
-            "finished": len(blocks), "validation_loss": statistics.mean(losses) if losses else None,
-            "validation_loss_per_replica": losses, "honest_crashed": crashed, "hung": hung, "seconds": seconds}  # fmt: skip
+            health = honest_health(client, peers)
+            final_steps = [h.announcement.step for h in hosts_of(client, 0) if h.announcement.public_name in honest]
+            logs = [handle.log() for handle, _ in peers]
+        paths = [local.workdir / name / f"block_0_step_{args.train_steps}.safetensors" for name in honest]
+        blocks = [load_block(path, config, 0)[0] for path in paths if path.exists()]
+    losses = [block_elbo_bits(b, config, 0, args.windows) for b in blocks]
+    figures = {"value_bits": value_bits, "honest_replicas": len(honest), "finished": len(blocks),
+               "validation_loss": statistics.mean(losses) if losses else None, "validation_loss_per_replica": losses,
+               "final_steps": final_steps, "step_jump": any(s != args.train_steps for s in final_steps),
+               "largest_weight": max((p.abs().max().item() for b in blocks for p in b.parameters()), default=None),
+               **{key: sum(log.count(line) for log in logs) for key, line in LOG_COUNTS.items()},
+               "honest_peers": health, "honest_crashed": sum(h.process.poll() not in (None, 0) for h, _ in peers),
+               "hung": hung, "seconds": seconds}  # fmt: skip
+    return figures, blocks
+
+
+def trained_as_asked(run: dict) -> bool:
+    """Every honest replica finished every step, no more, and is up, announcing, not hung."""
+    return (run["finished"] == run["honest_replicas"] and not run["step_jump"] and run["honest_peers"]["ok"]
+            and not run["hung"])  # fmt: skip
+
+
+PART_TWO = {16: ("alone", "negated", "max-values", "random-signs", "lying-replies", "refused-payloads", "merge-poison"),
+            1: ("alone", "negated", "max-values", "random-signs")}  # fmt: skip
 
 
 def part_two(args, workdir: Path) -> dict:
     runs = {}
-    for bits in (16, 1):
-        for attack in (None, "alone", "negated", "max-values", "random-signs") + (("lying-replies",) if bits == 16 else ()):
+    for bits, attacks in PART_TWO.items():
+        for attack in (None, *attacks):
             name = f"{attack or 'clean'}_{bits}bit"
+            honest = ["h0", "h1"] if attack else ["h0", "h1", "h2"]
+            stranger = None if attack in (None, "alone") else attack
+            options = peer_options(args, args.train_steps, len(honest) + bool(stranger), bits)
             logger.info("training run: %s", name)
-            runs[name] = training_run(args, workdir / name, bits, attack)
-            clean = runs[f"clean_{bits}bit"]["validation_loss"]
-            if attack and runs[name]["validation_loss"] is not None:
-                runs[name]["honest_loss_over_clean"] = runs[name]["validation_loss"] / clean
+            figures, _ = train_block(args, workdir / name, dict.fromkeys(honest, options), stranger, bits)
+            runs[name] = run = {"attack": {None: "none", "alone": "two honest alone"}.get(attack, attack), **figures}
+            clean = runs[f"clean_{bits}bit"]
+            beside_clean(run["honest_peers"], clean["honest_peers"])
+            if attack and run["validation_loss"] is not None and clean["validation_loss"]:
+                run["honest_loss_over_clean"] = run["validation_loss"] / clean["validation_loss"]
+            bounded = attack in (None, "alone") or run.get("honest_loss_over_clean", math.inf) <= LOSS_BOUND
+            run["met"] = trained_as_asked(run) and bounded
+    runs["met"] = all(run["met"] for run in runs.values())
     return runs
+
+
+def distance(a: Denoiser, b: Denoiser) -> float:
+    return math.sqrt(sum((p - q).pow(2).sum().item() for p, q in zip(a.parameters(), b.parameters(), strict=True)))
+
+
+def part_three(args, workdir: Path) -> dict:
+    """One honest replica alone, then beside a stranger, with one identity (so the same batches)."""
+    config = ModelConfig(**SMALL)
+    options = peer_options(args, args.train_steps) + ["--identity", str(workdir / "h0.id")]  # made by the first run
+    runs, finals = {}, {}
+    for attack in (None, "step-claims", "negated"):
+        name = attack or "lone"
+        logger.info("two-replica run: %s", name)
+        figures, finals[name] = train_block(args, workdir / name, {"h0": options}, attack)
+        runs[name] = {"attack": attack or "none (one replica alone)", **figures}
+    start = block_trainer(config, 0, load_corpus(None).windows("train", config.seq_len), TrainConfig()).module
+    lone, lone_loss = (finals["lone"] or [None])[0], runs["lone"]["validation_loss"]
+    runs["start_loss"] = block_elbo_bits(start, config, 0, args.windows)
+    for name in ("lone", "step-claims", "negated"):
+        run = runs[name]
+        beside_clean(run["honest_peers"], runs["lone"]["honest_peers"])
+        if name != "lone" and run["validation_loss"] is not None and lone_loss:
+            run["loss_over_lone"] = run["validation_loss"] / lone_loss
+            run["weight_distance_over_travel"] = distance(finals[name][0], lone) / distance(lone, start)
+        run["met"] = trained_as_asked(run) and (name == "lone" or run.get("loss_over_lone", math.inf) <= LOSS_BOUND)
+    runs["met"] = all(runs[name]["met"] for name in ("lone", "step-claims", "negated"))
+    return runs
+
+
+# ---- the run ---------------------------------------------------------------------------------------
 
 
 def plot(result: dict, path: Path) -> None:
@@ -278,44 +554,54 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (fetched, trained) = plt.subplots(1, 2, figsize=(13, 4.5))
-    one = {k: v.get("denoise_ce_over_clean") for k, v in result["fetch_and_serve"].items() if isinstance(v, dict)}
-    names = [k for k, v in one.items() if v is not None]
-    fetched.barh(names, [one[k] for k in names])
-    fetched.axvline(1.02, color="r", linestyle="--", label="1.02")
-    fetched.set(title="fetched model's denoise_ce / clean", xlim=(0.9, max([1.1, *[one[k] for k in names]])))
-    fetched.legend()
-    two = {k: v.get("honest_loss_over_clean") for k, v in result["training"].items() if v.get("honest_loss_over_clean")}
-    trained.barh(list(two), list(two.values()))
-    trained.axvline(1.03, color="r", linestyle="--", label="1.03")
-    trained.set(title="honest replicas' validation loss / clean 3 replicas", xlim=(0.9, max([1.1, *two.values()])))
-    trained.legend()
+    panels = [(part, key, bound, title) for part, key, bound, title in (
+        ("fetch_and_serve", "bits_per_byte_over_clean", QUALITY_BOUND, "fetched model's bits per byte / clean"),
+        ("training", "honest_loss_over_clean", LOSS_BOUND, "honest replicas' loss / clean 3 replicas"),
+        ("two_replicas", "loss_over_lone", LOSS_BOUND, "honest replica's loss / alone")) if part in result]  # fmt: skip
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    for ax, (part, key, bound, title) in zip(axes[0], panels, strict=True):
+        ratios = {k: v[key] for k, v in result[part].items() if isinstance(v, dict) and v.get(key) is not None}
+        ax.barh(list(ratios), list(ratios.values()))
+        ax.axvline(bound, color="r", linestyle="--", label=f"{bound}")
+        ax.set(title=title, xlim=(0.9, max([1.1, *ratios.values()])))
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
+def arguments():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=150, help="training steps of the part-1 swarm")
-    parser.add_argument("--train-steps", type=int, default=150, help="steps of each part-2 training run")
+    parser.add_argument("--train-steps", type=int, default=150, help="steps of each part-2 and part-3 training run")
     parser.add_argument("--save-every", type=int, default=25)
+    parser.add_argument("--average-every", type=int, default=PEER.average_every,
+                        help="the peers' merge period (passed on only when it is not their default); the merge "
+                             "row's stranger strikes at this step, so it must be below --train-steps")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900.0)
-    parser.add_argument("--parts", nargs="+", choices=["1", "2"], default=["1", "2"])
+    parser.add_argument("--parts", nargs="+", choices=["1", "2", "3"], default=["1", "2", "3"])
     parser.add_argument("--out", default="benchmarks/results/attacks")
     args = parser.parse_args()
+    if "2" in args.parts and not 0 < args.average_every < args.train_steps:
+        parser.error("part 2's merge row needs 0 < --average-every < --train-steps")
+    return args
+
+
+def main() -> None:
+    args = arguments()
     setup_logging()
     args.windows = load_corpus(None).windows("validation", ModelConfig(**SMALL).seq_len).fixed(VALIDATION_WINDOWS)
-    result = {"config": {k: v for k, v in vars(args).items() if k != "windows"}, "model": SMALL}
+    result = {"config": {k: v for k, v in vars(args).items() if k != "windows"}, "model": SMALL,
+              "peer_options": peer_options(args, args.steps), "loss": LOSS}  # fmt: skip
+    parts = {"1": ("fetch_and_serve", part_one), "2": ("training", part_two), "3": ("two_replicas", part_three)}
     with tempfile.TemporaryDirectory() as tmp:
-        if "1" in args.parts:
-            result["fetch_and_serve"] = part_one(args, Path(tmp) / "one")
-        if "2" in args.parts:
-            result["training"] = part_two(args, Path(tmp) / "two")
+        for part in args.parts:
+            key, run = parts[part]
+            result[key] = run(args, Path(tmp) / key)
+    result["met"] = all(result[key]["met"] for key, _ in parts.values() if key in result)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "attacks.json").write_text(json.dumps(result, indent=2))
-    if "fetch_and_serve" in result and "training" in result:
-        plot(result, out / "attacks.png")
+    plot(result, out / "attacks.png")
     print(json.dumps(result, indent=2))
 
 

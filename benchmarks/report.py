@@ -28,7 +28,7 @@ NOT_SETTINGS = {"out", "from_json", "model_path", "regions"}  # where files went
 DASH = "–"
 TITLES = {  # the heading of each results folder's section, in the page's order
     "quality": "Quality", "long_run": "A long run through the swarm", "serve": "Serving", "sync": "Replica sync", "outer_gap": "The outer mode's loss gap",
-    "transfer": "Checkpoint transfer", "regions": "Emulated regions", "discovery": "Discovery",
+    "scale": "Cost as a block grows", "transfer": "Checkpoint transfer", "regions": "Emulated regions", "discovery": "Discovery",
     "chaos": "Chaos", "attacks": "Attacks", "health": "Health page",
 }  # fmt: skip
 
@@ -450,6 +450,44 @@ def outer_gap_run(folder: Folder, title: str) -> list[str]:
 TRANSFER_COLUMNS = ["case", "MB", "hosts", "seconds", "Mbit/s", "over cap", "cpu_steal"]
 
 
+def scale(folder: Folder) -> list[str]:
+    r = folder.json("scale.json")
+    steps, costs = [], []
+    for s in r["sizes"]:
+        sync, memory, checkpoint = s["sync"], s["memory"], s["checkpoint"]
+        name = f"{plain(s['size'])} ({s.num('parameters') / 1e6:.2f} M)"
+        steps.append([name, fixed(s.num("forward_backward_s")), fixed(s.num("adamw_step_s")),
+                      percent(sync["demo"].num("over_forward_backward")), percent(sync["outer"].num("over_forward_backward")),
+                      size(sync["dense"].num("bytes_per_replica_per_step")), times(sync["demo"].num("dense_over_mode")),
+                      times(sync["outer"].num("dense_over_mode"))])  # fmt: skip
+        costs.append([name, size(memory.num("peak_rss_bytes")), size(memory.num("overhead_bytes")),
+                      size(memory.num("state_bytes")), fixed(memory.num("peak_above_overhead_over_state"), 2),
+                      size(checkpoint.num("bytes")), fixed(checkpoint.num("save_s")), fixed(checkpoint.num("load_s")),
+                      fixed(checkpoint["download_s"].num("20"), 2), fixed(checkpoint["download_s"].num("100"), 2),
+                      fixed(s.num("spot_check_s")), fixed(s.num("denoise_s"))])  # fmt: skip
+    slopes = ", ".join(f"`{name}` {fixed(r['slopes'].num(name), 2)}" for name in r["slopes"].names())
+    smoke = "" if r["complete"] else ("A smoke run at the smallest sizes only, not the full list of sizes: its "
+                                      "slopes come from these sizes alone.")  # fmt: skip
+    step_header = ["size (parameters)", "forward+backward s", "AdamW s", "DeMo sync / f+b", "outer sync / f+b",
+                   "dense bytes / step", "dense / DeMo", "dense / outer"]  # fmt: skip
+    cost_header = ["size", "peak RSS", "overhead", "weights+grads+AdamW", "(peak - overhead) / that", "checkpoint",
+                   "save s", "load s", "download 20 Mbit/s s", "100 Mbit/s s", "spot check s", "denoise s"]  # fmt: skip
+    return section(
+        "scale",
+        "One block at several sizes through the library's own code: the trainer's forward and backward, each sync "
+        "mode's compress, encode, decode and apply with 4 replicas' payloads gathered (outer: a round spread over "
+        "its H steps), bytes per replica per step against dense fp32 all-reduce, the peak RSS of a fresh process "
+        "training the block beside its weights, gradients and AdamW state (and its RSS before the block: the fixed "
+        "overhead), the checkpoint's bytes, save and load, its download at 20 and 100 Mbit/s (bytes over the link "
+        "plus the receiver's measured work), the spot check and one denoise request (4 steps, one prompt).",
+        smoke, plain(r.get("note") or ""),
+        command("scale.py", r["settings"].data),
+        table(step_header, steps), table(cost_header, costs),
+        f"Slopes against the parameter count (least squares on log-log; 1 is linear): {slopes}.",
+        targets_table(r["targets"]), folder.pictures(),
+    )  # fmt: skip
+
+
 def transfer(folder: Folder) -> list[str]:
     t = folder.json("transfer.json")
     config = t["config"]
@@ -581,42 +619,70 @@ def chaos(folder: Folder) -> list[str]:
 
 def attacks(folder: Folder) -> list[str]:
     a = folder.json("attacks.json")
-    config, model = a["config"], a["model"]
+    config, model, options = a["config"], a["model"], a.get("peer_options")
+    met = a.get("met")
     return section(
         "attacks",
-        "Runs each attack beside a clean run on a small model in separate processes on 127.0.0.1. Part 1: two "
-        "DeMo replicas per block and one liar at a time, then a fetch, a joiner and generation through the swarm. "
-        "Part 2: one block, three replicas, one of them hostile; the honest replicas' validation loss over a "
-        "clean three-replica run.",
+        "Runs each attack beside a clean run on a small model in separate processes on 127.0.0.1 (the attacks and "
+        "their bounds: `benchmarks/attacks.py`). Part 1: a trained swarm of two blocks and one liar at a time, then a "
+        "fetch, a joiner and generation through the swarm. Part 2: one block, three replicas, one of them hostile; "
+        "the honest replicas' loss over a clean three-replica run. Part 3, where run: one honest replica beside a "
+        "stranger, over the same replica alone.",
         command("attacks.py", {"parts": config["parts"]}),
         settings(config, {"parts"}),
         settings(model, label="Model"),
-        attack_fetches(a["fetch_and_serve"]),
-        attack_training(a["training"]),
+        f"Honest peers' options beyond their defaults: `{plain(options)}`." if options is not None else "",
+        attack_fetches(a["fetch_and_serve"]) if a.get("fetch_and_serve") is not None else [],
+        f"Loss: {plain(a['loss'])}." if a.get("loss") is not None else "",
+        attack_training(a["training"]) if a.get("training") is not None else [],
+        attack_two_replicas(a["two_replicas"]) if a.get("two_replicas") is not None else [],
+        f"Every row within its bounds, every honest peer up: {yes(met)}." if met is not None else "",
         folder.pictures(),
     )
 
 
+def honest_peers(row: Node) -> tuple[str, str]:
+    """The honest peers' peak RSS over the clean run's, and whether every one was up and announcing."""
+    peers = row.get("honest_peers")
+    return (times(peers.get("peak_rss_over_clean")), yes(peers["ok"])) if peers is not None else (DASH, DASH)
+
+
 def attack_fetches(part: Node) -> list[str]:
-    rows = []
-    for name, attack in part.items():
-        if isinstance(attack, Node):
-            fetch, joiner, generation = attack.get("fetch"), attack.get("joiner"), attack.get("generation")
-            rows.append([name, times(attack.get("denoise_ce_over_clean")), plain(fetch["steps"]) if fetch else DASH,
-                         plain(joiner["step"]) if joiner else DASH,
-                         yes(generation["equals_clean_local_generation"]) if generation else DASH,
-                         plain(generation["cross_check"]["banned"]) if generation else DASH])  # fmt: skip
+    rows = [(name, row) for name, row in part.items() if isinstance(row, Node)]
+    bits = any(row.get("bits_per_byte_over_clean") is not None for _, row in rows)  # runs before issue 26: denoise_ce
+    figure, key = ("bits per byte", "bits_per_byte_over_clean") if bits else ("denoise_ce", "denoise_ce_over_clean")
+    lines = []
+    for name, attack in rows:
+        fetch, joiner, generation = attack.get("fetch"), attack.get("joiner"), attack.get("generation")
+        lines.append([name, times(attack.get(key)), plain(fetch.get("steps")) if fetch else DASH,
+                      plain(joiner["step"]) if joiner else DASH,
+                      yes(generation["equals_clean_local_generation"]) if generation else DASH,
+                      plain(generation["cross_check"]["banned"]) if generation else DASH,
+                      *honest_peers(attack), yes(attack.get("met"))])  # fmt: skip
     crashed = f"Honest peers crashed: {plain(part['honest_peers_crashed'])}."
-    header = ["part 1", "fetched denoise_ce / clean", "fetched steps", "joiner's step", "generation = local", "banned"]
-    return table(header, rows) + [crashed, ""]
+    header = ["part 1", f"fetched {figure} / clean", "fetched steps", "joiner's step", "generation = local", "banned",
+              "honest peak RSS / clean", "honest peers up", "met"]  # fmt: skip
+    return table(header, lines) + [crashed, ""]
 
 
 def attack_training(part: Node) -> list[str]:
     rows = [[plain(run["attack"]), plain(run["value_bits"]), plain(run["honest_replicas"]), fixed(run.num("validation_loss")),
-             times(run.get("honest_loss_over_clean")), plain(run["honest_crashed"]), yes(run["hung"])]
-            for _, run in part.items()]  # fmt: skip
-    header = ["part 2: attack", "value bits", "honest replicas", "loss", "honest loss / clean", "crashed", "hung"]
+             times(run.get("honest_loss_over_clean")), plain(run.get("final_steps")), plain(run.get("merged")),
+             honest_peers(run)[0], plain(run["honest_crashed"]), yes(run["hung"]), yes(run.get("met"))]
+            for _, run in part.items() if isinstance(run, Node)]  # fmt: skip
+    header = ["part 2: attack", "value bits", "honest replicas", "loss", "honest loss / clean", "final steps", "merges",
+              "peak RSS / clean", "crashed", "hung", "met"]  # fmt: skip
     return table(header, rows)
+
+
+def attack_two_replicas(part: Node) -> list[str]:
+    rows = [[plain(run["attack"]), fixed(run.num("validation_loss")), times(run.get("loss_over_lone")),
+             fixed(run.get("weight_distance_over_travel")), plain(run["final_steps"]), honest_peers(run)[0],
+             yes(run["hung"]), yes(run["met"])] for _, run in part.items() if isinstance(run, Node)]  # fmt: skip
+    header = ["part 3: beside the replica", "loss", "loss / alone", "weight distance / travel", "final step",
+              "peak RSS / alone", "hung", "met"]  # fmt: skip
+    start = f"The start weights' loss: {fixed(part.num('start_loss'))}."
+    return table(header, rows) + [start, ""]
 
 
 def health(folder: Folder) -> list[str]:
@@ -639,7 +705,8 @@ def health(folder: Folder) -> list[str]:
 
 Renderer = Callable[[Folder], list[str]]
 RENDERERS: dict[str, Renderer] = {
-    "quality": quality, "long_run": long_run, "serve": serve, "sync": sync, "outer_gap": outer_gap, "transfer": transfer,
+    "quality": quality, "long_run": long_run, "serve": serve, "sync": sync, "outer_gap": outer_gap, "scale": scale,
+    "transfer": transfer,
     "regions": regions, "discovery": discovery, "chaos": chaos, "attacks": attacks, "health": health,
 }  # fmt: skip
 

@@ -1,21 +1,38 @@
-"""swarm-bootstrap: a long-running DHT entry point, and the creator of a new swarm.
+"""swarm-bootstrap: a long-running DHT entry point, the creator of a new swarm, and its members' certificates.
 
-Option parsing only: the node itself is `swarm.p2p.bootstrap.run_bootstrap`.
+Option parsing only: the node itself is `swarm.p2p.bootstrap.run_bootstrap`, certificates are
+`swarm.p2p.members`. `swarm-bootstrap [options]` runs the node (the `run` command, the default);
+`invite`, `revoke` and `keygen` manage the members of an invite-only swarm.
 """
 
 from __future__ import annotations
 
+import re
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
 import click
 
-from swarm.cli.console import run_command
+from swarm.cli.console import DefaultCommandGroup, run_command
 from swarm.cli.options import network_options, swarm_options
+from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
+from swarm.p2p import members
 from swarm.p2p.bootstrap import BootstrapConfig, run_bootstrap
+from swarm.p2p.network import load_key
 
 DEFAULT_IDENTITY = "bootstrap.id"  # a stable peer id (and so stable addresses) across restarts
+DEFAULT_VALID_DAYS = 90.0
+T = TypeVar("T")
 
 
-@click.command("swarm-bootstrap")
+@click.group("swarm-bootstrap", cls=DefaultCommandGroup)
+def bootstrap_group() -> None:
+    """Run a stable DHT entry point (the default command, `run`), or manage an invite-only swarm's members."""
+
+
+@bootstrap_group.command("run")
 @swarm_options
 @click.option("--new-swarm", is_flag=True, help="Create the swarm: publish its model config as <swarm>.model, signed.")
 @click.option("--config", "config_path", default=None, help="Model config JSON for --new-swarm (default: built-in).")
@@ -24,16 +41,80 @@ DEFAULT_IDENTITY = "bootstrap.id"  # a stable peer id (and so stable addresses) 
               "stay the swarm's creator across restarts.")
 @click.option("--refresh-period", type=click.FloatRange(min=1), default=BootstrapConfig.refresh_period, show_default=True,
               help="Seconds between re-publishing the model config and logging the swarm's size.")
-def bootstrap_command(new_swarm, config_path, creator_key, refresh_period, **kwargs):
+@click.option("--members-only", is_flag=True,
+              help="With --new-swarm: an invite-only swarm; records and requests of keys without a certificate from "
+              "'swarm-bootstrap invite' are ignored.")
+@click.option("--revocations", default=BootstrapConfig.revocations, show_default=True,
+              help="With --members-only: the file of revoked certificates ('swarm-bootstrap revoke' writes it), "
+              "re-published every refresh period.")
+def bootstrap_command(new_swarm, config_path, creator_key, refresh_period, members_only, revocations, **kwargs):
     """Run a stable DHT entry point; print the options others join with on one line."""
     swarm, creator = kwargs.pop("swarm"), kwargs.pop("creator")
     network = network_options(kwargs)
     if network.identity_path is None:
         network.identity_path = DEFAULT_IDENTITY
     model = ModelConfig.from_json_file(config_path) if new_swarm else None
-    config = BootstrapConfig(swarm, network, creator, model, creator_key, refresh_period)
+    config = BootstrapConfig(swarm, network, creator, model, creator_key, refresh_period, members_only, revocations)
     run_bootstrap(config, on_ready=click.echo)  # echo flushes: the lab reads the line as it comes
 
 
+@bootstrap_group.command("invite")
+@click.option("--name", required=True, help="The member's name, as others see it (1 to 64 printable characters).")
+@click.option("--member-key", required=True,
+              help="The member's public key: the .pub file 'swarm-bootstrap keygen' wrote beside their key.")
+@click.option("--out", required=True, help="Certificate file to write; the member joins with --certificate FILE.")
+@click.option("--swarm", default="demo", show_default=True, help="The swarm the certificate is good for.")
+@click.option("--creator-key", default=BootstrapConfig.creator_key, show_default=True,
+              help="The swarm creator's key (the one its bootstrap signs the model record with).")
+@click.option("--valid-days", type=float, default=DEFAULT_VALID_DAYS, show_default=True,
+              help=f"Days until the certificate expires (at most {members.MAX_VALID_DAYS}).")
+def invite_command(name, member_key, out, swarm, creator_key, valid_days):
+    """Sign a member certificate: the member's key counts in SWARM, as NAME, until it expires."""
+    if not Path(creator_key).exists():
+        raise SwarmError(f"no creator key {creator_key}: give the --creator-key the swarm was created with")
+    creator, member = load_key(creator_key), members.read_public_key(member_key)
+    certificate = members.issue(creator, swarm, name, member, valid_days)
+    _written(out, lambda: members.write_certificate(out, certificate))
+    until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(certificate.expires))
+    click.echo(f"wrote {out}: {name} in swarm {swarm} until {until}, certificate {members.certificate_id(certificate)}")
+
+
+@bootstrap_group.command("revoke")
+@click.argument("certificate", required=False)
+@click.option("--id", "certificate_id", default=None, help="The id of the certificate to revoke (invite printed it).")
+@click.option("--revocations", default=BootstrapConfig.revocations, show_default=True,
+              help="The file of revoked certificates that the swarm's bootstrap publishes.")
+def revoke_command(certificate, certificate_id, revocations):
+    """Revoke a member certificate (its file, CERTIFICATE, or --id): the creator's running bootstrap
+    publishes the revocation within a refresh period, and peers ignore that key from then on."""
+    if (certificate is None) == (certificate_id is None):
+        raise SwarmError("name the certificate to revoke: its file, or --id")
+    if certificate_id is not None and not re.fullmatch(r"[0-9a-f]{32}", certificate_id):
+        raise SwarmError(f"--id must be the 32 hex digits invite printed, not {certificate_id!r}")
+    name = ""
+    if certificate is not None:
+        read = members.read_certificate(certificate)
+        certificate_id, name = members.certificate_id(read), read.name
+    added = _written(revocations, lambda: members.revoke(revocations, certificate_id, name))
+    what = f"{name} ({certificate_id})" if name else certificate_id
+    click.echo(f"revoked {what} in {revocations}" if added else f"{what} was revoked already in {revocations}")
+
+
+@bootstrap_group.command("keygen")
+@click.argument("key_file")
+def keygen_command(key_file):
+    """Make a member key: KEY_FILE (keep it) and KEY_FILE.pub (send it to the swarm's creator)."""
+    _written(key_file, lambda: members.write_key_pair(key_file))
+    click.echo(f"wrote {key_file} and {key_file}.pub: send {key_file}.pub to the swarm's creator for a certificate")
+
+
+def _written(path: str, write: Callable[[], T]) -> T:
+    """What `write` returns; a file that cannot be written is one line, not a traceback."""
+    try:
+        return write()
+    except OSError as error:
+        raise SwarmError(f"cannot write {path}: {error.strerror or error}") from None
+
+
 def main() -> None:
-    run_command(bootstrap_command)
+    run_command(bootstrap_group)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import click
 
 from swarm.cli.console import run_command
-from swarm.cli.options import network_options, swarm_options
+from swarm.cli.options import member_options, network_options, swarm_options
 from swarm.p2p.reachability import REACHABILITY_CHOICES
 from swarm.peer.config import PeerConfig
 from swarm.peer.life import Peer, PeerHooks
@@ -27,6 +27,7 @@ PAYLOAD_MODES = ", ".join(payload_modes())
 
 @click.command("swarm-peer")
 @swarm_options
+@member_options
 @click.option("--block", default=PEER.block, show_default=True, help="'auto' (the least hosted block) or an index.")
 @click.option("--checkpoint-dir", default=PEER.checkpoint_dir, show_default=True)
 @click.option("--data", default=PEER.data, help="Text file, folder or dataset name (default: built-in corpus).")

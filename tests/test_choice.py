@@ -6,23 +6,13 @@ result: only the rule under test can.
 
 from __future__ import annotations
 
-import torch
 from swarm_helpers import HOSTS_SWARM, client_of
 
 from swarm.checkpoints.choice import SpotCheck, choose_checkpoint
+from swarm.lab.attacks import overflowing_block
 from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import build_block
 from swarm.model.train import TrainConfig, block_trainer, train
-
-
-def overflowing_block(config, block: int) -> torch.nn.Module:
-    """A block with finite weights whose outputs overflow: its spot-check loss is NaN."""
-    denoiser = build_block(config, block)
-    with torch.no_grad():
-        denoiser.norm_out.weight[0::2] = 3e38
-        denoiser.norm_out.weight[1::2] = -3e38
-    assert all(torch.isfinite(p).all() for p in denoiser.parameters())
-    return denoiser
 
 
 def test_a_checkpoint_whose_loss_is_not_a_number_loses_to_a_lone_honest_host(start, tiny_config, tiny_windows):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import logging
 import random
 
 import hivemind
@@ -20,7 +21,7 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
 from swarm.checkpoints.chunks import CHUNK_BYTES, MAX_COPIES, ChunkList, ChunkPlan, Run, chunk_hashes
-from swarm.checkpoints.download import STREAM_RETRIES, _Whole, download, fetch_verified
+from swarm.checkpoints.download import STREAM_RETRIES, _Whole, download, download_verified
 from swarm.checkpoints.transfer import (
     DOWNLOAD,
     DOWNLOADS_PER_PEER,
@@ -50,6 +51,18 @@ def fetch(nodes: list[CheckpointHost], info: CheckpointInfo, **options):
 
 def messages(caplog) -> str:
     return " ".join(r.getMessage() for r in caplog.records)
+
+
+async def fetch_verified(p2p: P2P, hosts: list[Host], config: ModelConfig, block: int) -> tuple[bytes, Host]:
+    """The first checkpoint among `hosts`, each asked alone in the given order, that downloads and
+    verifies through the production path (`download_verified`); each refusal is logged."""
+    for host in hosts:
+        try:
+            downloaded, _ = await download_verified(p2p, [host], config, block, show_progress=False)
+            return downloaded.data, host
+        except (TransferError, SwarmError) as error:
+            logging.getLogger(__name__).warning("block %d: %s; trying the next replica", block, error)
+    raise SwarmError(f"block {block}: no replica served a checkpoint that verifies ({len(hosts)} tried)")
 
 
 def test_a_checkpoint_comes_from_every_host_that_vouches_for_it(start):
@@ -248,9 +261,9 @@ def test_fetch_moves_past_lying_and_vanished_replicas_to_one_that_verifies(start
     ]
     gone.close()
     with client_of(tampered, short, good) as client:
-        received, chosen = client.run(fetch_verified(client.p2p, hosts, tiny_config, 0, show_progress=False), 120)
+        received, chosen = client.run(fetch_verified(client.p2p, hosts, tiny_config, 0), 120)
         with pytest.raises(SwarmError, match="no replica"):
-            client.run(fetch_verified(client.p2p, hosts[:-1], tiny_config, 0, show_progress=False), 120)
+            client.run(fetch_verified(client.p2p, hosts[:-1], tiny_config, 0), 120)
     assert chosen.peer_id == good.peer_id
     assert received == good.store.path_for(5).read_bytes()
     logged = messages(caplog)
@@ -293,7 +306,7 @@ def test_a_checkpoint_of_another_block_or_model_is_refused_though_its_hash_match
     hosts = [node.host(node.put(data, 5)) for node, data in zip(nodes, wrong.values())]  # records tell the truth about these bytes
     with client_of(*nodes) as client:
         with pytest.raises(SwarmError, match="no replica"):
-            client.run(fetch_verified(client.p2p, hosts, tiny_config, 0, show_progress=False), 60)
+            client.run(fetch_verified(client.p2p, hosts, tiny_config, 0), 60)
     logged = messages(caplog)
     assert "holds block 1, not block 0" in logged and "different model config" in logged
 

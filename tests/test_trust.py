@@ -18,7 +18,7 @@ from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 from swarm.checkpoints.choice import SpotCheck
 from swarm.checkpoints.download import download_verified
 from swarm.checkpoints.store import CheckpointStore
-from swarm.checkpoints.transfer import BlockServicer
+from swarm.errors import SwarmError
 from swarm.lab.attacks import (
     STEP_LIE,
     HonestThenWrong,
@@ -93,12 +93,14 @@ def test_a_step_liar_with_a_garbage_block_is_not_fetched_joined_or_served(swarm)
 def test_an_oversized_trickling_announcement_is_never_downloaded(swarm):
     local, client, _ = swarm
     honest = honest_checkpoint(client)
+    trickler = TricklingDownloads(1)
     with HostileNode(SWARM, local.initial_peers) as node:
-        node.serve(InfoServicer(lambda: node.info(1)), TricklingDownloads(1))
+        node.serve(InfoServicer(lambda: node.info(1)), trickler)
         huge = CheckpointInfo(step=honest.step + 1, sha256="ab" * 32, size=2**33)  # newer, and heavy
         node.announce(1, **checkpoint_of(huge))
-        manifest, _ = fetch_manifest(local, "after-trickle")  # never tried: no block of the model weighs 8 GiB
+        manifest, _ = fetch_manifest(local, "after-trickle")
     assert manifest["blocks"]["1"]["sha256"] == honest.sha256
+    assert trickler.asked == 0  # never tried: no block of the model weighs 8 GiB
 
 
 def test_a_hijacked_model_record_is_ignored_by_whoever_holds_the_join_line(swarm):
@@ -161,8 +163,7 @@ def test_a_stranger_one_save_ahead_of_a_lone_honest_host_is_measured_before_it_i
     with HostileNode(SWARM, local.initial_peers) as node:
         store = CheckpointStore(tmp_path, config, 0, SWARM)
         ahead = store.save(garbage_block(config, 0), honest.step + 1)
-        node.serve(InfoServicer(lambda: node.info(0)), BlockServicer(0, store), WrongAnswers(config, 0, ahead.sha256))
-        node.announce(0, state="serving", **checkpoint_of(ahead))
+        node.serve_checkpoint(store, ahead, WrongAnswers(config, 0, ahead.sha256))
         announced = lambda: ahead in {h.announcement.checkpoint for h in client.directory.hosts(0)}
         wait_for(announced, 30, "the stranger's record")
         runner = generation_client(local, client, config)
@@ -206,8 +207,7 @@ def a_liar_beside_a(local, client, model, tmp_path, honest: int):
     store.adopt(downloaded.data, info)
     with HostileNode(SWARM, local.initial_peers) as node:
         liar = HonestThenWrong(config, 0, model.denoiser_for_block(0), info.sha256, honest=honest)
-        node.serve(InfoServicer(lambda: node.info(0)), BlockServicer(0, store), liar)
-        node.announce(0, state="serving", **checkpoint_of(info))
+        node.serve_checkpoint(store, info, liar)
         wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(0)}, 30, "the liar's record")
         yield liar, next(h for h in client.directory.hosts(0) if h.peer_id == node.peer_id), a
 
@@ -293,3 +293,21 @@ def test_a_client_remembers_a_bounded_number_of_failed_checkpoints(monkeypatch):
         checks.reject(CheckpointInfo(step=i, sha256=f"{i:064x}", size=1), "it did not pass the spot check")
     assert len(checks.failed) == 8 and bad not in checks.failed  # then the oldest
     assert all(CheckpointInfo(step=i, sha256=f"{i:064x}", size=1) in checks.failed for i in range(52, 60))
+
+
+def test_a_client_waits_once_for_a_ban_to_end_where_every_host_of_a_block_failed_a_moment_ago(swarm):
+    """Every host of block 0 failed once (a moment's load, or a stranger's doing) and is banned
+    for a while: generation waits for the first ban to end instead of failing; a block whose
+    hosts are all banned for good fails at once."""
+    local, client, model = swarm
+    runner = generation_client(local, client, model.config)
+    runner.ban_seconds = 2.0
+    hosts = [h for h in client.directory.hosts(0) if h.announcement.checkpoint]  # earlier tests' strangers too
+    for host in hosts:
+        runner._ban(host, "failed once (the harness)")
+    text = b"".join(continue_text(runner, model.config, b"Swarms of", model.config.gen_len, steps_per_block=2, seed=7))
+    assert text == honest_text(model, b"Swarms of", model.config.gen_len, seed=7)
+    for host in hosts:
+        runner._ban(host, "shown to lie (the harness)", math.inf)
+    with pytest.raises(SwarmError, match="no live peer serves block 0"):
+        next(continue_text(runner, model.config, b"Swarms of", model.config.gen_len, steps_per_block=2, seed=7))

@@ -55,7 +55,6 @@ from swarm.checkpoints.transfer import (
     max_checkpoint_bytes,
     open_run,
 )
-from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import Denoiser, ModelConfig
 from swarm.p2p.directory import Host
@@ -462,15 +461,3 @@ async def download_verified(
         raise TransferError(f"the checkpoint from {sorted(downloaded.served)} holds step {step}, its record says {info.step}")
     return downloaded, denoiser
 
-
-async def fetch_verified(
-    p2p: P2P, hosts: list[Host], config: ModelConfig, block: int, show_progress: bool = True
-) -> tuple[bytes, Host]:
-    """The first checkpoint among `hosts`, each asked alone in the given order, that downloads and verifies."""
-    for host in hosts:
-        try:
-            downloaded, _ = await download_verified(p2p, [host], config, block, show_progress)
-            return downloaded.data, host
-        except (TransferError, SwarmError) as error:
-            logger.warning("block %d: %s; trying the next replica", block, error)
-    raise SwarmError(f"block {block}: no replica served a checkpoint that verifies ({len(hosts)} tried)")

@@ -45,7 +45,7 @@ from swarm.checkpoints.store import CheckpointStore
 from swarm.model.denoiser import ModelConfig, build_block
 from swarm.p2p.directory import Host
 from swarm.p2p.info import ask_info, owns_record
-from swarm.p2p.limits import Busy, PerPeerLimit
+from swarm.p2p.limits import NOT_A_MEMBER, OPEN, Busy, CallerGate, PerPeerLimit
 from swarm.p2p.messages import (
     ChunkListReply,
     ChunkListRequest,
@@ -87,13 +87,16 @@ class HostFailed(TransferError):
 class BlockServicer(ServicerBase):
     """A peer's checkpoint handlers: `rpc_chunk_list` and `rpc_download` (see the module docstring)."""
 
-    def __init__(self, block: int, store: CheckpointStore):
-        self.block, self.store = block, store
+    def __init__(self, block: int, store: CheckpointStore, gate: CallerGate = OPEN):
+        """`gate`: who is answered at all (members only, in a members-only swarm: swarm/p2p/gate.py)."""
+        self.block, self.store, self.gate = block, store, gate
         self.limit = PerPeerLimit(DOWNLOADS_PER_PEER)
         self._lists: OrderedDict[tuple, bytes] = OrderedDict()
         self._own_id: PeerID | None = None  # of the P2P instance it serves on
 
     async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        if not await self.gate.admits(context.remote_id):
+            return runtime_pb2.ExpertResponse(metadata=ChunkListReply(error=NOT_A_MEMBER).encode())
         try:
             with self.limit.admit(context):
                 asked = ChunkListRequest.decode(request.metadata)
@@ -119,14 +122,17 @@ class BlockServicer(ServicerBase):
     async def _serve_download(self, stream: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One `rpc_download` stream, counted against its caller's limit from the moment it opens
         (a caller that opens streams and sends nothing holds slots too); past the limit it is
-        answered busy at once."""
+        answered busy at once; a caller the gate refuses is answered with that refusal."""
         context = P2PContext(handle_name=DOWNLOAD, local_id=self._own_id, remote_id=stream.peer_id)
         with contextlib.closing(writer):
+            if not await self.gate.admits(stream.peer_id):
+                await _refuse(reader, writer, DownloadHeader(error=NOT_A_MEMBER))
+                return
             try:
                 with self.limit.admit(context):
                     await self._serve_stream(context, reader, writer)
             except Busy as error:
-                await _refuse_busy(reader, writer, error)
+                await _refuse(reader, writer, DownloadHeader(error=str(error), busy=True))
 
     async def _serve_stream(self, context: P2PContext, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Its request and the end-of-stream mark after it (taken only if each announces at most
@@ -215,16 +221,16 @@ def _header(header: DownloadHeader) -> runtime_pb2.ExpertResponse:
     return runtime_pb2.ExpertResponse(metadata=header.encode())
 
 
-async def _refuse_busy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, error: Busy) -> None:
-    """A busy header for a stream past its caller's limit, once its request and end-of-stream
-    mark are read (within `BUSY_REPLY_S`, each at most `REQUEST_BYTES`): a stream closed with
-    bytes unread is reset, and the reset could cut the caller off before it read that it should
-    ask again."""
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, header: DownloadHeader) -> None:
+    """A refusal (busy: a stream past its caller's limit; or not a member) as the stream's header,
+    once its request and end-of-stream mark are read (within `BUSY_REPLY_S`, each at most
+    `REQUEST_BYTES`): a stream closed with bytes unread is reset, and the reset could cut the
+    caller off before it read why."""
     with contextlib.suppress(ConnectionError, TimeoutError, FramingError, asyncio.IncompleteReadError):
         async with asyncio.timeout(BUSY_REPLY_S):
             await read_frame(reader, REQUEST_BYTES)
             await read_frame(reader, REQUEST_BYTES)
-            await P2P.send_protobuf(_header(DownloadHeader(error=str(error), busy=True)), writer)
+            await P2P.send_protobuf(_header(header), writer)
 
 
 async def check_owner(p2p: P2P, host: Host, timeout: float) -> None:

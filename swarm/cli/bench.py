@@ -21,7 +21,7 @@ import click
 from swarm.checkpoints.download import download
 from swarm.checkpoints.transfer import TransferError
 from swarm.cli.console import run_command
-from swarm.cli.options import swarm_client, swarm_options
+from swarm.cli.options import member_options, swarm_client, swarm_options
 from swarm.model.generate import continue_text
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import Host
@@ -164,6 +164,7 @@ def bench_group() -> None:
 
 @bench_group.command("latency")
 @swarm_options
+@member_options
 @click.option("--samples", type=click.IntRange(min=1), default=5, show_default=True, help="Pings per peer.")
 @click.option("--gen-bytes", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--autoregressive/--no-autoregressive", default=False, show_default=True,

@@ -40,6 +40,16 @@ def run_command(command: click.Command) -> None:
     sys.exit(status if isinstance(status, int) else 0)
 
 
+class DefaultCommandGroup(click.Group):
+    """A group of commands whose first one runs when the first argument names none of them: a
+    program that grew subcommands (`swarm-bootstrap invite`) keeps its old command line."""
+
+    def parse_args(self, context: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in context.help_option_names):
+            args = [next(iter(self.commands)), *args]
+        return super().parse_args(context, args)
+
+
 def _fail(name: str, message: str, status: int) -> None:
     one_line = " ".join(message.split())
     sys.stderr.write(f"{name}: error: {one_line}\n")

@@ -9,7 +9,7 @@ import click
 
 from swarm.checkpoints.choice import Choice, SpotCheck, choose_checkpoint, rank
 from swarm.cli.console import run_command
-from swarm.cli.options import swarm_client, swarm_options
+from swarm.cli.options import member_options, swarm_client, swarm_options
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block, save_model_folder
 from swarm.model.denoiser import ModelConfig
@@ -21,6 +21,7 @@ FETCH_TIMEOUT_S = 600.0
 
 @click.command("swarm-fetch")
 @swarm_options
+@member_options
 @click.option("--out", required=True, help="Model folder to write (config.json, model.safetensors, manifest.json).")
 @click.option("--model-timeout", type=click.FloatRange(min=0), default=15.0, show_default=True)
 @click.option("--data", default=None,

@@ -10,7 +10,7 @@ import click
 
 from swarm.checkpoints.choice import SpotCheck
 from swarm.cli.console import run_command
-from swarm.cli.options import swarm_client, swarm_options
+from swarm.cli.options import member_options, swarm_client, swarm_options
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import load_model_folder
 from swarm.model.denoiser import ModelConfig
@@ -24,6 +24,7 @@ MODEL_TIMEOUT_S = 15.0
 
 @click.command("swarm-generate")
 @swarm_options
+@member_options
 @click.option("--model", "model_dir", default=None, help="Model folder; or --initial-peers to run on the swarm's peers.")
 @click.argument("prompt")
 @click.option("--max-bytes", type=click.IntRange(min=1), default=128, show_default=True)

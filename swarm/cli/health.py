@@ -5,13 +5,14 @@ from __future__ import annotations
 import click
 
 from swarm.cli.console import run_command
-from swarm.cli.options import swarm_client, swarm_options
+from swarm.cli.options import member_options, swarm_client, swarm_options
 from swarm.health.app import listen, serve
 from swarm.health.state import SwarmMonitor
 
 
 @click.command("swarm-health")
 @swarm_options
+@member_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the page listens on (0.0.0.0: all).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="Port of the page (0: any free one; the address is printed).")  # fmt: skip

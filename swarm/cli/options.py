@@ -9,6 +9,7 @@ import click
 
 from swarm.errors import SwarmError
 from swarm.p2p.client import SwarmClient
+from swarm.p2p.members import Credentials, load_credentials
 from swarm.p2p.network import DHT_CALL_TIMEOUT_S, NetworkOptions
 
 
@@ -38,6 +39,28 @@ def swarm_options(command: Callable) -> Callable:
     return command
 
 
+def member_options(command: Callable) -> Callable:
+    """--member-key and --certificate: who this process is in a members-only swarm (the key its
+    records are signed with, and the creator's certificate for it: swarm-bootstrap invite)."""
+    options = [
+        click.option("--member-key", default=None,
+                     help="Members-only swarms: your member key file (swarm-bootstrap keygen made it)."),
+        click.option("--certificate", default=None,
+                     help="Members-only swarms: the certificate the swarm's creator gave you for that key."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def member_credentials(kwargs: dict) -> Credentials | None:
+    """Take the member options out of a command's keyword arguments, and load what they name."""
+    key, certificate = kwargs.pop("member_key", None), kwargs.pop("certificate", None)
+    if (key is None) != (certificate is None):
+        raise SwarmError("--member-key and --certificate go together: the key, and the certificate that names it")
+    return load_credentials(key, certificate) if key is not None else None
+
+
 def network_options(kwargs: dict) -> NetworkOptions:
     """Take the network options out of a command's keyword arguments."""
     return NetworkOptions(
@@ -58,10 +81,10 @@ def _check_fingerprint(context: click.Context, parameter: click.Parameter, value
     return value
 
 
-
 def swarm_client(kwargs: dict) -> SwarmClient:
     """A client of the swarm the options name; SwarmError if they name no peer to join through."""
     swarm, creator, network = kwargs.pop("swarm"), kwargs.pop("creator"), network_options(kwargs)
+    credentials = member_credentials(kwargs)
     if not network.initial_peers:
         raise SwarmError("--initial-peers is required: the address printed by swarm-bootstrap")
-    return SwarmClient(swarm, network, creator)
+    return SwarmClient(swarm, network, creator, credentials)

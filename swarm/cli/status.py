@@ -8,12 +8,13 @@ import time
 import click
 
 from swarm.cli.console import run_command
-from swarm.cli.options import swarm_client, swarm_options
+from swarm.cli.options import member_options, swarm_client, swarm_options
 from swarm.p2p.directory import Host
 
 
 @click.command("swarm-status")
 @swarm_options
+@member_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--model-timeout", type=click.FloatRange(min=0), default=15.0, show_default=True)
 def status_command(as_json, model_timeout, **kwargs):

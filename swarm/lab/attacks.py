@@ -3,7 +3,8 @@ with the project's own code, or with a few lines around hivemind.
 
 - a step liar: a `swarm-peer` whose checkpoint folder holds a garbage block (weights blown up)
   or a poisoned one (trained on shuffled bytes) stamped with a step of its choosing
-  (`plant_checkpoint`);
+  (`plant_checkpoint`); blocks that are not finite (`nan_weight_block`) or whose loss is not
+  (`overflowing_block`), for a `HostileNode` to serve (`HostileNode.serve_checkpoint`);
 - `HostileNode`: a real DHT node in this process under its own key (swarm/lab/hosting.py), which
   announces what it likes and answers P2P calls with the servicers below:
   - `TricklingDownloads`: checkpoint streams that announce a size and send a byte now and then;
@@ -13,9 +14,15 @@ with the project's own code, or with a few lines around hivemind.
   - `WrongAnswers`: remote denoising that answers for the checkpoint it claims, wrongly;
   - `HonestThenWrong`: the same, once it has answered a few requests honestly (checks that stop
     after a replica's first answers miss it);
-  - `LyingSyncReplies`: sync replies that are garbage, off-schema, or claim a step far ahead;
+  - `LyingSyncReplies`: sync replies that are garbage, off-schema, or claim a step far ahead
+    (`LyingSyncReplies.step_claims`: only the claim of step `STEP_CLAIM`);
+  - `RefusedPayloads`: sync replies whose payload no replica can decode, with a fingerprint
+    that says the replicas drifted apart;
   - `HostileReplica`: a DeMo replica that trains like an honest one and sends, each step, its
-    own update negated, at the largest values allowed against it, with random signs, or NaN.
+    own update (under a fingerprint of its own, which tells the others they drifted), negated,
+    at the largest values allowed against it, with random signs, or NaN;
+  - `MergePoisoner`: a `HostileReplica` sending honest updates that, at the merge step the
+    peers' `--average-every` sets, announces and serves a poisoned checkpoint of that step.
 """
 
 from __future__ import annotations
@@ -24,8 +31,8 @@ import asyncio
 import dataclasses
 import itertools
 import random
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator
 
 import msgpack
 import torch
@@ -40,6 +47,7 @@ from swarm.model.checkpoint import save_block
 from swarm.model.data import ByteWindows, Corpus, load_corpus
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block
 from swarm.model.train import TrainConfig, block_trainer
+from swarm.p2p.info import InfoServicer
 from swarm.p2p.messages import ChunkListReply, DownloadHeader, PayloadReply, PayloadRequest
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo
 from swarm.serving.server import DenoiseServicer
@@ -47,6 +55,9 @@ from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, decode_payl
 from swarm.sync.transport import PayloadServicer, gather
 
 STEP_LIE = 999_999
+STEP_CLAIM = 10**12  # the step a lying sync reply claims
+LEAVING_RECORD_S = 7200.0  # longer than any record a stranger here writes (at most an hour)
+POISON_AHEAD_STEPS = 3  # how many steps before the merge step a `MergePoisoner` announces its checkpoint
 
 
 def garbage_block(config: ModelConfig, block: int, scale: float = 50.0) -> Denoiser:
@@ -55,6 +66,25 @@ def garbage_block(config: ModelConfig, block: int, scale: float = 50.0) -> Denoi
     with torch.no_grad():
         for param in denoiser.parameters():
             param.mul_(scale).add_(torch.randn_like(param))
+    return denoiser
+
+
+def nan_weight_block(config: ModelConfig, block: int) -> Denoiser:
+    """A fresh block with one weight NaN (issue 26, item 5: once fetched and joined)."""
+    denoiser = build_block(config, block)
+    with torch.no_grad():
+        next(denoiser.parameters()).view(-1)[7] = float("nan")
+    return denoiser
+
+
+def overflowing_block(config: ModelConfig, block: int) -> Denoiser:
+    """A block with finite weights whose outputs overflow: its spot-check loss is NaN, which every
+    `>` comparison lets through (issue 26, item 5)."""
+    denoiser = build_block(config, block)
+    with torch.no_grad():
+        denoiser.norm_out.weight[0::2] = 3e38
+        denoiser.norm_out.weight[1::2] = -3e38
+    assert all(torch.isfinite(p).all() for p in denoiser.parameters())
     return denoiser
 
 
@@ -102,6 +132,19 @@ class HostileNode(InProcessNode):
         stored = any(self.directory.announce(block, announcement, lifetime_s, wait=True) for _ in range(3))
         assert stored, "the DHT refused the record three times"
 
+    def leave(self, block: int) -> None:
+        """Mark its record of `block` as leaving, which readers skip, as an honest peer does when it
+        stops: the liar of one scenario is not in the next one's way. The DHT keeps the entry that
+        expires last, so this one outlives every record the lab's strangers write."""
+        leaving = BlockAnnouncement(peer_id=self.peer_id, state="leaving", step=0)
+        self.directory.announce(block, leaving, lifetime_s=LEAVING_RECORD_S, wait=True)
+
+    def serve_checkpoint(self, store: CheckpointStore, info: CheckpointInfo, *servicers) -> None:
+        """Serve `store`'s checkpoints for download (and `rpc_info`, and `servicers`) and announce
+        `info`, one of them, as the checkpoint it serves."""
+        self.serve(InfoServicer(lambda: self.info(store.block)), BlockServicer(store.block, store), *servicers)
+        self.announce(store.block, state="serving", **checkpoint_of(info))
+
 
 class Impersonating:
     """Registers its handlers under the name of the service it imitates (hivemind names a
@@ -116,19 +159,23 @@ class Impersonating:
 
 class TricklingDownloads(Impersonating, BlockServicer):
     """Lists a file of `size` bytes (a huge one by default) for any checkpoint it is asked for, and
-    answers every download with its header and then a chunk's reply, one byte per `every_s`."""
+    answers every download with its header and then a chunk's reply, one byte per `every_s`.
+    `asked` counts the chunk lists and download streams it was asked for."""
 
     imitates = BlockServicer
 
     def __init__(self, block: int, every_s: float = 1.0, size: int = 2**33):
         super().__init__(block, store=None)
         self.every_s, self.size = every_s, size
+        self.asked = 0
 
     async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        self.asked += 1
         hashes = bytes(HASH_BYTES * chunk_count(self.size))
         return runtime_pb2.ExpertResponse(metadata=ChunkListReply(size=self.size, hashes=hashes).encode())
 
     async def _send_replies(self, request: runtime_pb2.ExpertRequest, context: P2PContext, writer: asyncio.StreamWriter) -> None:
+        self.asked += 1
         await P2P.send_protobuf(runtime_pb2.ExpertResponse(metadata=DownloadHeader(size=self.size).encode()), writer)
         chunk = runtime_pb2.ExpertResponse(metadata=bytes(CHUNK_BYTES)).SerializeToString()
         writer.write(P2P.MESSAGE_MARKER + len(chunk).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))  # a chunk's reply, a byte at a time
@@ -219,31 +266,55 @@ class HonestThenWrong(Impersonating, DenoiseServicer):
 
 
 class LyingSyncReplies(Impersonating, PayloadServicer):
-    """Answers sync polls in turn with garbage, off-schema maps, and a step far ahead."""
+    """Answers sync polls in turn with `replies`: by default garbage, off-schema maps, and a step
+    far ahead (`STEP_CLAIM`)."""
 
     imitates = PayloadServicer
+    STEP_CLAIM_REPLY = PayloadReply(status="gone", newest_step=STEP_CLAIM).encode()
 
-    def __init__(self, block: int):
+    def __init__(self, block: int, replies: Sequence[bytes] = ()):
         super().__init__(block, deadline=5.0)
-        self.replies = itertools.cycle([
+        self.replies = itertools.cycle(replies or [
             b"\xff\x00 not msgpack",
             msgpack.packb({"status": "ok", "payload": 12, "fingerprint": "text", "newest_step": "many"}),
             msgpack.packb(["a", "list"]),
-            PayloadReply(status="gone", newest_step=10**12).encode(),
+            self.STEP_CLAIM_REPLY,
         ])  # fmt: skip
+
+    @classmethod
+    def step_claims(cls, block: int) -> LyingSyncReplies:
+        """One that answers every poll with the claim of step `STEP_CLAIM` (issue 26, item 3)."""
+        return cls(block, [cls.STEP_CLAIM_REPLY])
 
     async def rpc_payload(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         return runtime_pb2.ExpertResponse(metadata=next(self.replies))
 
 
-class HostileReplica(Impersonating, PayloadServicer):
-    """A replica that trains as an honest one does (its own batches, its own DeMo momentum, the
-    gathered updates applied) but sends, each step, its own update perturbed (`mode`): negated,
-    at the largest values allowed against its own direction, or with random signs; or NaN,
-    which no honest check lets through. It answers step t once it has computed it."""
+class RefusedPayloads(Impersonating, PayloadServicer):
+    """Answers every poll with a well-formed reply for the step asked, whose payload no replica can
+    decode, under a fingerprint unlike any honest replica's. Were the fingerprint of a refused
+    payload believed, the replicas would think they had drifted apart (issue 26, item 2)."""
 
     imitates = PayloadServicer
-    MODES = ("negated", "max-values", "random-signs", "nan")
+
+    def __init__(self, block: int):
+        super().__init__(block, deadline=5.0)
+
+    async def _payload(self, request: runtime_pb2.ExpertRequest) -> PayloadReply:
+        step = PayloadRequest.decode(request.metadata).step
+        return PayloadReply(status="ok", payload=b"\x93 not a payload", fingerprint=b"drifted!", newest_step=step)
+
+
+class HostileReplica(Impersonating, PayloadServicer):
+    """A replica that trains as an honest one does (its own batches, its own DeMo momentum, the
+    gathered updates applied) but sends, each step, its own update perturbed (`mode`): as it is
+    ("honest"), negated, at the largest values allowed against its own direction, or with random
+    signs; or NaN, which no honest check lets through. Its fingerprint is its own, so replicas
+    that accept its payloads see that they drifted apart (and merge at the next round). It
+    answers step t once it has computed it."""
+
+    imitates = PayloadServicer
+    MODES = ("honest", "negated", "max-values", "random-signs", "nan")
     KEEP = 8  # steps answered for late askers
 
     def __init__(self, node: HostileNode, config: ModelConfig, block: int, de_mo: DeMoConfig, lr: float,
@@ -290,7 +361,9 @@ class HostileReplica(Impersonating, PayloadServicer):
         largest = 0.95 * (1.0 if self.optimizer.config.value_bits == 1 else self.optimizer.max_value)
         for name, sent in payload.items():
             values = sent.values.float()
-            if self.mode == "negated":
+            if self.mode == "honest":
+                pass
+            elif self.mode == "negated":
                 values = -values
             elif self.mode == "max-values":
                 values = -values.sign() * largest
@@ -300,6 +373,30 @@ class HostileReplica(Impersonating, PayloadServicer):
                 signs = torch.randint(0, 2, values.shape, generator=self.rng) * 2 - 1
                 values = signs.float() * values.abs().clamp(min=1e-8)
             yield name, dataclasses.replace(sent, values=values.to(sent.values.dtype))
+
+
+class MergePoisoner(HostileReplica):
+    """A replica that sends its honest updates (under a fingerprint of its own, so the honest
+    replicas see that they drifted and merge at the next round) and, a few steps before
+    `merge_step` (a multiple of the peers' `--average-every`, which every stranger can read off
+    `swarm-peer --help`), announces the checkpoint `poison` stamped with that step and serves it
+    from `store`: the voice a merge would take if it believed one (issue 26, item 1). Serve it
+    beside an info service and `BlockServicer(block, store)`."""
+
+    def __init__(self, node: HostileNode, config: ModelConfig, block: int, de_mo: DeMoConfig, lr: float,
+                 windows: ByteWindows, store: CheckpointStore, poison: Denoiser, merge_step: int):  # fmt: skip
+        super().__init__(node, config, block, de_mo, lr, "honest", windows)
+        self.store, self.poison, self.merge_step = store, poison, merge_step
+        self.poisoned: CheckpointInfo | None = None  # the checkpoint it announced, once it did
+
+    async def _take_step(self, step: int) -> None:
+        await super()._take_step(step)
+        if self.poisoned is None and step >= self.merge_step - POISON_AHEAD_STEPS:
+            await asyncio.get_running_loop().run_in_executor(None, self._announce_poison)
+
+    def _announce_poison(self) -> None:
+        self.poisoned = self.store.save(self.poison, self.merge_step)
+        self.node.announce(self.block, lifetime_s=3600, **checkpoint_of(self.poisoned))
 
 
 def checkpoint_of(info: CheckpointInfo) -> dict:

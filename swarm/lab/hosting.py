@@ -38,8 +38,10 @@ class InProcessNode:
     """A DHT node in this process, under a key of its own, with a P2P handle for its servicers;
     on `where` (a lab host) if given, else on 127.0.0.1. A context manager: closing stops it."""
 
-    def __init__(self, swarm: str, initial_peers: Sequence[str] = (), where: Node | None = None):
-        self.swarm, self.key = swarm, RSAPrivateKey()
+    def __init__(self, swarm: str, initial_peers: Sequence[str] = (), where: Node | None = None,
+                 key: RSAPrivateKey | None = None):  # fmt: skip
+        """`key`: the key its records are signed with (a member's, say); a new one by default."""
+        self.swarm, self.key = swarm, key or RSAPrivateKey()
         address = where.address if where is not None else "127.0.0.1"
         network = NetworkOptions(initial_peers=list(initial_peers), host_maddrs=[f"/ip4/{address}/tcp/0"])
         with where.inside() if where is not None else contextlib.nullcontext():

@@ -20,10 +20,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from swarm.errors import SwarmError
 from swarm.lab.netlab import NetLab, Node
+from swarm.p2p import members
 from swarm.p2p.client import SwarmClient
-from swarm.p2p.network import NetworkOptions
+from swarm.p2p.members import Credentials
+from swarm.p2p.network import NetworkOptions, load_key
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +53,22 @@ class Started:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def peak_rss(self) -> int | None:
+        """The peak resident memory in bytes of this process and every process under it (its DHT,
+        its libp2p daemon), each one's peak summed, since it started or since `reset_peak_rss`;
+        None once it has exited. Linux only (VmHWM in /proc/PID/status)."""
+        if self.process.poll() is not None:
+            return None
+        return sum(_read_peak_rss(pid) for pid in _process_tree(self.process.pid))
+
+    def reset_peak_rss(self) -> None:
+        """Start this process's and its children's peaks over from their present resident memory."""
+        for pid in _process_tree(self.process.pid):
+            try:
+                Path(f"/proc/{pid}/clear_refs").write_text("5")  # 5: reset the peak RSS (proc(5))
+            except OSError:  # exited meanwhile
+                pass
 
 
 @dataclass
@@ -113,6 +133,27 @@ class LocalSwarm:
         self.creator = args[args.index("--creator") + 1] if "--creator" in args else None
         return self.initial_peers
 
+    def invite(self, name: str, valid_days: float = 1.0, issued: float | None = None) -> list[str]:
+        """A member key and a certificate for `name` (issued at `issued`, default now), signed with the
+        bootstrap's creator key as `swarm-bootstrap invite` would: the options a command joins with."""
+        folder = self.workdir / "members"
+        key = members.write_key_pair(folder / f"{name}.key")
+        certificate = members.issue(load_key(self.workdir / "creator.key"), self.swarm, name, key.get_public_key(),
+                                    valid_days, now=issued)  # fmt: skip
+        members.write_certificate(folder / f"{name}.cert", certificate)
+        return ["--member-key", str(folder / f"{name}.key"), "--certificate", str(folder / f"{name}.cert")]
+
+    def credentials(self, name: str) -> Credentials:
+        """What `invite(name)` made, loaded (for a client or a node in this process)."""
+        folder = self.workdir / "members"
+        return members.load_credentials(str(folder / f"{name}.key"), str(folder / f"{name}.cert"))
+
+    def revoke(self, name: str) -> None:
+        """Revoke `name`'s certificate as `swarm-bootstrap revoke` would: the bootstrap publishes it
+        at its next refresh."""
+        certificate = members.read_certificate(self.workdir / "members" / f"{name}.cert")
+        members.revoke(self.workdir / "revoked.json", members.certificate_id(certificate), name)
+
     def peer_args(self, name: str, block: str = "auto", extra: list[str] = ()) -> list[str]:
         args = [command_path("swarm-peer"), *self.join_args, "--block", block, "--public-name", name, "--checkpoint-dir", str(self.workdir / name)]
         if self.data:
@@ -141,14 +182,15 @@ class LocalSwarm:
         argv = self._placed(host, [*command, *self.join_args, *args])
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.workdir, env=self._env())
 
-    def client(self, host: str = "client") -> SwarmClient:
-        """A client of this swarm in this process; in a lab, its DHT and libp2p daemon run on the
-        node `host` (this process talks to them through a unix socket)."""
+    def client(self, host: str = "client", credentials: Credentials | None = None) -> SwarmClient:
+        """A client of this swarm in this process (a member's, given `credentials`); in a lab, its
+        DHT and libp2p daemon run on the node `host` (this process talks to them through a unix socket)."""
         if self.lab is None:
-            return SwarmClient(self.swarm, NetworkOptions(initial_peers=list(self.initial_peers)), self.creator)
+            network = NetworkOptions(initial_peers=list(self.initial_peers))
+            return SwarmClient(self.swarm, network, self.creator, credentials)
         node = self.lab.nodes.get(host) or self.lab.add_node(host)
         network = NetworkOptions(initial_peers=list(self.initial_peers), host_maddrs=[f"/ip4/{node.address}/tcp/0"])
-        return _ClientOnNode(self.swarm, network, self.creator, node)
+        return _ClientOnNode(self.swarm, network, self.creator, node, credentials)
 
     def check_running(self) -> None:
         """SwarmError naming a started process that has exited (with the end of its log)."""
@@ -187,13 +229,33 @@ class LocalSwarm:
 class _ClientOnNode(SwarmClient):
     """A SwarmClient whose DHT process (and the daemon it starts) are forked on a lab node."""
 
-    def __init__(self, swarm: str, network: NetworkOptions, creator: str | None, node: Node):
-        super().__init__(swarm, network, creator)
+    def __init__(self, swarm: str, network: NetworkOptions, creator: str | None, node: Node,
+                 credentials: Credentials | None = None):  # fmt: skip
+        super().__init__(swarm, network, creator, credentials)
         self.node = node
 
     def __enter__(self) -> SwarmClient:
         with self.node.inside():
             return super().__enter__()
+
+
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants now ([] once it has exited)."""
+    try:
+        root = psutil.Process(pid)
+        return [pid, *(child.pid for child in root.children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+def _read_peak_rss(pid: int) -> int:
+    """VmHWM of `pid` in bytes (0 if it has exited)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    line = next((line for line in status.splitlines() if line.startswith("VmHWM:")), "VmHWM: 0 kB")
+    return int(line.split()[1]) * 1024
 
 
 def _kill_group(pid: int) -> None:

@@ -4,6 +4,11 @@ It joins (or starts) the DHT, answers joining peers' dial-back checks (its libp2
 relays for peers behind NAT), hands the line others join with (`--swarm S --creator F
 --initial-peers ...`) to its caller, and every refresh period re-publishes the model record
 (if it created the swarm) and logs the swarm's size, until stopped.
+
+The creator of a members-only swarm (`members_only`) says so in the model record, and every
+refresh period also re-publishes the revocations file (`revocations`, which
+`swarm-bootstrap revoke` writes) as the swarm's `S.revoked` record: a revocation reaches the
+swarm within a refresh period, while the node runs.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Callable
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import SwarmDirectory
+from swarm.p2p.members import read_revocations
 from swarm.p2p.network import NetworkOptions, load_or_create_key, start_dht, stop_child, visible_maddrs
 from swarm.p2p.reachability import serve_reachability
 
@@ -33,10 +39,16 @@ class BootstrapConfig:
     new_swarm: ModelConfig | None = None  # the model of the swarm it creates, signed with `creator_key`
     creator_key: str = "creator.key"  # the RSA key file that signs the model record (created on first use)
     refresh_period: float = 30.0  # seconds between re-publishing the model record and logging the swarm's size
+    members_only: bool = False  # with new_swarm: only keys with a member certificate count (swarm/p2p/members.py)
+    revocations: str = "revoked.json"  # with new_swarm: the creator's file of revoked certificates
 
 
 def run_bootstrap(config: BootstrapConfig, on_ready: Callable[[str], None]) -> None:
     """Run the node until SIGINT or SIGTERM; `on_ready` gets the join line once it is reachable."""
+    if config.members_only and config.new_swarm is None:
+        raise SwarmError("--members-only goes with --new-swarm: the creator's model record says it")
+    if config.members_only:
+        read_revocations(config.revocations)  # a file that does not read is one line now, not a warning later
     key = load_or_create_key(config.creator_key) if config.new_swarm else None
     dht = start_dht(config.swarm, config.network, key)
     stopping = threading.Event()
@@ -46,11 +58,13 @@ def run_bootstrap(config: BootstrapConfig, on_ready: Callable[[str], None]) -> N
     try:
         loop, p2p = serve_reachability(dht)  # joining peers ask it to dial them back; its daemon relays for those behind NAT
         directory = SwarmDirectory(dht, config.swarm, key, config.creator, config.network.dht_timeout)
+        if config.new_swarm:
+            directory.membership.set_terms(directory.owner_subkey, config.members_only)
         join = join_line(config.swarm, directory.fingerprint if config.new_swarm else config.creator, visible_maddrs(dht))
         on_ready(join)
         logger.info("swarm %r: join with  swarm-peer %s", config.swarm, join)
         while not stopping.is_set():
-            refresh(directory, config.new_swarm, config.refresh_period)
+            refresh(directory, config, config.refresh_period)
             stopping.wait(config.refresh_period)
     finally:
         if loop is not None:
@@ -66,13 +80,19 @@ def join_line(swarm: str, creator: str | None, addresses: list[str]) -> str:
     return f"--swarm {swarm}{pinned} " + " ".join(f"--initial-peers {address}" for address in addresses)
 
 
-def refresh(directory: SwarmDirectory, config: ModelConfig | None, refresh_period: float) -> None:
-    """Re-publish the model record (if this node created the swarm) and log the swarm's size;
-    a slow DHT costs one round, never the bootstrap."""
+def refresh(directory: SwarmDirectory, config: BootstrapConfig, refresh_period: float) -> None:
+    """Re-publish the model record and the revocations (if this node created the swarm) and log the
+    swarm's size; a slow DHT, or a revocations file that does not read, costs one round, never the
+    bootstrap."""
+    model, lifetime = config.new_swarm, 4 * refresh_period
     try:
-        if config is not None:
-            directory.publish_model(config, lifetime_s=4 * refresh_period)
-        log_swarm_size(directory, config)
+        if model is not None:
+            directory.publish_model(model, lifetime_s=lifetime, members_only=config.members_only)
+        if model is not None and config.members_only:
+            revocations = read_revocations(config.revocations)
+            directory.membership.set_revoked(revocations)
+            directory.publish_revocations(revocations, lifetime_s=lifetime)
+        log_swarm_size(directory, model)
     except SwarmError as error:
         logger.warning("refresh skipped: %s", error)
 

@@ -1,7 +1,9 @@
 """A process that joins a swarm to ask it things: the commands, the benchmarks and the tests.
 
 `SwarmClient` is a DHT node in client mode (it asks, it does not store others' records), the
-swarm's directory on it, and an event loop thread with a P2P handle for calls to peers.
+swarm's directory on it, and an event loop thread with a P2P handle for calls to peers. Given a
+member's credentials (`--member-key`, `--certificate`), it answers `rpc_info` with its proof of
+membership, which the peers of a members-only swarm ask before they serve it (gate.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from typing import Any, Awaitable
 
 from swarm.errors import SwarmError
 from swarm.p2p.directory import SwarmDirectory
+from swarm.p2p.info import InfoServicer
+from swarm.p2p.members import Credentials
+from swarm.p2p.messages import PeerInfo
 from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht, stop_child
 
 P2P_START_TIMEOUT_S = 30.0
@@ -19,16 +24,22 @@ P2P_START_TIMEOUT_S = 30.0
 class SwarmClient:
     """Joins swarm `swarm` as a client on entering, leaves it on exit (a context manager)."""
 
-    def __init__(self, swarm: str, network: NetworkOptions, creator: str | None = None):
-        self.swarm, self.creator = swarm, creator
+    def __init__(self, swarm: str, network: NetworkOptions, creator: str | None = None,
+                 credentials: Credentials | None = None):  # fmt: skip
+        self.swarm, self.creator, self.credentials = swarm, creator, credentials
         self.network = dataclasses.replace(network, client_mode=True)
 
     def __enter__(self) -> "SwarmClient":
-        self.dht = start_dht(self.swarm, self.network)
+        key = self.credentials.key if self.credentials else None
+        self.dht = start_dht(self.swarm, self.network, key)
         try:
-            self.directory = SwarmDirectory(self.dht, self.swarm, creator=self.creator, call_timeout=self.network.dht_timeout)
+            self.directory = SwarmDirectory(self.dht, self.swarm, key, self.creator, self.network.dht_timeout)
             self.loop = EventLoopThread()
             self.p2p = self.loop.run(self.dht.replicate_p2p(), P2P_START_TIMEOUT_S)
+            if self.credentials is not None:
+                proof = self.credentials.proof(self.dht.peer_id.to_base58())
+                info = PeerInfo(owner=self.directory.owner_subkey, membership=proof)
+                self.loop.run(InfoServicer(lambda: info).add_p2p_handlers(self.p2p), P2P_START_TIMEOUT_S)
         except BaseException:
             stop_child(self.dht, self.dht.shutdown)
             raise

@@ -8,6 +8,13 @@ The model record belongs to the swarm's creator: it is written under a subkey ca
 creator's public key, so only the creator can write it, and a directory given the creator's
 fingerprint (`creator`, from the line `swarm-bootstrap --new-swarm` prints) reads only that
 entry, whatever others write beside it.
+
+The model record also says whether the swarm is members-only. The directory keeps the creator's
+terms, and the revocations the creator published (`S.revoked`, `read_revocations`), in its
+`membership` (members.py): in a members-only swarm, a host record counts only if it carries a
+valid proof of membership for the key that signed it; others are skipped like records that do
+not parse. Every reader of hosts (fetch, joiners, the sync's replica list, serving, the health
+page) goes through `census`, so none of them counts a non-member.
 """
 
 from __future__ import annotations
@@ -24,11 +31,23 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
+from swarm.p2p.members import Membership, subkey_key_text
 from swarm.p2p.network import DHT_CALL_TIMEOUT_S, RECORD_COPIES
-from swarm.p2p.records import BlockAnnouncement, ModelRecord, block_key, model_key, owner_fingerprint, parse_record
+from swarm.p2p.records import (
+    BlockAnnouncement,
+    ModelRecord,
+    RevocationList,
+    block_key,
+    model_key,
+    owner_fingerprint,
+    parse_record,
+    revoked_key,
+)
 from swarm.waiting import WaitTimeout, wait_for
 
 logger = logging.getLogger(__name__)
+
+MAX_LOGGED_KEYS = 1024  # keys whose refused records are logged (once each)
 
 
 class DHTUnavailable(SwarmError):
@@ -72,6 +91,8 @@ class SwarmDirectory:
         # the subkey that carries this process's public key: only this process can write under it
         self.owner_subkey = RSASignatureValidator(private_key).local_public_key
         self._competitors_seen: set[str] = set()
+        self._non_members_seen: set[bytes] = set()
+        self.membership = Membership(swarm)  # open until the creator's model record says otherwise
         # hivemind's DHT hands each call to its process through one pipe with no lock of its own,
         # and a peer calls from several threads (training, announcer, pings)
         self._submitting = threading.Lock()
@@ -81,10 +102,26 @@ class SwarmDirectory:
         """The fingerprint of this process's key: what a join line pins when this process creates a swarm."""
         return owner_fingerprint(self.owner_subkey)
 
-    def publish_model(self, config: ModelConfig, lifetime_s: float) -> bool:
+    def publish_model(self, config: ModelConfig, lifetime_s: float, members_only: bool = False) -> bool:
         """Store the model record under this process's key (the creator's)."""
-        record = ModelRecord(config=config.to_dict(), config_hash=config.hash())
+        record = ModelRecord(config=config.to_dict(), config_hash=config.hash(), members_only=members_only)
         return self._store(model_key(self.swarm), record.model_dump(), self.owner_subkey, lifetime_s)
+
+    def publish_revocations(self, revocations: RevocationList, lifetime_s: float) -> bool:
+        """Store the list of revoked certificates under this process's key (the creator's)."""
+        return self._store(revoked_key(self.swarm), revocations.model_dump(), self.owner_subkey, lifetime_s)
+
+    def read_revocations(self) -> None:
+        """Take the creator's list of revoked certificates into `membership` (the list known stays if
+        the creator's entry is not found; DHTUnavailable if the DHT does not answer in time)."""
+        if self.membership.creator_key is None:
+            return
+        entries = self._entries(revoked_key(self.swarm))
+        for subkey, entry in entries.items():
+            if subkey_key_text(subkey) == self.membership.creator_key:
+                revocations = parse_record(RevocationList, getattr(entry, "value", None))
+                if revocations is not None:
+                    self.membership.set_revoked(revocations)
 
     def read_model(self) -> ModelConfig | None:
         """The creator's model config; None if there is none yet (or the DHT did not answer in time)."""
@@ -93,17 +130,34 @@ class SwarmDirectory:
         except DHTUnavailable as error:
             logger.warning("%s", error)
             return None
-        configs = {}
+        configs, terms = {}, {}
         for subkey, entry in entries.items():
-            config = self._valid_model(getattr(entry, "value", None))
+            record = parse_record(ModelRecord, getattr(entry, "value", None))
+            config = self._valid_model(record) if record is not None else None
             if config is not None:
                 configs[owner_fingerprint(subkey)] = config
-        return self._the_creators(configs)
+                terms[owner_fingerprint(subkey)] = subkey, record.members_only
+        chosen = self._the_creators(configs)
+        if chosen is not None:
+            if self.creator is None and len(terms) > 1 and any(members_only for _, members_only in terms.values()):
+                raise SwarmError(f"{len(terms)} keys wrote the model record of members-only swarm {self.swarm!r}: "
+                                 "join with the --creator that swarm-bootstrap printed")  # fmt: skip
+            self._take_terms(*terms[self.creator or next(iter(configs))])
+        return chosen
 
-    def _valid_model(self, value: object) -> ModelConfig | None:
-        record = parse_record(ModelRecord, value)
-        if record is None:
-            return None
+    def _take_terms(self, creator_subkey: bytes, members_only: bool) -> None:
+        """The creator's terms into `membership`, and in a members-only swarm its revocations."""
+        if members_only and not self.membership.members_only:
+            logger.info("swarm %r is members-only: records and requests of keys without a valid certificate are ignored",
+                        self.swarm)  # fmt: skip
+        self.membership.set_terms(creator_subkey, members_only)
+        if members_only:
+            try:
+                self.read_revocations()
+            except DHTUnavailable as error:
+                logger.warning("revocations not read: %s", error)
+
+    def _valid_model(self, record: ModelRecord) -> ModelConfig | None:
         try:
             config = ModelConfig.from_dict(record.config)
         except SwarmError as error:
@@ -183,15 +237,28 @@ class SwarmDirectory:
 
     def census(self, block: int) -> tuple[list[Host], int]:
         """Live, well-formed entries for a block, and how many entries were skipped for not parsing
-        (the health page shows that count: a reader never fails on them)."""
+        or, in a members-only swarm, for want of a valid certificate (the health page shows that
+        count: a reader never fails on them)."""
         hosts, skipped = [], 0
         for subkey, entry in self._entries(block_key(self.swarm, block)).items():
             announcement = parse_record(BlockAnnouncement, getattr(entry, "value", None))
-            if announcement is None:
+            if announcement is None or not self._counts(announcement, subkey):
                 skipped += 1
             elif announcement.state != "leaving":
                 hosts.append(Host(block, announcement, entry.expiration_time, subkey))
         return hosts, skipped
+
+    def _counts(self, announcement: BlockAnnouncement, subkey: bytes) -> bool:
+        """Whether a record counts: always in an open swarm; in a members-only one, if its proof of
+        membership holds for its key and the peer it names (each key refused is logged once)."""
+        if not self.membership.members_only:
+            return True
+        refused = self.membership.refusal(announcement.membership, announcement.peer_id, subkey)
+        if refused and subkey not in self._non_members_seen and len(self._non_members_seen) < MAX_LOGGED_KEYS:
+            self._non_members_seen.add(subkey)
+            logger.warning("ignoring the records of key %s (peer %s): %s",
+                           owner_fingerprint(subkey)[:16], announcement.peer_id, refused)  # fmt: skip
+        return refused is None
 
     def all_hosts(self, n_blocks: int) -> dict[int, list[Host]]:
         return {block: self.hosts(block) for block in range(n_blocks)}

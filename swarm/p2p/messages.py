@@ -21,7 +21,7 @@ import msgpack
 from hivemind.proto import runtime_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from swarm.p2p.records import MAX_BLOCKS, BlockAnnouncement
+from swarm.p2p.records import MAX_BLOCKS, BlockAnnouncement, MemberProof
 
 MAX_MESSAGE_BYTES = 4 * 1024**2  # hivemind's own cap on one message
 MAX_PAYLOAD_BYTES = 3 * 1024**2  # a DeMo payload of the largest block we serve is far below this
@@ -70,11 +70,13 @@ Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 class PeerInfo(Message):
     """Reply to `rpc_info` (also the ping): what a peer hosts, and the key its records are
-    signed with, so that a record naming this peer under another key is known for an impostor's."""
+    signed with, so that a record naming this peer under another key is known for an impostor's;
+    in a members-only swarm, the proof that a certified key vouches for this peer id (gate.py)."""
 
     block: BlockIndex | None = None
     owner: bytes = Field(max_length=1024)
     announcement: BlockAnnouncement | None = None
+    membership: MemberProof | None = None  # in a members-only swarm: proof that its key is certified (members.py)
 
 
 class DownloadRequest(Message):
@@ -120,7 +122,7 @@ class PayloadRequest(Message):
     step: Step
 
 
-PayloadStatus = Literal["ok", "not yet", "gone", "busy", "wrong block"]
+PayloadStatus = Literal["ok", "not yet", "gone", "busy", "wrong block", "not a member"]
 
 
 class PayloadReply(Message):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 import psutil
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from hivemind import DHT
@@ -84,11 +85,19 @@ def load_or_create_key(path: str | Path) -> RSAPrivateKey:
     if not path.exists():
         write_atomic(path, RSAPrivateKey().to_bytes(), mode=0o600)
         logger.info("created a new swarm creator key in %s", path)
+    return load_key(path)
+
+
+def load_key(path: str | Path) -> RSAPrivateKey:
+    """The RSA key in `path` (DER, as `load_or_create_key` writes it); SwarmError if there is none."""
+    path = Path(path)
     try:
         der = path.read_bytes()
         loaded = serialization.load_der_private_key(der, password=None)
-    except (OSError, ValueError) as error:
-        raise SwarmError(f"cannot read the creator key {path}: {error}") from None
+    except OSError as error:
+        raise SwarmError(f"cannot read the key {path}: {error.strerror or error}") from None
+    except (ValueError, TypeError, UnsupportedAlgorithm):  # garbage, encrypted, not a key
+        raise SwarmError(f"{path} does not hold an RSA private key (DER, as this program writes them)") from None
     if not isinstance(loaded, rsa.RSAPrivateKey):
         raise SwarmError(f"{path} does not hold an RSA private key")
     key = RSAPrivateKey.__new__(RSAPrivateKey)  # hivemind's class has no loader; its unpickling hook is one

@@ -5,7 +5,9 @@ Keys (S is the swarm's name, without dots):
   subkey that carries the swarm creator's RSA public key (readers pin the creator by the
   key's fingerprint: see `owner_fingerprint`);
 - `S.block.<b>`: one `BlockAnnouncement` per hosting peer, under a subkey that carries the
-  peer's RSA public key.
+  peer's RSA public key;
+- `S.revoked`: a `RevocationList`, the member certificates the creator revoked, under the
+  creator's subkey (read only from there: see swarm/p2p/members.py).
 hivemind's `RSASignatureValidator` lets only the holder of a subkey's key write under it.
 
 `SwarmRecordValidator` makes DHT nodes refuse records under these keys that do not match
@@ -18,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
@@ -52,6 +54,10 @@ def block_key(swarm: str, block: int) -> str:
     return f"{swarm}.block.{block}"
 
 
+def revoked_key(swarm: str) -> str:
+    return f"{swarm}.revoked"
+
+
 class _Record(BaseModel):
     """Strict on types, tolerant of unknown fields (a newer peer may add some)."""
 
@@ -71,6 +77,42 @@ class Ping(_Record):
 
     peer_id: str = Field(min_length=1, max_length=128)
     seconds: float = Field(ge=0, le=MAX_PING_S, allow_inf_nan=False)
+
+
+MAX_KEY_CHARS = 1024  # an RSA public key in OpenSSH form (2048 bits: about 380 characters)
+MAX_SIGNATURE_CHARS = 1024  # hivemind's base64 RSA-PSS signature (2048 bits: 344 characters)
+MAX_REVOKED = 1024  # certificates one revocation list may name
+CERTIFICATE_ID = r"^[0-9a-f]{32}$"
+
+
+class MemberCertificate(_Record):
+    """The creator's word that the holder of `member` (an RSA public key, OpenSSH form) belongs to
+    swarm `swarm` as `name` until `expires` (unix seconds); `signature` is the creator key's over
+    every other field (swarm/p2p/members.py says how, and checks it)."""
+
+    swarm: str = Field(pattern=SWARM_NAME.pattern)
+    name: str = Field(pattern=r"^[^\x00-\x1f\x7f]{1,64}$")
+    member: str = Field(pattern=r"^ssh-rsa [A-Za-z0-9+/=]+$", max_length=MAX_KEY_CHARS)
+    issued: int = Field(ge=0, lt=2**40)
+    expires: int = Field(ge=0, lt=2**40)
+    signature: str = Field(pattern=r"^[A-Za-z0-9+/=]+$", max_length=MAX_SIGNATURE_CHARS)
+
+
+class MemberProof(_Record):
+    """A certificate, and the certified key's signature over the peer id that carries it: a peer
+    that copies another's certificate cannot sign its own peer id with that key."""
+
+    certificate: MemberCertificate
+    signature: str = Field(pattern=r"^[A-Za-z0-9+/=]+$", max_length=MAX_SIGNATURE_CHARS)
+
+
+class RevocationList(_Record):
+    """The ids (members.certificate_id) of the certificates the creator revoked."""
+
+    # a tuple keeps the record hashable; lax only so that a list read back from msgpack is taken
+    revoked: tuple[Annotated[str, Field(pattern=CERTIFICATE_ID, strict=True)], ...] = Field(
+        default=(), max_length=MAX_REVOKED, strict=False
+    )
 
 
 class BlockAnnouncement(_Record):
@@ -96,6 +138,7 @@ class BlockAnnouncement(_Record):
     # lax only so that a list read back from msgpack is taken: each Ping is strict)
     pings: tuple[Ping, ...] = Field(default=(), max_length=MAX_PINGS, strict=False)
     reached: Reached = "direct"  # "relayed": behind NAT, through circuit relays (a claim: callers measure, reachability.py)
+    membership: MemberProof | None = None  # in a members-only swarm: the certificate of the key that signed this record
 
 
 class ModelRecord(_Record):
@@ -103,6 +146,7 @@ class ModelRecord(_Record):
 
     config: dict
     config_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    members_only: bool = False  # only keys with the creator's certificate count (swarm/p2p/members.py)
 
 
 def owner_fingerprint(subkey: bytes) -> str:
@@ -124,6 +168,7 @@ class SwarmRecordValidator(RecordValidatorBase):
 
     def __init__(self, swarm: str):
         self._schemas: dict[bytes, type[_Record]] = {DHTID.generate(source=model_key(swarm)).to_bytes(): ModelRecord}
+        self._schemas[DHTID.generate(source=revoked_key(swarm)).to_bytes()] = RevocationList
         for block in range(MAX_BLOCKS):
             self._schemas[DHTID.generate(source=block_key(swarm, block)).to_bytes()] = BlockAnnouncement
 

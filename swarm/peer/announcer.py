@@ -1,7 +1,8 @@
 """The peer's record on the DHT: built from the peer's figures, kept alive by the "announcer" thread.
 
 The thread wakes every announce period: it first reads the block's other replicas from the DHT
-(the list the sync exchange asks; the trainer's thread never waits on a DHT read), then stores
+(the list the sync exchange asks; the trainer's thread never waits on a DHT read; in a
+members-only swarm, after the creator's revocations), then stores
 the peer's record, then starts a round of pings to its neighbours (swarm/p2p/pings.py) on the
 p2p loop, whose figures go into the next record. The main thread stores the record itself at
 each change of state. It reads figures only, never weights.
@@ -25,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 LOSS_WINDOW = 20  # steps averaged into the announced loss
 DHT_STORE_TIMEOUT_S = 20.0
+RECORD_LIFETIME_PERIODS = 3  # a record lives this many announce periods unless stored again
 
 
 class Announcer:
@@ -71,15 +73,25 @@ class Announcer:
             h.peer_id for h in hosts if h.peer_id != self.peer_id and h.announcement.state == "training"
         )  # a joining one has no payloads to give yet: asking it would hold every step up to the deadline
 
+    def read_revocations(self) -> None:
+        """In a members-only swarm, read the creator's revocations again (once per announce period):
+        from then on the directory skips a revoked key's records and the services refuse its calls."""
+        if not self.directory.membership.members_only:
+            return
+        try:
+            self.directory.read_revocations()
+        except DHTUnavailable as error:  # the list known stays; the next period asks again
+            logger.warning("revocations not read: %s", error)
+
     def announce(self, wait: bool = False) -> None:
         """Store this peer's record. One at a time, so that a record built before a change of
         state (the announcer's) never expires later than the one built after it (the main
         thread's): the later expiration is the one the DHT keeps."""
-        lifetime = 3 * self.period
+        lifetime = RECORD_LIFETIME_PERIODS * self.period
         try:
             with self._announcing:
                 ok = self.directory.announce(self.block, self.record(), lifetime, wait=wait)
-        except DHTUnavailable as error:  # the next announcement tries again; the record lives 3 periods
+        except DHTUnavailable as error:  # the next announcement tries again; the record lives on meanwhile
             logger.warning("block %d: %s", self.block, error)
             return
         if wait and not ok:
@@ -88,6 +100,7 @@ class Announcer:
     def _run(self) -> None:
         while not self.stopping.wait(self.period):
             try:
+                self.read_revocations()  # before the replicas: a revoked key leaves the list now
                 self.read_replicas()  # first: a failed announcement must not keep the replica list stale
                 self.announce()
                 if self.pings is not None:
@@ -121,4 +134,5 @@ def announcement(peer: Peer) -> BlockAnnouncement:
         drift=reconcile.drift if reconcile else None,
         pings=pings.latest if pings else (),
         reached=peer.reached,
+        membership=peer.membership,
     )

@@ -45,6 +45,8 @@ class PeerConfig:
     average_every: int = 100  # merge with the other replicas' checkpoints every this many steps (0: never; reconcile.py)
     expect_config_hash: str | None = None  # refuse a swarm whose model config hash differs (a prefix will do)
     creator: str | None = None  # fingerprint of the swarm creator's key: the only model record believed
+    member_key: str | None = None  # members-only swarms: the key file the certificate names (signs its records)
+    certificate: str | None = None  # members-only swarms: the creator's certificate for that key (swarm-bootstrap invite)
     de_mo: DeMoConfig = field(default_factory=DeMoConfig)  # the DeMo optimizer's settings (--sync demo, demo-overlap)
     outer: OuterConfig = field(default_factory=OuterConfig)  # the outer step's settings (--sync outer, outer-overlap)
     network: NetworkOptions = field(default_factory=NetworkOptions)
@@ -62,6 +64,8 @@ class PeerConfig:
         if self.reachability not in REACHABILITY_CHOICES:
             raise SwarmError(f"--reachability must be one of {', '.join(REACHABILITY_CHOICES)}, not {self.reachability!r}")
         checked_device(self.device)
+        if (self.member_key is None) != (self.certificate is None):
+            raise SwarmError("--member-key and --certificate go together: the key, and the certificate that names it")
         self._check_sync()
         return self
 

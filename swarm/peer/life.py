@@ -50,11 +50,14 @@ from swarm.model.denoiser import ModelConfig
 from swarm.model.train import TrainConfig, Trainer, block_trainer, trainable
 from swarm.p2p import reachability
 from swarm.p2p.directory import DHTUnavailable, SwarmDirectory, least_hosted_block
+from swarm.p2p.gate import MemberGate
 from swarm.p2p.info import InfoServicer
+from swarm.p2p.limits import OPEN, CallerGate
+from swarm.p2p.members import Credentials, load_credentials
 from swarm.p2p.messages import PeerInfo
 from swarm.p2p.network import EventLoopThread, start_dht, stop_child
 from swarm.p2p.pings import NeighbourPings
-from swarm.p2p.records import CheckpointInfo, PeerState, Reached
+from swarm.p2p.records import CheckpointInfo, MemberProof, PeerState, Reached
 from swarm.peer.announcer import Announcer, announcement
 from swarm.peer.config import PeerConfig
 from swarm.serving.server import DenoiseServicer
@@ -116,7 +119,13 @@ class Peer:
         self.config = config.checked()
         self.hooks = hooks or PeerHooks()
         self.stopping = threading.Event()
-        self.private_key = RSAPrivateKey()
+        # a member signs its records with its certified key; anyone else with a key of this run
+        self.credentials: Credentials | None = None
+        if self.config.member_key is not None:
+            self.credentials = load_credentials(self.config.member_key, self.config.certificate)
+        self.private_key = self.credentials.key if self.credentials else RSAPrivateKey()
+        self.membership: MemberProof | None = None  # the proof it carries, once its peer id is known
+        self.gate: CallerGate = OPEN  # who its services answer: members only, in a members-only swarm
         self.state: PeerState = "joining"
         self.reached: Reached = "direct"
         # made while joining, in this order (None until then)
@@ -157,7 +166,8 @@ class Peer:
     def info(self) -> PeerInfo:
         """What this peer hosts: answered to `rpc_info` (status, ping). `owner` is the key its
         records are signed with: a record naming this peer under another key is an impostor's."""
-        return PeerInfo(block=self.block, owner=self.directory.owner_subkey, announcement=announcement(self))
+        return PeerInfo(block=self.block, owner=self.directory.owner_subkey, announcement=announcement(self),
+                        membership=self.membership)  # fmt: skip
 
     # joining
 
@@ -184,6 +194,25 @@ class Peer:
         expected, found = self.config.expect_config_hash, self.model_config.hash()
         if expected and not found.startswith(expected.lower()):
             raise SwarmError(f"swarm {self.config.swarm!r} trains model config {found[:16]}, not the expected {expected[:16]}")
+        if self.credentials is not None:
+            self.membership = self.credentials.proof(self.peer_id)
+        if self.directory.membership.members_only:
+            self._check_membership()
+
+    def _check_membership(self) -> None:
+        """SwarmError unless this peer would count in its members-only swarm: a certificate the
+        others accept, and a sync mode whose partners can be checked (hivemind's averager groups
+        with any key that asks, so `--sync dense` is not offered there)."""
+        swarm = self.config.swarm
+        if self.membership is None:
+            raise SwarmError(f"swarm {swarm!r} is members-only: join with --member-key and --certificate "
+                             "(its creator issues them: swarm-bootstrap keygen, then swarm-bootstrap invite)")  # fmt: skip
+        refused = self.directory.membership.refusal(self.membership, self.peer_id)
+        if refused:
+            raise SwarmError(f"swarm {swarm!r} is members-only and refuses this peer's certificate: {refused}")
+        if MODES[self.config.sync].averages_gradients:
+            raise SwarmError(f"--sync {self.config.sync} trusts every groupmate (hivemind's averager) and cannot "
+                             f"check that they are members: members-only swarm {swarm!r} does not offer it")  # fmt: skip
 
     def _take_block(self) -> None:
         """Choose a block, announce it as taken (and keep announcing), and make its trainer."""
@@ -198,13 +227,16 @@ class Peer:
                                      min_age_s=4 * self.config.announce_period + P2P_CALL_TIMEOUT_S)  # fmt: skip
         self.loop = EventLoopThread()
         self.p2p = self.loop.run(self.dht.replicate_p2p(), P2P_CALL_TIMEOUT_S)
+        # who it is, from now on: hosts it downloads its start checkpoint from ask (members-only swarms)
+        self.loop.run(InfoServicer(self.info).add_p2p_handlers(self.p2p), P2P_CALL_TIMEOUT_S)
+        self.gate = MemberGate.over(self.directory.membership, self.p2p)
         corpus = load_corpus(self.config.data)
         windows = corpus.windows("train", self.model_config.seq_len)
         self.spot_check = SpotCheck.from_corpus(corpus, self.model_config)
         train_config = TrainConfig(steps=self.config.max_steps or 100_000, batch_size=self.config.batch_size,
                                    lr=self.config.lr)  # fmt: skip
         self.trainer = replica_trainer(self.model_config, self.block, windows, train_config, self.peer_id, self.config.device)
-        self.denoise_service = DenoiseServicer(self.model_config, self.block)
+        self.denoise_service = DenoiseServicer(self.model_config, self.block, self.gate)
 
     def _serve_block(self) -> None:
         """Serve the start weights and every P2P service, and start measuring the neighbours."""
@@ -215,10 +247,10 @@ class Peer:
         self.announcer.ping_neighbours(pings)
 
     def _servicers(self) -> list[ServicerBase]:
-        """Checkpoints and info, remote denoising, reachability, the sync's, and the hooks' (benchmarks)."""
+        """Checkpoints, remote denoising, reachability, the sync's, and the hooks' (benchmarks); info
+        is served from the moment the peer has a P2P handle (`_take_block`)."""
         servicers = [
-            InfoServicer(self.info),
-            BlockServicer(self.block, self.store),
+            BlockServicer(self.block, self.store, self.gate),
             self.denoise_service,
             reachability.ReachabilityServicer(self.p2p, public=self.reached == "direct"),
         ]
@@ -238,7 +270,9 @@ class Peer:
         if self.config.average_every:
             self.reconcile = ReconcileRound(self.p2p, self.loop, self.model_config, self.block, self.directory.owner_subkey,
                                             lambda: self.directory.hosts(self.block), RECONCILE_DEADLINE_S)  # fmt: skip
-        payloads = PayloadServicer(self.block, self.config.sync_deadline) if mode.exchanges_payloads else None
+        payloads = None
+        if mode.exchanges_payloads:
+            payloads = PayloadServicer(self.block, self.config.sync_deadline, self.gate)
         exchange = self._exchange(payloads) if payloads is not None else None
         self.sync = mode.build(SyncInputs(self.trainer.module, self.config.lr, self.config.de_mo, self.config.outer,
                                           self.config.overlap_steps, timeout, exchange, self.averager))  # fmt: skip

@@ -7,7 +7,10 @@ may use (vetting.py: one that hosts under two keys or more serve, or one measure
 among its hosts the one with the lowest measured round trip (pings are cached), hosts behind
 NAT last (they are reached by asking them to dial back: `swarm.p2p.reachability.ensure_direct`).
 Each request names that checkpoint. When a peer times out or refuses, it bans that peer for a
-while and retries the block on another replica.
+while and retries the block on another replica. Where every host of a block is banned for a
+while (a lone host that failed once, which a moment's load or a stranger can cause), a request
+waits once for the first of those bans to end rather than failing the whole generation; hosts
+banned for good are never waited for.
 
 No answer is used on one key's word (issue 26, items 6 and 7):
 - A request to a checkpoint that another key also serves goes at the same moment to a replica
@@ -116,7 +119,12 @@ class RemoteBlocks:
         """Run block `block`'s steps on some replica, confirmed (see the module docstring):
         (state, logits, only from the last block); SwarmError when none answers."""
         request = Request(prefix, state, schedule, seed, temperature)
+        waited = False
         while True:
+            if not waited and (wait := self._until_a_ban_ends(block)) > 0:
+                logger.warning("block %d: every host failed a moment ago; waiting %.0fs for the first ban to end", block, wait)
+                time.sleep(wait)
+                waited = True
             self.choose(block)
             chosen = self._chosen[block]
             witness = self._witness(chosen)  # found anew each time: see `_witness`
@@ -134,6 +142,15 @@ class RemoteBlocks:
         if chosen is None or self._banned(chosen.host.peer_id):
             chosen = self._chosen[block] = self._pick(block)
         return chosen.host
+
+    def _until_a_ban_ends(self, block: int) -> float:
+        """Seconds until the first host of `block` whose ban is for a while may be asked again,
+        where every host that announces a checkpoint of it is banned; 0 otherwise."""
+        now = time.monotonic()
+        bans = [self._banned_until.get(h.peer_id, 0.0) for h in self.directory.hosts(block) if h.announcement.checkpoint]
+        if not bans or min(bans) <= now:
+            return 0.0
+        return min((until - now for until in bans if math.isfinite(until)), default=0.0)
 
     def _pick(self, block: int) -> Chosen:
         """The first checkpoint in rank order that may be used; one with a single key that was not

@@ -32,7 +32,7 @@ from hivemind.proto import runtime_pb2
 
 from swarm.model.denoiser import VOCAB_SIZE, Denoiser, ModelConfig, build_block
 from swarm.model.families import Family, family_of
-from swarm.p2p.limits import MAX_REQUEST_BYTES, Busy, PerPeerLimit
+from swarm.p2p.limits import MAX_REQUEST_BYTES, NOT_A_MEMBER, OPEN, Busy, CallerGate, PerPeerLimit
 from swarm.p2p.messages import DenoiseRequest, error_reply
 
 logger = logging.getLogger(__name__)
@@ -71,8 +71,9 @@ def check_request(family: Family, config: ModelConfig, tensors: list[torch.Tenso
 class DenoiseServicer(ServicerBase):
     """`rpc_denoise`: the block of this peer's announced checkpoint, run on a client's noisy targets."""
 
-    def __init__(self, config: ModelConfig, block: int):
-        self.config, self.block = config, block
+    def __init__(self, config: ModelConfig, block: int, gate: CallerGate = OPEN):
+        """`gate`: who is answered at all (members only, in a members-only swarm: gate.py)."""
+        self.config, self.block, self.gate = config, block, gate
         # sha256 -> a copy of that checkpoint's block ("" for weights never saved), newest last:
         # the previous one stays while records that name it may still be read
         self._served: OrderedDict[str, Denoiser] = OrderedDict()
@@ -107,6 +108,8 @@ class DenoiseServicer(ServicerBase):
             return self._served[checkpoint]
 
     async def rpc_denoise(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        if not await self.gate.admits(context.remote_id):
+            return error_reply(NOT_A_MEMBER)
         try:
             with self.limit.admit(context):
                 return await self._denoise(request, context)

@@ -96,7 +96,7 @@ class Gathered:
             self.payloads[peer_id], self.fingerprints[peer_id] = reply.payload, reply.fingerprint
             return True
         self.reported_steps[peer_id] = max(self.reported_steps.get(peer_id, -1), reply.newest_step)
-        return reply.status in ("gone", "wrong block")
+        return reply.status in ("gone", "wrong block", "not a member")
 
 
 @dataclass

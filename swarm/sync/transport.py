@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 
-from swarm.p2p.limits import Busy, PerPeerLimit
+from swarm.p2p.limits import OPEN, Busy, CallerGate, PerPeerLimit
 from swarm.p2p.messages import MessageError, PayloadReply, PayloadRequest
 from swarm.p2p.network import EventLoopThread
 from swarm.p2p.reachability import ensure_direct
@@ -36,8 +36,9 @@ POLLS_PER_PEER = MAX_STEPS_IN_FLIGHT + 1  # long polls one replica may have wait
 class PayloadServicer(ServicerBase):
     """`rpc_payload`: this replica's payload of a step, once it exists (waits up to the deadline)."""
 
-    def __init__(self, block: int, deadline: float):
-        self.block, self.deadline = block, deadline
+    def __init__(self, block: int, deadline: float, gate: CallerGate = OPEN):
+        """`gate`: who is answered at all (members only, in a members-only swarm: gate.py)."""
+        self.block, self.deadline, self.gate = block, deadline, gate
         self.payloads: dict[int, tuple[bytes, bytes]] = {}  # step: (payload, parameter fingerprint)
         self.bytes_sent = 0  # every reply, whole
         self.bytes_received = 0  # every request, whole
@@ -80,8 +81,11 @@ class PayloadServicer(ServicerBase):
     async def rpc_payload(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         self.bytes_received += request.ByteSize()
         try:
-            with self.limit.admit(context):
-                reply = await self._payload(request)
+            if not await self.gate.admits(context.remote_id):
+                reply = PayloadReply(status="not a member")
+            else:
+                with self.limit.admit(context):
+                    reply = await self._payload(request)
         except Busy:
             reply = self._status("busy")
         response = runtime_pb2.ExpertResponse(metadata=reply.encode())
