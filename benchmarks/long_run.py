@@ -165,11 +165,8 @@ def train_all(config: ModelConfig, workdir: Path, corpus, args) -> tuple[dict, P
                         {**common, "kind": "autoregressive", "name": "autoregressive", "save_to": str(workdir / "ar")}],
                        initializer=setup_logging)  # fmt: skip
     run = {
-        "settings": {
-            **{k: v for k, v in vars(args).items() if k not in ("keep", "rescore")},
-            "sync": "none",
-            "peers": config.n_blocks,
-        },
+        "settings": {k: v for k, v in vars(args).items() if k not in ("keep", "rescore")},
+        "swarm": {"peers": config.n_blocks, "sync": "none"},  # not options: one peer per block, no replicas to sync
         # not a command-line option (the page renders settings as the command): each kind's own rate
         "learning_rates": {"denoiser": default_lr("block"), "autoregressive": default_lr("autoregressive")},
         "model": config.to_dict(),

@@ -299,7 +299,8 @@ def long_run(folder: Folder) -> list[str]:
         "processes, real P2P on 127.0.0.1, the 2 cores shared), for a fixed wall time; assembles it with "
         "`swarm-fetch`; then trains the end-to-end and autoregressive baselines at equal compute (as many steps as "
         "the blocks took, one after the other) and scores all three on the same validation windows.",
-        command("long_run.py", r["settings"].data),
+        command("long_run.py", {k: v for k, v in r["settings"].data.items() if k not in SWARM_FACTS}),
+        peers_line(r),
         plain(r.get("note") or ""),
         settings(r["model"], label="Model"),
         f"The blocks took {plain(r['block_steps'])} steps in {fixed(r.num('swarm_seconds') / 60, 1)} minutes of "
@@ -311,6 +312,15 @@ def long_run(folder: Folder) -> list[str]:
         samples(Node(texts, r.file), "What each wrote after the first prompt:"),
         folder.pictures(),
     )
+
+
+SWARM_FACTS = ("peers", "sync")  # what the swarm was, not options (older files kept them among the settings)
+
+
+def peers_line(r: Node) -> str:
+    """How many peers the run started and how they synced, wherever the results file keeps it."""
+    facts = r["swarm"].data if "swarm" in r.data else r["settings"].data
+    return f"The swarm: {plain(facts['peers'])} peers, one per block, each `--sync {facts['sync']}`."
 
 
 def samples(node: Node, caption: str = "What each wrote after the first validation prefix:") -> list[str]:
