@@ -239,6 +239,8 @@ class StepOrderExchange:
     """An exchange reduced to its order: a round is its step, and each applied set is recorded
     with the trainer's step at the time it was applied."""
 
+    own_id = "self"
+
     def __init__(self, trainer):
         self.trainer, self.wait_seconds, self.applied = trainer, 0.0, []
 
@@ -262,7 +264,7 @@ class StepOrderExchange:
 def test_demo_overlap_applies_each_steps_set_that_many_steps_late_and_the_rest_before_a_save(late):
     trainer = SimpleNamespace(step_count=0)
     exchange = StepOrderExchange(trainer)
-    sync = DeMoOverlapSync(SimpleNamespace(apply=lambda decoded: []), exchange, late_steps=late)
+    sync = DeMoOverlapSync(SimpleNamespace(apply=lambda decoded, own: []), exchange, late_steps=late)
     sync.own_payload = lambda trainer: b""
     for _ in range(5):
         assert sync.update(trainer) is None
