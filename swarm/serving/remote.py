@@ -121,7 +121,8 @@ class RemoteBlocks:
         request = Request(prefix, state, schedule, seed, temperature)
         waited = False
         while True:
-            if not waited and (wait := self._until_a_ban_ends(block)) > 0:
+            chosen = self._chosen.get(block)  # while it answers, no directory read on this hot path
+            if not waited and (chosen is None or self._banned(chosen.host.peer_id)) and (wait := self._until_a_ban_ends(block)) > 0:
                 logger.warning("block %d: every host failed a moment ago; waiting %.0fs for the first ban to end", block, wait)
                 time.sleep(wait)
                 waited = True
