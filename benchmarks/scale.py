@@ -193,8 +193,8 @@ def measure_outer(trainer: Trainer, names: list[str], repeats: int) -> dict:
     for i in range(repeats + 1):  # the first is a warm-up
         trainer.step()
         wire[own], make = timed(optimizers[own].make_payload)
-        decoded, decode = timed(lambda: [optimizers[own].decode(wire[name]) for name in sorted(wire)])
-        _, apply = timed(optimizers[own].apply, decoded)
+        decoded, decode = timed(lambda: [(name, optimizers[own].decode(wire[name])) for name in sorted(wire)])
+        _, apply = timed(optimizers[own].apply, decoded, own)
         if i:
             for key, seconds in zip(parts, (make, decode, apply)):
                 parts[key].append(seconds)

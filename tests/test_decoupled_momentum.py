@@ -170,7 +170,7 @@ def test_honest_replicas_all_keep_their_vote(tiny_config, tiny_windows, value_bi
             wires.append(encode_payload(replica.make_payload(lr=2e-3), value_bits))
         for index, replica in enumerate(reps):
             gathered = senders(decode_payload(w, replica) for w in wires)
-            assert replica.apply(gathered, f"r{index}") == ["r0", "r1", "r2"], (step, replica.record)
+            assert replica.apply(gathered, f"r{index}") == ["r0", "r1", "r2"], (step, replica.evidence.record)
     for a, b in zip(blocks[0].parameters(), blocks[2].parameters()):
         assert torch.equal(a, b)
 
@@ -205,7 +205,7 @@ def test_a_sender_the_others_contradict_over_several_steps_leaves_the_vote_thoug
         backward(block, tiny_windows, seed=1000 * index)
         shared.append(replica.make_payload(lr=2e-3))
     reps[0].apply(senders(shared), "r0")
-    most_in_one_step = max(s for pair, (_, s) in reps[0].record.items() if "r2" in pair)
+    most_in_one_step = max(s for pair, (_, s) in reps[0].evidence.record.items() if "r2" in pair)
     demo = DeMoConfig(min_shared=int(most_in_one_step) + 1)
     voters, honest = negated_runs(tiny_config, tiny_windows, demo, 12)
     assert voters[0] == ["r0", "r1", "r2"]  # one step is not evidence enough

@@ -16,6 +16,7 @@ that, where the path needs no values.
 
 from __future__ import annotations
 
+import itertools
 import math
 from contextlib import contextmanager
 
@@ -139,16 +140,17 @@ def test_demo_payload_decoded_from_bytes_lands_on_the_blocks_device(tiny_config,
 
 
 def test_outer_step_of_three_replicas_on_payloads_from_the_wire(tiny_config, tiny_windows):
+    """Three replicas (the clipped mean) and two (the agreeing minimum and the record's share)."""
     trainers = [wide_trainer(tiny_config, tiny_windows) for _ in range(3)]
-    for compression in ("dct", "none"):
+    for compression, replicas in itertools.product(("dct", "none"), (3, 2)):
         config = OuterConfig(steps=1, compression=compression)
-        optimizers = [OuterOptimizer(t.module, config, lr=2e-3) for t in trainers]
+        optimizers = [OuterOptimizer(t.module, config, lr=2e-3) for t in trainers[:replicas]]
         with ELSEWHERE:
-            for trainer in trainers:
+            for trainer in trainers[:replicas]:
                 trainer.step()
-            changes = [optimizers[0].decode(o.make_payload()) for o in optimizers]
-            optimizers[0].apply(changes)
-        assert_like_block(change for replica in changes for change in replica.values())
+            changes = [(f"r{i}", optimizers[0].decode(o.make_payload())) for i, o in enumerate(optimizers)]
+            assert optimizers[0].apply(changes, "r0") == [sender for sender, _ in changes]
+        assert_like_block(change for _, replica in changes for change in replica.values())
         assert_like_block(trainers[0].module.parameters())
         assert_like_block(optimizers[0].error.values())
 

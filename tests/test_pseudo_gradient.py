@@ -1,4 +1,5 @@
-"""The outer step in one process: the wire format, error feedback, the majority's range, refused payloads."""
+"""The outer step in one process: the wire format, error feedback, the majority's range, two
+senders' agreeing minimum and their record, refused payloads."""
 
 import math
 
@@ -20,6 +21,11 @@ def moved_replica(config, outer: OuterConfig, seed: int = 0, scale: float = 1e-3
         for param in replica.params.values():
             param.add_(torch.randn(param.shape, generator=generator) * scale)
     return replica
+
+
+def senders(changes) -> list:
+    """Decoded changes as gathered: (sender, changes), the senders r0, r1, ..."""
+    return [(f"r{i}", c) for i, c in enumerate(changes)]
 
 
 @pytest.mark.parametrize("compression, bits", [("dct", 2), ("dct", 1), ("raw", 2), ("none", 2)])
@@ -45,11 +51,6 @@ def test_payload_size_follows_top_k_and_bits(tiny_config):
     assert sizes[128, 1] < sizes[128, 2]
 
 
-def test_two_replicas_get_the_plain_mean():
-    a, b = torch.randn(1000), torch.randn(1000)
-    assert torch.allclose(majority_mean([a, b]), (a + b) / 2)
-
-
 @pytest.mark.parametrize("n", [3, 4, 5, 8])
 def test_a_hostile_minority_cannot_push_a_coordinate_beyond_the_honest_replicas(n):
     """With f < n/2 hostile values per coordinate, the result stays within the honest values'
@@ -71,8 +72,8 @@ def test_replicas_that_apply_the_same_payloads_hold_the_same_weights(tiny_config
     outer = OuterConfig()
     replicas = [moved_replica(tiny_config, outer, seed=s) for s in range(3)]
     wires = [r.make_payload() for r in replicas]
-    for replica in replicas:
-        replica.apply([replica.decode(w) for w in wires])
+    for index, replica in enumerate(replicas):
+        replica.apply(senders(replica.decode(w) for w in wires), f"r{index}")
     for name in replicas[0].params:
         assert torch.equal(replicas[0].params[name], replicas[1].params[name])
         assert torch.equal(replicas[0].params[name], replicas[2].anchor[name])
@@ -87,15 +88,133 @@ def test_a_round_applied_late_keeps_the_local_steps_taken_since_and_the_same_anc
         for param in replicas[0].params.values():
             param.add_(torch.randn(param.shape) * 1e-3)
     progress = replicas[0].progress_since(sent_from)
-    for replica in replicas:
-        replica.apply([replica.decode(w) for w in wires], progress if replica is replicas[0] else None)
+    for index, replica in enumerate(replicas):
+        gathered = senders(replica.decode(w) for w in wires)
+        replica.apply(gathered, f"r{index}", progress if replica is replicas[0] else None)
     for name, param in replicas[0].params.items():
         assert torch.equal(replicas[0].anchor[name], replicas[1].anchor[name])
         assert torch.allclose(param, replicas[1].params[name] + progress[name], atol=1e-7)
         assert not torch.equal(param, replicas[1].params[name])
     no_progress = replicas[1].progress_since(replicas[1].weights())
-    replicas[1].apply([replicas[1].decode(w) for w in wires], no_progress)  # none since: exactly the anchor
+    replicas[1].apply(senders(replicas[1].decode(w) for w in wires), "r1", no_progress)  # none since: the anchor
     assert all(torch.equal(p, replicas[1].anchor[n]) for n, p in replicas[1].params.items())
+
+
+# --- two senders: the agreeing minimum, and the record of the share it keeps -------------------------
+
+
+def moved_by(config, outer: OuterConfig, change) -> OuterOptimizer:
+    """A replica whose weights moved by exactly `change` from a zero anchor, so that its anchor
+    after an outer step is minus the update, exactly. A stranger may send any change the wire
+    carries, and with compression `none` that is any within the bound."""
+    replica = moved_replica(config, outer, scale=0.0)
+    replica.anchor = {name: torch.zeros_like(p) for name, p in replica.params.items()}
+    with torch.no_grad():
+        for name, param in replica.params.items():
+            param.copy_(-change[name])
+    return replica
+
+
+def correlated_change(replica: OuterOptimizer, seed: int, round_: int = 0, own_part: float = 0.7) -> dict:
+    """A change of about 1e-3 made of a part every replica shares in this round and `own_part` as
+    much of this one's own (`seed`), as two replicas' steps on different batches of one text are."""
+    common, own = torch.Generator().manual_seed(1000 + round_), torch.Generator().manual_seed(seed * 100 + round_)
+    return {name: (torch.randn(p.shape, generator=common) + own_part * torch.randn(p.shape, generator=own)) * 1e-3
+            for name, p in replica.params.items()}  # fmt: skip
+
+
+def outer_update(replica: OuterOptimizer, gathered: list, own: str = "r0") -> tuple[list[str], dict]:
+    """Apply a round; the senders applied and the update (how far the anchor moved, the way a
+    change points: anchor - weights)."""
+    before = {name: a.clone() for name, a in replica.anchor.items()}
+    applied = replica.apply(gathered, own)
+    return applied, {name: before[name] - replica.anchor[name] for name in before}
+
+
+STRANGERS = {  # a change the stranger sends, from this replica's change `c` (and random signs `r`)
+    "same way, twice as far": (lambda c, r, bound: 2 * c, ["r0", "r1"]),
+    "random ways, twice as far": (lambda c, r, bound: 2 * r * c.abs(), ["r0", "r1"]),
+    "same way, as far as the bound allows": (lambda c, r, bound: c.sign() * bound, ["r0"]),
+}
+
+
+@pytest.mark.parametrize("stranger", list(STRANGERS))
+def test_of_two_senders_the_other_moves_no_coordinate_further_or_another_way_than_own(tiny_config, stranger):
+    """Each coordinate moves, if at all, the way this replica's change goes and at most as far
+    (plain averaging would take it 1.5 times as far beside the first two strangers, and half as
+    far the other way beside the second wherever they disagree). The first two keep the share
+    the record asks for, so the agreeing minimum alone holds them; the third leaves at once (the
+    update keeps next to nothing of its change) and the replica steps on its own."""
+    outer = OuterConfig(compression="none")
+    generator = torch.Generator().manual_seed(7)
+    shapes = {name: p.shape for name, p in moved_replica(tiny_config, outer).params.items()}
+    change = {name: torch.randn(shape, generator=generator) * 1e-3 for name, shape in shapes.items()}
+    replica = moved_by(tiny_config, outer, change)
+    own = replica.decode(replica.make_payload())
+    signs = {name: torch.randint(0, 2, c.shape, generator=generator) * 2.0 - 1 for name, c in own.items()}
+    make, expected = STRANGERS[stranger]
+    strange = moved_by(tiny_config, outer, {n: make(c, signs[n], 0.95 * replica.max_change) for n, c in own.items()})
+    assert replica.apply(senders([own, replica.decode(strange.make_payload())]), "r0") == expected
+    update = {name: -anchor for name, anchor in replica.anchor.items()}  # from a zero anchor: exactly the update
+    for name, mine in own.items():
+        assert torch.equal(mine, change[name]), name  # float32 on the wire: exact
+        assert (update[name] * mine >= 0).all() and (update[name].abs() <= mine.abs()).all(), name
+        if stranger == "same way, twice as far":
+            assert torch.equal(update[name], mine), name  # the smaller: this replica's, exactly
+    if stranger == "random ways, twice as far":
+        moved = sum(int((u != 0).sum()) for u in update.values()) / sum(u.numel() for u in update.values())
+        assert 0.4 < moved < 0.6  # where the signs agree, this replica's change; elsewhere nothing
+
+
+FREEZERS = {"negated": lambda c: -c, "silent": torch.zeros_like, "shrunk": lambda c: c * 1e-6}
+
+
+@pytest.mark.parametrize("stranger", list(FREEZERS))
+def test_of_two_senders_one_that_would_freeze_the_replica_leaves_and_it_steps_on_its_own_change(tiny_config, stranger):
+    """Round after round, a stranger sends the replica's own change (it can fetch the payload)
+    negated, where the agreeing minimum would keep nothing; nothing at all; or the change shrunk
+    a millionfold, where it would keep a millionth. The record shows the share kept at or below
+    `contradicted_at`, the stranger leaves, and the replica's anchor moves by its own change."""
+    outer = OuterConfig(compression="none")
+    replica = moved_replica(tiny_config, outer, scale=0.0)
+    for round_ in range(4):
+        change = correlated_change(replica, seed=0, round_=round_)
+        with torch.no_grad():
+            for name, param in replica.params.items():
+                param.copy_(replica.anchor[name] - change[name])
+        own = replica.decode(replica.make_payload())
+        strange = {n: FREEZERS[stranger](c) for n, c in own.items()}
+        theirs = replica.decode(moved_by(tiny_config, outer, strange).make_payload())
+        before = {name: a.clone() for name, a in replica.anchor.items()}
+        assert replica.apply(senders([own, theirs]), "r0") == ["r0"], round_
+        for name, anchor in replica.anchor.items():
+            assert torch.equal(anchor, before[name] - own[name]), (round_, name)
+
+
+def test_two_honest_replicas_keep_each_other_and_stay_identical(tiny_config):
+    """Two replicas whose changes share a common part (compressed as sent: DCT, top-k, 2 bits),
+    round after round: each keeps the other, both apply the same update, so their anchors and
+    weights stay bit for bit equal, and the update goes the common part's way."""
+    outer = OuterConfig()
+    pair = [moved_replica(tiny_config, outer, scale=0.0) for _ in range(2)]
+    for round_ in range(4):
+        for seed, replica in enumerate(pair):
+            change = correlated_change(replica, seed, round_)
+            with torch.no_grad():
+                for name, param in replica.params.items():
+                    param.copy_(replica.anchor[name] - change[name])
+        wires = [replica.make_payload() for replica in pair]
+        updates = []
+        for index, replica in enumerate(pair):
+            applied, update = outer_update(replica, senders(replica.decode(w) for w in wires), f"r{index}")
+            assert applied == ["r0", "r1"], (round_, replica.evidence.record)
+            updates.append(update)
+        common = correlated_change(pair[0], seed=0, round_=round_, own_part=0.0)
+        assert sum(float((u * common[n]).sum()) for n, u in updates[0].items()) > 0
+        for name in pair[0].params:
+            assert torch.equal(updates[0][name], updates[1][name]), (round_, name)
+            assert torch.equal(pair[0].params[name], pair[1].params[name]), (round_, name)
+            assert torch.equal(pair[0].anchor[name], pair[1].anchor[name]), (round_, name)
 
 
 def test_bad_payloads_are_refused(tiny_config):

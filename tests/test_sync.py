@@ -19,6 +19,7 @@ from swarm.model.train import TrainConfig
 from swarm.peer.config import PeerConfig
 from swarm.peer.life import Peer, replica_trainer
 from swarm.sync.overlap import DeMoOverlapSync
+from swarm.sync.pseudo_gradient import agreeing_minimum
 
 SYNC = ["--sync", "demo", "--wait-for-replicas", "2", "--save-every", "50", "--announce-period", "1"]
 
@@ -273,10 +274,12 @@ def test_demo_overlap_applies_each_steps_set_that_many_steps_late_and_the_rest_b
     assert exchange.applied == [(step, step + late) for step in range(5 - late)] + [(step, 5) for step in range(5 - late, 5)]
 
 
-def test_outer_steps_of_one_step_without_compression_are_parameter_averaging(tmp_path):
-    """H = 1, float32 changes, two replicas: each outer step sets both to the mean of their weights
-    after their AdamW steps. Replayed here: the same trainers (same start, same batches, as the
-    peers' ids seed them), with plain averaging after every step."""
+def test_outer_steps_of_two_replicas_take_where_their_changes_agree_and_keep_them_identical(tmp_path):
+    """H = 1, float32 changes, two replicas: each outer step moves both from their common start by
+    their changes where the two agree, by the smaller (`agreeing_minimum`), and nowhere else; the
+    replicas end identical, bit for bit. Replayed here: the same trainers (same start, same
+    batches, as the peers' ids seed them), combined after every step by that rule, and, to show
+    that the check tells rules apart, by the plain mean (which outer steps of two once took)."""
     steps = 6
     with tiny_swarm(tmp_path, "syncouter", {}) as (local, _, client):
         extra = [*SYNC, "--sync", "outer", "--outer-steps", "1", "--outer-compression", "none",
@@ -287,24 +290,33 @@ def test_outer_steps_of_one_step_without_compression_are_parameter_averaging(tmp
         config = client.directory.read_model()
         peers = [final_checkpoint(local, name, steps) for name in ("r1", "r2")]
     assert [r.sync_steps for r in records] == [steps, steps]
+    assert all(torch.equal(peers[0][k], peers[1][k]) for k in peers[0])
     windows = load_corpus(local.data).windows("train", config.seq_len)
-    replicas = [replica_trainer(config, 0, windows, TrainConfig(steps=steps), r.peer_id) for r in records]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the peers compute: the same sums in the same order
-    try:
-        apart = replay_with_averaging(replicas, steps)
-    finally:
-        torch.set_num_threads(threads)
-    averaged = replicas[0].module.state_dict()
+    replayed = {}
+    for rule, combine in (("agreeing", agreeing_minimum), ("mean", lambda changes: torch.stack(changes).mean(dim=0))):
+        replicas = [replica_trainer(config, 0, windows, TrainConfig(steps=steps), r.peer_id) for r in records]
+        start = {k: v.clone() for k, v in replicas[0].module.state_dict().items()}
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as the peers compute: the same sums in the same order
+        try:
+            apart = replay_outer_steps(replicas, steps, combine)
+        finally:
+            torch.set_num_threads(threads)
+        replayed[rule] = replicas[0].module.state_dict()
     assert apart > 1e-4  # each step alone takes the replicas apart (in warm-up: lr / 30 at step 0)
-    for weights in peers:
-        assert max((weights[k] - averaged[k]).abs().max().item() for k in averaged) < 1e-6
+    assert largest_difference(peers[0], replayed["agreeing"]) < 1e-6
+    assert largest_difference(peers[0], replayed["mean"]) > 1e-5  # the rules part by more than the tolerance
+    assert largest_difference(peers[0], start) > 1e-4  # they learn: not frozen where their changes disagree
 
 
-def replay_with_averaging(replicas: list, steps: int) -> float:
-    """Train the replicas in step, averaging their weights after each step; how far apart one step
-    took them. The mean is written as an outer step computes it, the common start less the mean
-    change (the same value in exact arithmetic, and the same float32 roundings)."""
+def largest_difference(weights: dict, others: dict) -> float:
+    return max((weights[k] - others[k]).abs().max().item() for k in others)
+
+
+def replay_outer_steps(replicas: list, steps: int, combine) -> float:
+    """Train the replicas in step, setting both after each step to their common start less
+    `combine` of their changes, as an outer step of H = 1 computes it; how far apart one step
+    took them."""
     apart = 0.0
     for _ in range(steps):
         starts = [p.detach().clone() for p in replicas[0].module.parameters()]
@@ -313,7 +325,7 @@ def replay_with_averaging(replicas: list, steps: int) -> float:
         with torch.no_grad():
             for start, pair in zip(starts, zip(*(t.module.parameters() for t in replicas))):
                 apart = max(apart, (pair[0] - pair[1]).abs().max().item())
-                mean = start - torch.stack([start - param for param in pair]).mean(dim=0)
+                update = start - combine([start - param for param in pair])
                 for param in pair:
-                    param.copy_(mean)
+                    param.copy_(update)
     return apart

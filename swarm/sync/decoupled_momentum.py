@@ -35,7 +35,6 @@ PayloadError and not applied. A payload decoded from bytes lands on its replica'
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,9 +57,9 @@ from swarm.sync.compression import (
     to_bits,
     unpack_message,
 )
+from swarm.sync.evidence import Evidence, Record
 
 Payload = dict[str, Compressed]
-FORGOTTEN_BELOW = 0.01  # a pair's record is dropped once its shared count has decayed below this (senders gone)
 
 
 @dataclass
@@ -97,8 +96,8 @@ class DeMoOptimizer:
         self.params = dict(module.named_parameters())
         self.names = list(self.params)  # a parameter's position is its name on the wire
         self.momentum = {name: torch.zeros_like(p) for name, p in self.params.items()}
-        # per pair of senders (sorted peer ids): coefficients they agreed on and shared, decayed (see `trusted`)
-        self.record: dict[tuple[str, str], tuple[float, float]] = {}
+        # per pair of senders: coefficients they agreed on and shared, decayed (see `trusted`)
+        self.evidence = Evidence(config.min_shared, config.contradicted_at, config.evidence_decay)
 
     def make_payload(self, lr: float) -> Payload:
         """Fold this step's gradients into the momentum and take out what is shared."""
@@ -116,7 +115,7 @@ class DeMoOptimizer:
         """The sign step on the coordinate-wise majority vote of the gathered (sender, payload)
         pairs that the evidence does not rule out (`trusted`), unanimity where two vote; `own`
         is this replica's sender name. Returns the senders that voted."""
-        kept, self.record = self.trusted(gathered, own)
+        kept, self.evidence.record = self.trusted(gathered, own)
         voters = [gathered[i][1] for i in kept]
         for name, param in self.params.items():
             votes = [decompress(p[name]).sign() if name in p else torch.zeros_like(param) for p in voters]
@@ -130,46 +129,31 @@ class DeMoOptimizer:
             param.sub_(self.config.sign_lr * majority)
         return [gathered[i][0] for i in kept]
 
-    def trusted(self, gathered: Sequence[tuple[str, Payload]], own: str) -> tuple[list[int], dict[tuple[str, str], tuple[float, float]]]:
+    def trusted(self, gathered: Sequence[tuple[str, Payload]], own: str) -> tuple[list[int], Record]:
         """The positions of the (sender, payload) pairs that vote, and the record with this step's
-        counts in (`apply` keeps it; this leaves the replica as it was). Every sender votes but
-        those a strict majority of the others contradict; of two senders, a contradicted pair
-        leaves `own` alone (the module docstring). Two payloads are compared on the DCT
-        coefficients both of them sent (same parameter, tile and index): honest replicas'
-        momenta share the gradient's large components, so where both picked one they agree on
-        its sign (seen: 90-100% of shared coefficients early in training, ~70% or more later),
-        while a payload negated, flipped to the largest values, or with random signs agrees on
-        0-30% (50% for random). Two payloads of one step rarely share many coefficients (a
-        hostile replica beside two honest ones, in benchmarks/attacks.py: often under 8), so the
-        counts of every pair of senders are kept over the steps (`record`: agreed and shared,
-        times `evidence_decay` per step): sender j contradicts i when, so counted, they share at
-        least `min_shared` coefficients and agree on at most `contradicted_at` of them. The
-        record follows from the sets applied alone, so replicas that applied the same sets keep
-        the same voters; those that did not (a late joiner starts with none) may differ, and the
-        voters are in the fingerprint of what a replica applied (exchange.py), so the others
-        notice and average parameters."""
-        decay = self.config.evidence_decay
-        record = {pair: (agreed * decay, shared * decay) for pair, (agreed, shared) in self.record.items()
-                  if shared * decay >= FORGOTTEN_BELOW}  # fmt: skip
-        senders = [sender for sender, _ in gathered]
-        if len(gathered) < 2 or len(set(senders)) != len(senders):
-            return list(range(len(gathered))), record
-        signs = [self._coefficient_signs(payload) for _, payload in gathered]
-        contradicted = [0] * len(gathered)
-        for i, j in itertools.combinations(range(len(gathered)), 2):
+        counts in (`apply` keeps it; this leaves the replica as it was): `Evidence.judged` keeps
+        every sender but those a strict majority of the others contradict, and of two senders a
+        contradicting pair leaves `own` alone (the module docstring). Two payloads are compared
+        on the DCT coefficients both of them sent (same parameter, tile and index): honest
+        replicas' momenta share the gradient's large components, so where both picked one they
+        agree on its sign (seen: 90-100% of shared coefficients early in training, ~70% or more
+        later), while a payload negated, flipped to the largest values, or with random signs
+        agrees on 0-30% (50% for random). Two payloads of one step rarely share many coefficients
+        (a hostile replica beside two honest ones, in benchmarks/attacks.py: often under 8), so
+        the counts of every pair of senders are kept over the steps (`evidence.record`: agreed
+        and shared, times `evidence_decay` per step): sender j contradicts i when, so counted,
+        they share at least `min_shared` coefficients and agree on at most `contradicted_at` of
+        them. The record follows from the sets applied alone, so replicas that applied the same
+        sets keep the same voters; those that did not (a late joiner starts with none) may
+        differ, and the voters are in the fingerprint of what a replica applied (exchange.py),
+        so the others notice and average parameters."""
+        signs = [self._coefficient_signs(payload) for _, payload in gathered] if len(gathered) > 1 else []
+
+        def compare(i: int, j: int) -> tuple[float, float]:
             both = (signs[i] != 0) & (signs[j] != 0)
-            pair = tuple(sorted((senders[i], senders[j])))
-            agreed, shared = record.get(pair, (0.0, 0.0))
-            agreed, shared = agreed + int(((signs[i] == signs[j]) & both).sum()), shared + int(both.sum())
-            record[pair] = (agreed, shared)
-            if shared >= self.config.min_shared and agreed <= self.config.contradicted_at * shared:
-                contradicted[i] += 1
-                contradicted[j] += 1
-        if len(gathered) == 2:
-            return ([senders.index(own)] if contradicted[0] and own in senders else [0, 1]), record
-        others = len(gathered) - 1
-        kept = [i for i, count in enumerate(contradicted) if 2 * count <= others]
-        return (kept if 2 * len(kept) > len(gathered) else list(range(len(gathered)))), record
+            return int(((signs[i] == signs[j]) & both).sum()), int(both.sum())
+
+        return self.evidence.judged([sender for sender, _ in gathered], compare, own)
 
     def _coefficient_signs(self, payload: Payload) -> torch.Tensor:
         """The signs of every DCT coefficient a payload sent, laid out over all parameters (0: not sent)."""

@@ -5,7 +5,8 @@ crosses the network. At the end of a round (after steps H, 2H, ... of the step c
 publishes its payload (pseudo_gradient.py: the change since the anchor, with error feedback,
 top-k per tile at 2 or 1 bits), gathers the others' for the same round through the same
 exchange as DeMo (deadline, schema, per-peer limits, fingerprints, majority step), and takes
-the outer step on what a majority vouches for; every replica's weights become the new anchor.
+the outer step on what a majority vouches for (of two senders: where both agree, unless the
+record shows the other contradicting); every replica's weights become the new anchor.
 Rounds are named by the step that ends them, so a round number is a step, and a replica that
 misses one (late, paused, or fed a different set) is noticed through the fingerprints at the
 next round and brought back by the peer's parameter averaging, after which its anchor is its
@@ -56,8 +57,8 @@ class OuterSync(Exchanging):
         the step to continue from when a majority of the replicas is ahead."""
         gathered = self.exchange.collect(round_)
         decoded = self.exchange.in_order(round_, gathered, self.optimizer.decode)
-        self.optimizer.apply([changes for _, changes in decoded], progress)
-        self.exchange.applied_set(round_, [peer_id for peer_id, _ in decoded])
+        applied = self.optimizer.apply(decoded, self.exchange.own_id, progress)
+        self.exchange.applied_set(round_, applied)
         return self.exchange.majority_ahead(gathered, step, self.optimizer.config.steps)
 
     def averaged(self, step: int) -> None:

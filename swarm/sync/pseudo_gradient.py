@@ -11,15 +11,37 @@ per tile) or 1 bit (sign, one size per tile), and takes what it sent out of the 
 value as float32.
 
 The outer update, coordinate by coordinate over the decoded changes of every replica that
-arrived (its own included): their mean, clipped into the range that a majority of them
-vouches for, [v(n-m+1), v(m)] of the n sorted values with m = n // 2 + 1. Why this rule:
+arrived (its own included). Of three or more: their mean, clipped into the range that a
+majority of them vouches for, [v(n-m+1), v(m)] of the n sorted values with m = n // 2 + 1.
+Why this rule:
 - wherever a strict majority of the replicas moves a coordinate the same way, the update goes
   that way (at least m values are above 0, so the clip's lower end is);
 - with fewer than half of them hostile, both ends of the range are values some honest replica
   sent, so no minority can push a coordinate further than an honest replica asked for;
-- for two replicas the range is [min, max] and the rule is the plain mean: with H = 1 and no
-  compression, an outer step is exactly parameter averaging after every step (a test checks
-  this over real peers); for three or more it moves toward the coordinate-wise median.
+- it moves toward the coordinate-wise median.
+Of two (a block with two replicas, or one replica beside a stranger) that range is [min, max]
+and the rule would be the plain mean, which the other moves by up to half of the bound below,
+any way it likes. So, as DeMo does for two senders (issue 26, item 4), a coordinate moves only
+where both changes go the same way, and by the smaller of the two (`agreeing_minimum`): the
+other can never move a weight further than this replica's own change asked for, nor another
+way. Both replicas compute the same update, so an honest pair stays identical. That alone would
+let a stranger freeze a replica (a negated change, or none, or one shrunk to almost nothing
+keeps nothing), so each round of two adds to a record (evidence.py, as DeMo's) the share of the
+larger of the two changes that the update keeps, the sizes summed over every coordinate
+(`kept_share`); once its mean over the rounds remembered (`evidence_decay`) is at most
+`contradicted_at`, the other leaves and each replica steps on its own change alone. Two
+independent changes of like (Gaussian) sizes keep about 0.29 of each other; an honest pair
+keeps more (seen once on the default block, built-in corpus, batch 16, DCT top-20 at 2 bits,
+H = 30: 0.66 in the first round, 0.32 at step 300, where the plain mean kept 0.92 and 0.74 of
+a replica's change), so `contradicted_at` = 0.1 leaves an honest pair together, while a
+stranger that stays in the vote leaves this replica at least a tenth of its step, on the mean
+over the rounds remembered (docs/trust.md). The price: an honest pair moves by less than its
+mean, where their changes disagree not at all (what that costs in loss is not measured), and
+with H = 1 and no compression an outer step of two is no longer parameter averaging (a test
+replays the agreeing steps over real peers). With `raw` compression a decoded change is 0
+wherever its replica sent nothing, so the agreeing minimum keeps only what both sent; how much
+that is for an honest pair is not measured, and where it falls to `contradicted_at` the pair
+parts (each steps alone, the fingerprints differ, and two replicas that drifted stay apart).
 The anchor then moves by `outer_lr` times that update (1.0: SparseLoCo's choice; its error
 feedback already plays the part of DiLoCo's outer momentum) and every replica's weights are
 set to the new anchor, so replicas that applied the same payloads hold the same weights.
@@ -32,6 +54,7 @@ at most about lr per AdamW step, and the error buffer adds a few rounds' worth a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +77,7 @@ from swarm.sync.compression import (
     unpack_message,
     working_dtype,
 )
+from swarm.sync.evidence import Evidence, Record
 
 COMPRESSIONS = ("dct", "raw", "none")
 Changes = dict[str, torch.Tensor]  # decoded pseudo-gradient, by parameter name
@@ -75,6 +99,10 @@ class OuterConfig:
     outer_lr: float = 1.0
     error_decay: float = 1.0  # the error buffer is multiplied by this before each round's change is added
     max_change_per_lr: float = 10.0  # refused: a decoded change above this many lr x H
+    # of two senders, the other leaves when the update keeps at most this share of the larger
+    # change (sizes summed over every coordinate), on the mean of the rounds remembered (`kept_share`)
+    contradicted_at: float = 0.1
+    evidence_decay: float = 0.5  # each round the shares of the rounds before weigh this much less
 
     def checked(self) -> OuterConfig:
         if self.compression not in COMPRESSIONS or self.value_bits not in (1, 2) or self.steps < 1:
@@ -91,6 +119,20 @@ def majority_mean(changes: list[torch.Tensor]) -> torch.Tensor:
     return torch.clamp(stacked.mean(dim=0), ordered[n - majority], ordered[majority - 1])
 
 
+def agreeing_minimum(changes: list[torch.Tensor]) -> torch.Tensor:
+    """Of two replicas' values, coordinate-wise: where both go the same way, the smaller; 0 elsewhere."""
+    a, b = changes
+    return torch.where(a.sign() == b.sign(), a.sign() * torch.minimum(a.abs(), b.abs()), 0.0)
+
+
+def kept_share(a: Changes, b: Changes) -> tuple[float, float]:
+    """A round of two senders in the record: the share of the larger change (sizes summed over
+    every coordinate) that their agreeing minimum keeps, out of 1 (both zero: all of it)."""
+    kept = sum(agreeing_minimum([a[name], b[name]]).abs().sum(dtype=torch.float64) for name in a)
+    larger = max(sum(c[name].abs().sum(dtype=torch.float64) for name in c) for c in (a, b))
+    return (float(kept / larger) if larger > 0 else 1.0), 1.0
+
+
 class OuterOptimizer:
     """One replica's outer optimizer: the anchor, the error buffer, the payloads in and out, and the outer step."""
 
@@ -101,6 +143,7 @@ class OuterOptimizer:
         self.names = list(self.params)  # a parameter's position is its name on the wire
         self.error = {name: torch.zeros_like(p) for name, p in self.params.items()}
         self.max_change = config.max_change_per_lr * lr * config.steps
+        self.evidence = Evidence(1.0, config.contradicted_at, config.evidence_decay)  # one round is evidence enough
         self.anchor: Changes = {}
         self.reset()
 
@@ -132,19 +175,37 @@ class OuterOptimizer:
         return changes
 
     @torch.no_grad()
-    def apply(self, gathered: list[Changes], progress: Changes | None = None) -> None:
-        """The outer step on what a majority vouches for; every replica's weights become the new
-        anchor, plus `progress` where given: the change of its own local steps since it made the
-        payload (an overlapped round, applied some steps late). With nothing to apply (every
-        payload refused, our own included) the round changes nothing."""
+    def apply(self, gathered: Sequence[tuple[str, Changes]], own: str, progress: Changes | None = None) -> list[str]:
+        """The outer step on the gathered (sender, changes) pairs that count (`trusted`; `own` is
+        this replica's sender name): of two, their agreeing minimum, or this replica's own changes
+        once the other leaves; of one, or three and more, what a majority vouches for. Every
+        replica's weights become the new anchor, plus `progress` where given: the change of its
+        own local steps since it made the payload (an overlapped round, applied some steps late).
+        With nothing to apply (every payload refused, our own included) the round changes
+        nothing. Returns the senders whose changes were applied."""
         if not gathered:
-            return
+            return []
+        kept, self.evidence.record = self.trusted(gathered, own)
+        applied = [gathered[i][1] for i in kept]
+        combine = agreeing_minimum if len(applied) == 2 else majority_mean
         for name, param in self.params.items():
-            update = majority_mean([changes[name] for changes in gathered])
+            update = combine([changes[name] for changes in applied])
             self.anchor[name].sub_(update, alpha=self.config.outer_lr)
             param.copy_(self.anchor[name])
             if progress is not None:
                 param.add_(progress[name])
+        return [gathered[i][0] for i in kept]
+
+    def trusted(self, gathered: Sequence[tuple[str, Changes]], own: str) -> tuple[list[int], Record]:
+        """The positions of the (sender, changes) pairs applied, and the record with this round's
+        share in (`apply` keeps it): every one, but of two senders whose record shows the
+        agreeing minimum keeping at most `contradicted_at` of the larger change, `own` alone
+        (`Evidence.judged`; the module docstring). Rounds of one sender, or of three and more,
+        leave the record as it was."""
+        if len(gathered) != 2:
+            return list(range(len(gathered))), self.evidence.record
+        (_, a), (_, b) = gathered
+        return self.evidence.judged([sender for sender, _ in gathered], lambda i, j: kept_share(a, b), own)
 
     @torch.no_grad()
     def weights(self) -> Changes:

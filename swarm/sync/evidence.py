@@ -1,0 +1,59 @@
+"""Who contradicts whom: the record, kept over the rounds, that DeMo and outer steps judge senders by.
+
+Each round every pair of senders is compared on what the strategy can check (DeMo: the signs
+of the DCT coefficients both sent; outer steps of two: how much of the larger change the
+update keeps) and the record adds up, per pair, what they agreed on and what could be
+compared, the rounds before weighing `decay` less per round. A pair is contradicting once,
+so counted, at least `min_shared` could be compared and at most `contradicted_at` of it
+agreed. The record follows from the sets a replica applied alone, so replicas that applied
+the same sets judge the same way.
+
+Who then counts: of three senders or more, every one but those a strict majority of the
+others contradict (unless that leaves no majority: then all). Of two, neither can outvote
+the other: both count until the pair contradicts, then only `own`, this replica itself (the
+other may be the honest one: each replica steps on its own, which no stranger can freeze).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+FORGOTTEN_BELOW = 0.01  # a pair's record is dropped once its compared count has decayed below this (senders gone)
+Record = dict[tuple[str, str], tuple[float, float]]  # per pair of senders (sorted): agreed and compared, decayed
+Comparison = Callable[[int, int], tuple[float, float]]  # senders i, j: what they agreed on, what was compared
+
+
+@dataclass
+class Evidence:
+    """One replica's record and the thresholds it judges by (module docstring)."""
+
+    min_shared: float
+    contradicted_at: float
+    decay: float
+    record: Record = field(default_factory=dict)
+
+    def judged(self, senders: Sequence[str], compare: Comparison, own: str) -> tuple[list[int], Record]:
+        """The positions of the senders that count, and the record with this round's counts in
+        (the caller keeps it: this leaves the record as it was). `compare(i, j)`: what the
+        senders at positions i and j agreed on this round, and what could be compared."""
+        record = {pair: (agreed * self.decay, shared * self.decay) for pair, (agreed, shared) in self.record.items()
+                  if shared * self.decay >= FORGOTTEN_BELOW}  # fmt: skip
+        if len(senders) < 2 or len(set(senders)) != len(senders):
+            return list(range(len(senders))), record
+        contradicted = [0] * len(senders)
+        for i, j in itertools.combinations(range(len(senders)), 2):
+            pair = tuple(sorted((senders[i], senders[j])))
+            agreed, shared = record.get(pair, (0.0, 0.0))
+            now_agreed, now_shared = compare(i, j)
+            agreed, shared = agreed + now_agreed, shared + now_shared
+            record[pair] = (agreed, shared)
+            if shared >= self.min_shared and agreed <= self.contradicted_at * shared:
+                contradicted[i] += 1
+                contradicted[j] += 1
+        if len(senders) == 2:
+            return ([senders.index(own)] if contradicted[0] and own in senders else [0, 1]), record
+        others = len(senders) - 1
+        kept = [i for i, count in enumerate(contradicted) if 2 * count <= others]
+        return (kept if 2 * len(kept) > len(senders) else list(range(len(senders)))), record
