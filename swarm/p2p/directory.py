@@ -34,10 +34,12 @@ from swarm.model.denoiser import ModelConfig
 from swarm.p2p.members import Membership, subkey_key_text
 from swarm.p2p.network import DHT_CALL_TIMEOUT_S, RECORD_COPIES
 from swarm.p2p.records import (
+    Attestation,
     BlockAnnouncement,
     ModelRecord,
     RevocationList,
     block_key,
+    ledger_key,
     model_key,
     owner_fingerprint,
     parse_record,
@@ -195,6 +197,20 @@ class SwarmDirectory:
     def announce(self, block: int, announcement: BlockAnnouncement, lifetime_s: float, wait: bool = False) -> bool:
         """Store this peer's entry for a block, signed; expires after `lifetime_s` unless refreshed."""
         return self._store(block_key(self.swarm, block), announcement.model_dump(), self.owner_subkey, lifetime_s, wait)
+
+    def attest(self, attestation: Attestation, lifetime_s: float, wait: bool = False) -> bool:
+        """Store this process's attestation (swarm/p2p/ledger.py) under its key, in place of its last."""
+        return self._store(ledger_key(self.swarm), attestation.model_dump(), self.owner_subkey, lifetime_s, wait)
+
+    def attestations(self) -> dict[bytes, Attestation]:
+        """Every live attestation that parses, by the subkey it was written under (ledger.py checks
+        the rest); DHTUnavailable if the DHT does not answer in time."""
+        found = {}
+        for subkey, entry in self._entries(ledger_key(self.swarm)).items():
+            attestation = parse_record(Attestation, getattr(entry, "value", None))
+            if attestation is not None:
+                found[subkey] = attestation
+        return found
 
     def _store(self, key: str, value: dict, subkey: bytes, lifetime_s: float, wait: bool = True) -> bool:
         with self._submitting:
