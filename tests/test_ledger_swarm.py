@@ -1,13 +1,14 @@
 """The ledger in a small swarm of real processes: three DeMo replicas of block 0 attest each
-other's payloads and uptime, two generation clients the answers they saw confirmed, and every
-replica ends credited by two keys other than its own, in `swarm-status --contributions`, its
-CSV, and the health page's state. The counting rules alone are tests/test_ledger.py."""
+other's payloads and uptime, and every replica ends credited by two keys other than its own, in
+`swarm-status --contributions`, its CSV, and the health page's state. The counting rules alone
+are tests/test_ledger.py."""
 
 from __future__ import annotations
 
 import csv
 import json
 
+import pytest
 from helpers import assert_one_line_error
 from hivemind import DHT
 from hivemind.dht.crypto import RSASignatureValidator
@@ -21,6 +22,7 @@ from swarm.p2p.directory import SwarmDirectory
 from swarm.p2p.ledger import Ledger, sign
 from swarm.p2p.members import Membership
 from swarm.p2p.records import Contribution, ledger_key, owner_fingerprint
+from swarm.waiting import WaitTimeout
 
 SWARM = "ledgerswarm"
 REPLICAS = ("alice", "bob", "carol")
@@ -47,17 +49,18 @@ def test_replicas_are_credited_what_two_other_keys_attest(tmp_path):
                                if h.announcement.state == "serving"}  # fmt: skip
             wait_for(lambda: serving() == {*REPLICAS, "dave"}, 180, "every peer done training and serving")
             keys = {h.announcement.public_name: owner_fingerprint(h.owner) for h in client.directory.hosts(0)}
-            for _ in range(2):  # two clients, two keys: each attests the answers it saw confirmed
-                generated = local.run("swarm-generate", "--max-bytes", "8", "--data", corpus_path, "The", timeout=180)
-                assert generated.returncode == 0, generated.stderr
+            seen: list[dict] = [{}]
 
-            def credited() -> list[dict] | None:
-                rows = {r["name"]: r for r in contributions(local)}
+            def credited() -> dict | None:
+                seen[0] = rows = {r["name"]: r for r in contributions(local)}
                 done = all(name in rows and rows[name]["accepted_payloads"] > 0 and rows[name]["uptime_s"] > 0
                            for name in REPLICAS)  # fmt: skip
-                return rows if done and any(rows[name]["agreed_answers"] > 0 for name in REPLICAS) else None
+                return rows if done else None
 
-            rows = wait_for(credited, 60, "every replica credited payloads and uptime, and one agreed answers")
+            try:
+                rows = wait_for(credited, 60, "every replica credited payloads and uptime")
+            except WaitTimeout:
+                pytest.fail(f"not every replica is credited payloads and uptime by two keys: {seen[0]}")
             state = SwarmMonitor(client.directory, client.p2p, client.run, config).collect()
 
             csv_path = tmp_path / "out" / "ledger.csv"
