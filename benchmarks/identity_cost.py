@@ -13,7 +13,7 @@ functions and the default scrypt cost of `IdentityWork` (n = 2^14, r = 8: 16 MiB
 - at the recommended price (`work.RECOMMENDED_BITS`): one honest joiner's expected cost (paid once
   per key and peer id) beside `--sybils` identities' for an attacker.
 
-    python benchmarks/identity_cost.py            # about a minute on one core
+    python benchmarks/identity_cost.py            # about 20 seconds on one core
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--tries", type=int, default=40, help="scrypt tries timed for the rate")
     parser.add_argument("--bits", type=int, nargs="+", default=[8, 12, 16, 20], help="prices to cost")
     parser.add_argument("--small-bits", type=int, default=6, help="the price of the actual solves")
-    parser.add_argument("--solves", type=int, default=8, help="actual solves at --small-bits")
+    parser.add_argument("--solves", type=int, default=4, help="actual solves at --small-bits")
     parser.add_argument("--records", type=int, default=20, help="new records a reader checks, for the mean")
     parser.add_argument("--flood", type=int, default=200, help="new records with bad nonces in one read")
     parser.add_argument("--sybils", type=int, default=20, help="identities the attacker wants")

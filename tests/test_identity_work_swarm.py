@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from swarm_helpers import FAST_PEER, wait_for, write_tiny_setup
+from swarm_helpers import FAST_PEER, poisoned_host, wait_for, write_tiny_setup
 
 from swarm.errors import SwarmError
-from swarm.lab.attacks import plant_checkpoint, poisoned_block
 from swarm.lab.hosting import CheckpointHost, InProcessNode
 from swarm.lab.launch import LocalSwarm
 from swarm.p2p.records import BlockAnnouncement, IdentityWork, owner_fingerprint
@@ -49,12 +48,7 @@ def priced_swarm(tmp_path_factory):
 def stranger_host(local: LocalSwarm, config) -> CheckpointHost:
     """A node that serves a plausible, poisoned checkpoint of block 0 at step 5 and announces itself as
     training that block, with work solved for another peer id (replayed)."""
-    folder = local.workdir / "stranger-plant"
-    folder.mkdir(exist_ok=True)
-    planted = plant_checkpoint(folder, poisoned_block(config, 0, local.data, folder, steps=10), config, 0,
-                               STRANGER_STEP, SWARM)  # fmt: skip
-    host = CheckpointHost(local.workdir / "stranger", SWARM, 0, initial_peers=local.initial_peers, config=config)
-    info = host.put(planted.read_bytes(), STRANGER_STEP)
+    host, info = poisoned_host(local, config, STRANGER_STEP)
     fingerprint = owner_fingerprint(host.directory.owner_subkey)
     replayed = replayed_nonce(fingerprint, host.peer_id)
     record = BlockAnnouncement(peer_id=host.peer_id, state="training", step=STRANGER_STEP, checkpoint=info,
