@@ -317,6 +317,15 @@ def test_a_stream_that_goes_quiet_is_given_up_whatever_its_size(start, tiny_conf
         fetch([quiet], info, inactivity_timeout=1.0)
 
 
+def test_a_checkpoint_announced_heavier_than_a_block_is_refused_before_anyone_is_asked(tiny_config):
+    """The bound inside the download, for callers that do not rank hosts first (merge rounds,
+    the health page); `rank`'s own bound is tested in test_choice. No P2P: nothing may be asked."""
+    info = CheckpointInfo(step=3, sha256="cd" * 32, size=max_checkpoint_bytes(tiny_config) + 1)
+    heavy = Host(0, BlockAnnouncement(peer_id="heavy", state="serving", step=3, checkpoint=info), get_dht_time() + 60)
+    with pytest.raises(TransferError, match="more than a block of this model weighs"):
+        asyncio.run(download_verified(None, [heavy], tiny_config, 0, show_progress=False))
+
+
 def test_a_checkpoint_of_another_block_or_model_is_refused_though_its_hash_matches(start, tiny_config, caplog):
     other_model = ModelConfig(**{**tiny_config.to_dict(), "codebook_seed": 1})
     wrong = {"block": encode_block(build_block(tiny_config, 1), tiny_config, 1, 5),
