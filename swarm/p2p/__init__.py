@@ -4,6 +4,7 @@
 - records.py: every record on the DHT (model, block announcements, revocations, attestations) and their validator
 - messages.py: every message one peer sends another over P2P, typed and bounded
 - members.py: invite-only swarms: member certificates, the proofs peers carry, the check shared by all readers
+- work.py: open swarms: the memory-hard work that prices an identity (key and peer id), and its check
 - directory.py: one swarm's records as typed objects (the creator's model record, block hosts); block choice
 - info.py: who a peer is (`rpc_info`) and whether it wrote the record that names it
 - limits.py: per-caller limits every P2P service applies, and the gate each asks first

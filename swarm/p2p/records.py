@@ -28,7 +28,7 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from swarm.errors import SwarmError
 
@@ -145,6 +145,27 @@ class BlockAnnouncement(_Record):
     pings: tuple[Ping, ...] = Field(default=(), max_length=MAX_PINGS, strict=False)
     reached: Reached = "direct"  # "relayed": behind NAT, through circuit relays (a claim: callers measure, reachability.py)
     membership: MemberProof | None = None  # in a members-only swarm: the certificate of the key that signed this record
+    # where the creator prices identities: the nonce of this key's and this peer id's work (swarm/p2p/work.py)
+    work_nonce: int | None = Field(default=None, ge=0, lt=2**63)
+
+
+MAX_WORK_BITS = 40  # 2^40 scrypt tries: more would shut every joiner out
+MAX_WORK_MEMORY = 64 * 2**20  # bytes one scrypt try may take (128 * r * n): every reader pays one per new record
+
+
+class IdentityWork(_Record):
+    """The price of an identity the creator sets (swarm/p2p/work.py): a peer's record counts only if
+    scrypt (n = 2^log2_n, r, p = 1) of its swarm, key, peer id and nonce has `bits` leading zero bits."""
+
+    bits: int = Field(ge=0, le=MAX_WORK_BITS)
+    log2_n: int = Field(default=14, ge=1, le=20)
+    r: int = Field(default=8, ge=1, le=32)
+
+    @model_validator(mode="after")
+    def _bounded_memory(self) -> IdentityWork:
+        if 128 * self.r * 2**self.log2_n > MAX_WORK_MEMORY:
+            raise ValueError(f"one scrypt try may take at most {MAX_WORK_MEMORY} bytes")
+        return self
 
 
 MAX_SUBJECTS = 64  # peers one attestation may credit
@@ -183,6 +204,7 @@ class ModelRecord(_Record):
     config: dict
     config_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     members_only: bool = False  # only keys with the creator's certificate count (swarm/p2p/members.py)
+    identity_work: IdentityWork | None = None  # an open swarm's price of an identity (swarm/p2p/work.py)
 
 
 def owner_fingerprint(subkey: bytes) -> str:

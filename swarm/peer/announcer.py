@@ -146,4 +146,5 @@ def announcement(peer: Peer) -> BlockAnnouncement:
         pings=pings.latest if pings else (),
         reached=peer.reached,
         membership=peer.membership,
+        work_nonce=peer.work_nonce,
     )

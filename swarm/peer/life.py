@@ -56,9 +56,10 @@ from swarm.p2p.ledger import Witness
 from swarm.p2p.limits import OPEN, CallerGate
 from swarm.p2p.members import Credentials, load_credentials
 from swarm.p2p.messages import PeerInfo
-from swarm.p2p.network import EventLoopThread, start_dht, stop_child
+from swarm.p2p.network import EventLoopThread, load_or_create_key, start_dht, stop_child
 from swarm.p2p.pings import NeighbourPings
 from swarm.p2p.records import CheckpointInfo, MemberProof, PeerState, Reached
+from swarm.p2p.work import stored_or_solved, work_path
 from swarm.peer.announcer import RECORD_LIFETIME_PERIODS, Announcer, announcement
 from swarm.peer.config import PeerConfig
 from swarm.serving.server import DenoiseServicer
@@ -124,8 +125,9 @@ class Peer:
         self.credentials: Credentials | None = None
         if self.config.member_key is not None:
             self.credentials = load_credentials(self.config.member_key, self.config.certificate)
-        self.private_key = self.credentials.key if self.credentials else RSAPrivateKey()
+        self.private_key = self.credentials.key if self.credentials else self._record_key()
         self.membership: MemberProof | None = None  # the proof it carries, once its peer id is known
+        self.work_nonce: int | None = None  # where the swarm prices an identity: this one's work, once solved
         self.gate: CallerGate = OPEN  # who its services answer: members only, in a members-only swarm
         self.state: PeerState = "joining"
         self.reached: Reached = "direct"
@@ -200,6 +202,26 @@ class Peer:
             self.membership = self.credentials.proof(self.peer_id)
         if self.directory.membership.members_only:
             self._check_membership()
+        if self.directory.work.required:
+            self.work_nonce = self._identity_work()
+
+    def _record_key(self) -> RSAPrivateKey:
+        """The key its records are signed with: `--record-key`'s (made on first use), else a new one."""
+        return load_or_create_key(self.config.record_key) if self.config.record_key else RSAPrivateKey()
+
+    def _identity_work(self) -> int:
+        """The nonce that prices this identity (key and peer id) in its swarm (swarm/p2p/work.py): kept
+        beside its key, else solved now, minutes at a real swarm's price; a stop signal ends the search."""
+        key_path = self.config.member_key or self.config.record_key
+        if key_path is None or self.config.network.identity_path is None:
+            logger.warning("swarm %r prices an identity: without --record-key and --identity this peer's work is "
+                           "solved again every run", self.config.swarm)  # fmt: skip
+        directory = self.directory
+        nonce = stored_or_solved(work_path(key_path) if key_path else None, directory.work.terms, self.config.swarm,
+                                 directory.fingerprint, self.peer_id, self.stopping)  # fmt: skip
+        if nonce is None:
+            raise StoppedWhileJoining()
+        return nonce
 
     def _check_membership(self) -> None:
         """SwarmError unless this peer would count in its members-only swarm: a certificate the
