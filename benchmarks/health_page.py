@@ -5,8 +5,12 @@ reads the health page's address the demo prints, waits until the page's API says
 is healthy and each block's loss has a few points, takes a full-page screenshot in headless
 Chromium (Debian's, driven by Playwright: see swarm/health/browser.py), then lets the demo
 finish. Writes `health.png` and the state it showed (`state.json`); prints a JSON summary.
+With `--replicas N` (N > 1) the demo runs N DeMo replicas per block, which attest each other's
+work, and the page is shot once every peer is credited accepted payloads by two other keys; the
+leaderboard alone is then written to `leaderboard.png` (swarm/p2p/ledger.py).
 
     python benchmarks/health_page.py --steps 20
+    python benchmarks/health_page.py --steps 60 --replicas 3 --config small.json
 """
 
 from __future__ import annotations
@@ -48,16 +52,20 @@ def state(url: str) -> dict:
         return json.load(response)
 
 
-def ready(url: str, points: int) -> dict | None:
-    """The state once every block is healthy and has `points` loss points, else None."""
+def ready(url: str, points: int, replicas: int) -> dict | None:
+    """The state once every block is healthy and has `points` loss points, and, with replicas, every
+    peer is credited accepted payloads; else None."""
     now = state(url)
     history = now.get("loss_history", {})
     longest = [max((len(s["points"]) for s in history.get(str(b), [])), default=0) for b in range(now.get("n_blocks", 1))]
     enough = min(longest) >= points
-    return now if now.get("status") == "healthy" and enough else None
+    paid = sum(c["accepted_payloads"] > 0 for c in now.get("contributions", []))
+    credited = paid >= now.get("n_blocks", 1) * replicas if replicas > 1 else True
+    return now if now.get("status") == "healthy" and enough and credited else None
 
 
-def screenshot(url: str, path: Path) -> None:
+def screenshot(url: str, path: Path, leaderboard: Path | None = None) -> None:
+    """The whole page into `path`; its leaderboard's section alone into `leaderboard`, if given."""
     from playwright.sync_api import expect  # optional, like the browser itself
 
     with browser.headless_chromium() as chromium:
@@ -66,12 +74,17 @@ def screenshot(url: str, path: Path) -> None:
         expect(page.locator("#model-status")).to_have_text("healthy", timeout=30_000)
         expect(page.locator("figure[data-block] polyline").first).to_be_visible()
         page.screenshot(path=str(path), full_page=True)
+        if leaderboard is not None:
+            expect(page.locator("#leaderboard tbody tr").first).to_be_visible()
+            page.locator("section", has=page.locator("#leaderboard")).screenshot(path=str(leaderboard))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="steps each demo peer trains")
     parser.add_argument("--points", type=int, default=4, help="loss points per block before the screenshot")
+    parser.add_argument("--replicas", type=int, default=1, help="peers per block (more than one: a leaderboard)")
+    parser.add_argument("--config", default=None, help="model config JSON for the demo (default: the built-in one)")
     parser.add_argument("--timeout", type=float, default=1200.0)
     parser.add_argument("--out", default="benchmarks/results/health")
     args = parser.parse_args()
@@ -81,12 +94,14 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="health-page-") as workdir:
-        command = [command_path("swarm-demo"), "--steps", str(args.steps), "--workdir", workdir]
+        config = ["--config", str(Path(args.config).resolve())] if args.config else []
+        command = [command_path("swarm-demo"), "--steps", str(args.steps), "--workdir", workdir,
+                   "--replicas", str(args.replicas), *config]  # fmt: skip
         demo = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         try:
             url = page_address(demo, 120)
-            shown = wait_for(lambda: ready(url, args.points), args.timeout, "every block healthy with loss points", 2.0)
-            screenshot(url, out / "health.png")
+            shown = wait_for(lambda: ready(url, args.points, args.replicas), args.timeout, "every block healthy", 2.0)
+            screenshot(url, out / "health.png", out / "leaderboard.png" if args.replicas > 1 else None)
             (out / "state.json").write_text(json.dumps(shown, indent=2))
             demo.communicate(timeout=args.timeout)
         finally:

@@ -29,7 +29,7 @@ DASH = "–"
 TITLES = {  # the heading of each results folder's section, in the page's order
     "quality": "Quality", "long_run": "A long run through the swarm", "serve": "Serving", "sync": "Replica sync", "outer_gap": "The outer mode's loss gap",
     "scale": "Cost as a block grows", "transfer": "Checkpoint transfer", "regions": "Emulated regions", "discovery": "Discovery",
-    "chaos": "Chaos", "attacks": "Attacks", "health": "Health page",
+    "chaos": "Chaos", "attacks": "Attacks", "identity_cost": "Identity cost", "health": "Health page",
 }  # fmt: skip
 
 
@@ -695,6 +695,35 @@ def attack_two_replicas(part: Node) -> list[str]:
     return table(header, rows) + [start, ""]
 
 
+def identity_cost(folder: Folder) -> list[str]:
+    c = folder.json("identity_cost.json")
+    config, reader, at = c["config"], c["reader"], c["at_recommended"]
+    rows = [[plain(e["bits"]), plain(e["expected_tries"]), fixed(e.num("core_seconds"), 0),
+             fixed(e.num("core_seconds") / 3600, 2)] for e in c["expected"]]  # fmt: skip
+    solved = ", ".join(plain(s["tries"]) for s in c["small_solves"])
+    return section(
+        "identity_cost",
+        "Costs the scrypt work an open swarm's creator can ask of every identity (`--identity-work`), on one core: "
+        "one try, the expected cost of a solve at several prices, actual solves at a small price, what a reader "
+        "spends checking records, and what an attacker's Sybil identities cost beside an honest joiner's one.",
+        command("identity_cost.py", {}), settings(config, {"bits"}),
+        f"One scrypt try (n = 2^{plain(config['log2_n'])}, r = {plain(config['r'])}, "
+        f"{size(c.num('memory_per_try_bytes'))} of memory): {fixed(c.num('seconds_per_try'), 4)} s of one core, "
+        f"{fixed(c.num('tries_per_second'), 1)} tries a second.",
+        table(["bits", "expected tries", "core seconds", "core hours"], rows),
+        f"Actual solves at {plain(config['small_bits'])} bits took {solved} tries (mean "
+        f"{fixed(c.num('small_solve_mean_tries'), 1)}, expected {plain(c['small_solve_expected_tries'])}).",
+        f"A reader spends {fixed(reader.num('new_record_seconds'), 4)} s on a record it has not judged (one try) and "
+        f"{fixed(reader.num('judged_record_seconds'), 6)} s on one it has; one read amid "
+        f"{plain(reader['flood_records'])} new records with bad nonces checked {plain(reader['flood_records_checked'])} "
+        f"of them, in {fixed(reader.num('flood_read_seconds'), 3)} s.",
+        f"At the recommended price, {plain(at['bits'])} bits: an honest joiner pays "
+        f"{fixed(at.num('honest_joiner_core_seconds'), 0)} s of one core, once per key and peer id; "
+        f"{plain(at['sybils'])} Sybil identities cost an attacker {fixed(at.num('attacker_core_seconds'), 0)} s "
+        f"({fixed(at.num('attacker_core_hours'), 2)} core hours).",
+    )  # fmt: skip
+
+
 def health(folder: Folder) -> list[str]:
     state = folder.json("state.json")
     blocks = list(state["blocks"])
@@ -717,7 +746,8 @@ Renderer = Callable[[Folder], list[str]]
 RENDERERS: dict[str, Renderer] = {
     "quality": quality, "long_run": long_run, "serve": serve, "sync": sync, "outer_gap": outer_gap, "scale": scale,
     "transfer": transfer,
-    "regions": regions, "discovery": discovery, "chaos": chaos, "attacks": attacks, "health": health,
+    "regions": regions, "discovery": discovery, "chaos": chaos, "attacks": attacks, "identity_cost": identity_cost,
+    "health": health,
 }  # fmt: skip
 
 

@@ -21,6 +21,8 @@ from swarm.model.denoiser import ModelConfig
 from swarm.p2p import members
 from swarm.p2p.bootstrap import BootstrapConfig, run_bootstrap
 from swarm.p2p.network import load_key
+from swarm.p2p.records import MAX_WORK_BITS, IdentityWork
+from swarm.p2p.work import RECOMMENDED_BITS
 
 DEFAULT_IDENTITY = "bootstrap.id"  # a stable peer id (and so stable addresses) across restarts
 DEFAULT_VALID_DAYS = 90.0
@@ -47,14 +49,23 @@ def bootstrap_group() -> None:
 @click.option("--revocations", default=BootstrapConfig.revocations, show_default=True,
               help="With --members-only: the file of revoked certificates ('swarm-bootstrap revoke' writes it), "
               "re-published every refresh period.")
-def bootstrap_command(new_swarm, config_path, creator_key, refresh_period, members_only, revocations, **kwargs):
+@click.option("--identity-work", type=click.IntRange(0, MAX_WORK_BITS), default=0, show_default=True,
+              help="With --new-swarm: the price of an identity, in leading zero bits of scrypt work bound to a peer's "
+              f"key and peer id (each bit doubles it; {RECOMMENDED_BITS}: about 4 minutes of one core per peer, "
+              "once); records without it are ignored. 0: identities are free.")
+@click.option("--identity-work-memory", type=click.IntRange(1, 16), default=IdentityWork(bits=0).log2_n, hidden=True,
+              help="log2 of scrypt's n for --identity-work (each try takes 2^N x 1 KiB; tests make it cheap).")
+def bootstrap_command(new_swarm, config_path, creator_key, refresh_period, members_only, revocations, identity_work,
+                      identity_work_memory, **kwargs):  # fmt: skip
     """Run a stable DHT entry point; print the options others join with on one line."""
     swarm, creator = kwargs.pop("swarm"), kwargs.pop("creator")
     network = network_options(kwargs)
     if network.identity_path is None:
         network.identity_path = DEFAULT_IDENTITY
     model = ModelConfig.from_json_file(config_path) if new_swarm else None
-    config = BootstrapConfig(swarm, network, creator, model, creator_key, refresh_period, members_only, revocations)
+    work = IdentityWork(bits=identity_work, log2_n=identity_work_memory) if identity_work else None
+    config = BootstrapConfig(swarm, network, creator, model, creator_key, refresh_period, members_only, revocations,
+                             work)  # fmt: skip
     run_bootstrap(config, on_ready=click.echo)  # echo flushes: the lab reads the line as it comes
 
 

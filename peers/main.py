@@ -28,6 +28,9 @@ PAYLOAD_MODES = ", ".join(payload_modes())
 @click.command("swarm-peer")
 @swarm_options
 @member_options
+@click.option("--record-key", default=PEER.record_key,
+              help="RSA key file the peer signs its records with (made on first use). Where the swarm prices an "
+              "identity, the solved work is kept beside it: with --identity, it is solved once, not every run.")
 @click.option("--block", default=PEER.block, show_default=True, help="'auto' (the least hosted block) or an index.")
 @click.option("--checkpoint-dir", default=PEER.checkpoint_dir, show_default=True)
 @click.option("--data", default=PEER.data, help="Text file, folder or dataset name (default: built-in corpus).")

@@ -9,13 +9,16 @@ from typing import Iterator
 
 import conftest
 
+from swarm.lab.attacks import plant_checkpoint, poisoned_block
 from swarm.lab.hosting import CheckpointHost
 from swarm.lab.launch import LocalSwarm, Started
+from swarm.model.denoiser import ModelConfig
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.network import NetworkOptions
+from swarm.p2p.records import CheckpointInfo
 from swarm.waiting import wait_for
 
-__all__ = ["FAST_PEER", "HOSTS_SWARM", "client_of", "tiny_swarm", "wait_for", "write_tiny_setup"]
+__all__ = ["FAST_PEER", "HOSTS_SWARM", "client_of", "poisoned_host", "tiny_swarm", "wait_for", "write_tiny_setup"]
 
 HOSTS_SWARM = "transfer"  # the swarm of the checkpoint hosts that the `start` fixture (conftest.py) starts
 
@@ -49,6 +52,17 @@ def tiny_swarm(workdir: Path, swarm: str, blocks: dict[str, str]) -> Iterator[tu
             served = lambda: all(any(h.announcement.state == "serving" for h in directory.hosts(b)) for b in hosted)  # noqa: E731
             wait_for(served, 90, f"blocks {sorted(hosted)} served")
             yield local, peers, client
+
+
+def poisoned_host(local: LocalSwarm, config: ModelConfig, step: int) -> tuple[CheckpointHost, CheckpointInfo]:
+    """A node in this process that serves a plausible, poisoned checkpoint of block 0 (trained on
+    shuffled text) stamped `step`, and that checkpoint's info: a stranger's, for it to announce."""
+    folder = local.workdir / "stranger-plant"
+    folder.mkdir(exist_ok=True)
+    planted = plant_checkpoint(folder, poisoned_block(config, 0, local.data, folder, steps=10), config, 0, step,
+                               local.swarm)  # fmt: skip
+    host = CheckpointHost(local.workdir / "stranger", local.swarm, 0, initial_peers=local.initial_peers, config=config)
+    return host, host.put(planted.read_bytes(), step)
 
 
 def client_of(*nodes: CheckpointHost) -> SwarmClient:

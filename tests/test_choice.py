@@ -6,13 +6,70 @@ result: only the rule under test can.
 
 from __future__ import annotations
 
+import math
+
+import pytest
 from swarm_helpers import HOSTS_SWARM, client_of
 
-from swarm.checkpoints.choice import SpotCheck, choose_checkpoint
+from swarm.checkpoints.choice import UNIFORM_CE, Candidate, Measured, SpotCheck, believable, choose_checkpoint, rank
+from swarm.checkpoints.transfer import max_checkpoint_bytes
 from swarm.lab.attacks import overflowing_block
 from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import build_block
 from swarm.model.train import TrainConfig, block_trainer, train
+from swarm.p2p.directory import Host
+from swarm.p2p.records import BlockAnnouncement, CheckpointInfo
+
+TOLERANCE = SpotCheck.tolerance
+
+
+def host(name: str, step: int, size: int = 1000, loss: float | None = None) -> Host:
+    """A serving host under its own key `name`, announcing a checkpoint of `step` (its sha256 named by the step)."""
+    checkpoint = CheckpointInfo(step=step, sha256=f"{step:064x}", size=size)
+    announcement = BlockAnnouncement(peer_id=name, state="serving", step=step, checkpoint=checkpoint, loss=loss)
+    return Host(0, announcement, math.inf, owner=name.encode())
+
+
+def steps_in_rank_order(hosts: list[Host], config) -> list[int]:
+    return [c.checkpoint.step for c in rank(hosts, config)]
+
+
+def test_a_checkpoint_two_keys_vouch_for_ranks_before_one_keys_newer_claim(tiny_config):
+    """Agreement alone: both steps are plausible, so only the count of keys puts 10 first."""
+    assert steps_in_rank_order([host("a", 10), host("b", 10), host("liar", 11)], tiny_config) == [10, 11]
+
+
+def test_a_step_far_beyond_every_other_hosts_ranks_last(tiny_config):
+    """Plausibility alone: one key each, so agreement cannot put the honest step first."""
+    assert steps_in_rank_order([host("honest", 10), host("liar", 999_999)], tiny_config) == [10, 999_999]
+
+
+def test_an_announced_size_no_block_of_the_model_weighs_is_never_a_candidate(tiny_config):
+    hosts = [host("honest", 10), host("liar", 11, size=max_checkpoint_bytes(tiny_config) + 1)]
+    assert steps_in_rank_order(hosts, tiny_config) == [10]
+
+
+def measured(name: str, step: int, loss: float, announced: float | None = None) -> Measured:
+    """A candidate of one host that downloaded and measured `loss` on the spot check."""
+    one = host(name, step, loss=announced)
+    return Measured(Candidate(one.announcement.checkpoint, (one,), plausible=True), b"", one, loss)
+
+
+@pytest.mark.parametrize(
+    "candidates, kept",
+    [
+        # each scenario has one rule that rejects the liar, and nothing else that could
+        ([measured("liar", 11, 2.0 + 2 * TOLERANCE), measured("honest", 10, 2.0)], [10]),  # far worse than the best
+        ([measured("liar", 11, UNIFORM_CE + 1.0)], []),  # alone, and worse than knowing nothing
+        ([measured("liar", 11, 4.0, announced=0.5)], []),  # alone, far worse than its host says
+        ([measured("liar", 11, math.nan)], []),  # alone, and not a number
+        # a NaN is not the best loss: were it, no comparison with it would reject the poor one
+        ([measured("nan", 12, math.nan), measured("poor", 11, 2.0 + 2 * TOLERANCE), measured("honest", 10, 2.0)], [10]),
+    ],
+    ids=["worse than the best", "worse than uniform", "worse than announced", "not a number", "NaN is no best"],
+)
+def test_a_measured_candidate_is_believed_only_if_every_rule_passes(candidates, kept):
+    assert [m.candidate.checkpoint.step for m in believable(candidates, TOLERANCE)] == kept
 
 
 def test_a_checkpoint_whose_loss_is_not_a_number_loses_to_a_lone_honest_host(start, tiny_config, tiny_windows):

@@ -76,11 +76,13 @@ def test_bad_payloads_are_refused(tiny_config, tiny_windows):
     widest = max(payload, key=lambda n: payload[n].indices.shape[1])  # most coefficients kept per tile
     odd_tile = next(n for n, c in payload.items() if (c.tile[0] * c.tile[1]) & (c.tile[0] * c.tile[1] - 1))
     largest_code = 2 ** math.ceil(math.log2(payload[odd_tile].tile[0] * payload[odd_tile].tile[1])) - 1  # > tile size
+    beyond = payload[odd_tile].indices.clone()
+    beyond[:, -1] = largest_code  # still sorted, each once: only the range check refuses it
     bad = {
         "NaN values": with_entry(first, values=torch.full_like(payload[first].values, float("nan"))),
         "huge values": with_entry(first, values=torch.full_like(payload[first].values, 1e6)),
         "values no honest replica sends": with_entry(first, values=torch.full_like(payload[first].values, 50 * 2e-3)),
-        "index out of range": with_entry(odd_tile, indices=torch.full_like(payload[odd_tile].indices, largest_code)),
+        "index out of range": with_entry(odd_tile, indices=beyond),
         "repeated index": with_entry(widest, indices=torch.zeros_like(payload[widest].indices)),
         "unknown parameter": msgpack.packb({**good, "p": [999]}),
         "repeated parameter": msgpack.packb({**good, "p": good["p"][:1] * 2}),

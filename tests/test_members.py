@@ -36,7 +36,7 @@ from swarm.p2p.messages import (
     PeerInfo,
     refusal,
 )
-from swarm.p2p.records import BlockAnnouncement, ModelRecord, RevocationList, parse_record
+from swarm.p2p.records import BlockAnnouncement, ModelRecord, RevocationList, owner_fingerprint, parse_record
 
 SWARM = "club"
 ALICE_PEER, MALLORY_PEER = "12D3KooWAlice", "12D3KooWMallory"
@@ -151,14 +151,16 @@ def entry(value: object) -> SimpleNamespace:
     return SimpleNamespace(value=value, expiration_time=time.time() + 60)
 
 
-def directory_of(keys, members_only: bool, revoked: tuple[str, ...] = ()) -> tuple[SwarmDirectory, dict]:
-    """A directory of swarm `club` whose DHT reads come from a dict (key -> entries by subkey)."""
+def directory_of(keys, members_only: bool, revoked: tuple[str, ...] = (),
+                 creator: str | None = None) -> tuple[SwarmDirectory, dict]:  # fmt: skip
+    """A directory of swarm `club` whose DHT reads come from a dict (key -> entries by subkey);
+    `creator`: the fingerprint its join line pins."""
     config = ModelConfig(**TINY)
     model = ModelRecord(config=config.to_dict(), config_hash=config.hash(), members_only=members_only)
     dht = {f"{SWARM}.model": {subkey(keys.creator): entry(model.model_dump())},
            f"{SWARM}.revoked": {subkey(keys.creator): entry({"revoked": list(revoked)}),
                                 subkey(keys.mallory): entry({"revoked": []})}}  # fmt: skip
-    directory = SwarmDirectory(dht=None, swarm=SWARM, private_key=keys.alice)
+    directory = SwarmDirectory(dht=None, swarm=SWARM, private_key=keys.alice, creator=creator)
     directory._entries = lambda key: dht.get(key, {})
     return directory, dht
 
@@ -202,6 +204,15 @@ def test_a_members_only_record_from_an_unpinned_second_key_is_refused(keys):
     dht[f"{SWARM}.model"][subkey(keys.mallory)] = dht[f"{SWARM}.model"][subkey(keys.creator)]
     with pytest.raises(SwarmError, match="--creator"):
         directory.read_model()
+
+
+def test_a_model_record_of_another_key_is_ignored_by_a_directory_that_pins_the_creator(keys):
+    """An open swarm (no certificate involved): a second key's record of another model, read first."""
+    directory, dht = directory_of(keys, members_only=False, creator=owner_fingerprint(subkey(keys.creator)))
+    other = ModelConfig(**{**TINY, "n_blocks": 1, "n_layers": 2})
+    hijack = ModelRecord(config=other.to_dict(), config_hash=other.hash()).model_dump()
+    dht[f"{SWARM}.model"] = {subkey(keys.mallory): entry(hijack), **dht[f"{SWARM}.model"]}
+    assert directory.read_model() == ModelConfig(**TINY)
 
 
 # --- the services' gate ----------------------------------------------------------------------------------

@@ -16,10 +16,9 @@ import time
 import pytest
 from hivemind.p2p import PeerID
 from hivemind.proto import runtime_pb2
-from swarm_helpers import wait_for, write_tiny_setup
+from swarm_helpers import poisoned_host, wait_for, write_tiny_setup
 
 from swarm.checkpoints.transfer import HostFailed, ask_chunk_list
-from swarm.lab.attacks import plant_checkpoint, poisoned_block
 from swarm.lab.hosting import CheckpointHost, InProcessNode
 from swarm.lab.launch import LocalSwarm
 from swarm.p2p.info import InfoServicer
@@ -62,12 +61,7 @@ def club(tmp_path_factory):
 def stranger_host(local: LocalSwarm, config) -> CheckpointHost:
     """A node with no certificate that hosts a plausible, poisoned checkpoint of block 0 at step 5,
     announces itself as training that block, and counts the sync polls it is sent."""
-    folder = local.workdir / "stranger-plant"
-    folder.mkdir(exist_ok=True)
-    planted = plant_checkpoint(folder, poisoned_block(config, 0, local.data, folder, steps=10), config, 0,
-                               STRANGER_STEP, SWARM)  # fmt: skip
-    host = CheckpointHost(local.workdir / "stranger", SWARM, 0, initial_peers=local.initial_peers, config=config)
-    info = host.put(planted.read_bytes(), STRANGER_STEP)
+    host, info = poisoned_host(local, config, STRANGER_STEP)
     host.payloads = PayloadServicer(0, deadline=3.0)
     host.serve(host.payloads)
     record = BlockAnnouncement(peer_id=host.peer_id, state="training", step=STRANGER_STEP, checkpoint=info)

@@ -4,9 +4,10 @@ They find out by themselves that nobody can dial them (the bootstrap dials back)
 client mode through the bootstrap's circuit relay, and are reached by asking them to dial the
 caller back: a client in another region fetches a NATed peer's checkpoint and generates through
 it; a NATed DeMo replica stays bit-identical to a public one, and a NATed replica averages its
-parameters with a public one (hivemind's averager, in client mode). Behind a cone NAT (ports
-kept) and a symmetric one (a random port per connection, which defeats hole punching): the
-dial-back needs neither. Teardown leaves no namespace (nor the iptables rules inside them) and
+parameters with a public one (hivemind's averager, in client mode). Behind a symmetric NAT (a
+random port per connection, which defeats hole punching), the harder case: the dial-back needs
+no hole. The cone NAT (ports kept) is the regions benchmark's home region (benchmarks/regions.py),
+which reaches and serves through it; it left the suite to keep the suite's time down. Teardown leaves no namespace (nor the iptables rules inside them) and
 no process.
 """
 
@@ -59,11 +60,10 @@ def generate(runner, config) -> bytes:
     return b"".join(continue_text(runner, config, b"The fox", max_bytes=16, steps_per_block=2, temperature=0.0, seed=3))
 
 
-@pytest.mark.parametrize("symmetric", [False, True], ids=["cone", "symmetric"])
-def test_peers_behind_nat_host_serve_and_sync_through_a_relay(tmp_path, symmetric):
+def test_peers_behind_a_symmetric_nat_host_serve_and_sync_through_a_relay(tmp_path):
     config_path, corpus_path = write_tiny_setup(tmp_path)
     with netlab.NetLab("bswnat", subnet=netlab.PUBLIC_SUBNET) as lab:
-        router = lab.add_nat("home", symmetric=symmetric)  # symmetric: a new random port per connection
+        router = lab.add_nat("home", symmetric=True)  # a new random port per connection
         for name, (_, region, _) in {"bootstrap": (0, "west", 0), "client": (0, "east", 0), **PEERS}.items():
             lab.add_node(name, region, behind=router if region == "home" else None)
         with LocalSwarm(tmp_path, swarm="nattest", config_path=config_path, data=corpus_path, lab=lab) as local:

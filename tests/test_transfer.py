@@ -16,6 +16,9 @@ import hivemind
 import pytest
 from swarm_helpers import client_of
 from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.protocol import DHTProtocol
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord
 from hivemind.p2p import P2P
 from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
@@ -37,7 +40,7 @@ from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import ModelConfig, build_block
 from swarm.p2p.directory import Host, SwarmDirectory
 from swarm.p2p.messages import DownloadHeader, DownloadRequest, PayloadReply, PayloadRequest
-from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, block_key
+from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, SwarmRecordValidator, block_key
 from swarm.sync.transport import POLLS_PER_PEER, PayloadServicer
 
 PAYLOAD = random.Random(0).randbytes(24 * CHUNK_BYTES)  # a run of 2 chunks for each of 12 streams
@@ -290,12 +293,37 @@ def test_readers_skip_entries_that_break_the_schema():
         dht.shutdown()
 
 
+def test_nodes_refuse_a_block_record_without_its_owners_key_or_off_its_schema():
+    """What every node's validator refuses, so that no reader ever holds it (readers skip it too:
+    the test above; test_swarm stores such records on a real DHT)."""
+    validator = SwarmRecordValidator("nodes")
+    key = DHTID.generate(source=block_key("nodes", 0)).to_bytes()
+    owned = RSASignatureValidator(hivemind.utils.crypto.RSAPrivateKey()).local_public_key
+
+    def record(subkey: bytes, value: object) -> DHTRecord:
+        return DHTRecord(key, subkey, DHTProtocol.serializer.dumps(value), get_dht_time() + 60)
+
+    good = BlockAnnouncement(peer_id="p", state="training", step=1).model_dump()
+    assert validator.validate(record(owned, good))
+    assert not validator.validate(record(b"no key in this subkey", good))
+    assert not validator.validate(record(owned, {"peer_id": "x", "state": "hacking", "step": -1}))
+
+
 def test_a_stream_that_goes_quiet_is_given_up_whatever_its_size(start, tiny_config):
     """The record announces a plausible size; the host lists it, sends a header and then nothing."""
     info = CheckpointInfo(step=3, sha256="cd" * 32, size=max_checkpoint_bytes(tiny_config))
     quiet = start("quiet", lambda block, store: TricklingDownloads(block, every_s=3600, size=info.size))
     with pytest.raises(TransferError, match="sent nothing for 1s"):
         fetch([quiet], info, inactivity_timeout=1.0)
+
+
+def test_a_checkpoint_announced_heavier_than_a_block_is_refused_before_anyone_is_asked(tiny_config):
+    """The bound inside the download, for callers that do not rank hosts first (merge rounds,
+    the health page); `rank`'s own bound is tested in test_choice. No P2P: nothing may be asked."""
+    info = CheckpointInfo(step=3, sha256="cd" * 32, size=max_checkpoint_bytes(tiny_config) + 1)
+    heavy = Host(0, BlockAnnouncement(peer_id="heavy", state="serving", step=3, checkpoint=info), get_dht_time() + 60)
+    with pytest.raises(TransferError, match="more than a block of this model weighs"):
+        asyncio.run(download_verified(None, [heavy], tiny_config, 0, show_progress=False))
 
 
 def test_a_checkpoint_of_another_block_or_model_is_refused_though_its_hash_matches(start, tiny_config, caplog):

@@ -7,15 +7,18 @@ fetches, joiners and generation clients end up with.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
+import torch
 from hivemind.utils import get_dht_time
 from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 
-from swarm.checkpoints.choice import SpotCheck
+from swarm.checkpoints.choice import Candidate, Measured, SpotCheck
 from swarm.checkpoints.download import download_verified
 from swarm.checkpoints.store import CheckpointStore
 from swarm.errors import SwarmError
@@ -33,9 +36,11 @@ from swarm.model.checkpoint import load_model_folder
 from swarm.model.denoiser import ModelConfig
 from swarm.model.families import local_runner
 from swarm.model.generate import continue_text
+from swarm.p2p.directory import Host
 from swarm.p2p.info import InfoServicer
-from swarm.p2p.records import CheckpointInfo, ModelRecord, model_key
+from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, ModelRecord, model_key
 from swarm.serving import vetting
+from swarm.serving.cross_check import majority
 from swarm.serving.remote import RemoteBlocks
 
 SWARM = "trusttest"
@@ -293,6 +298,46 @@ def test_a_client_remembers_a_bounded_number_of_failed_checkpoints(monkeypatch):
         checks.reject(CheckpointInfo(step=i, sha256=f"{i:064x}", size=1), "it did not pass the spot check")
     assert len(checks.failed) == 8 and bad not in checks.failed  # then the oldest
     assert all(CheckpointInfo(step=i, sha256=f"{i:064x}", size=1) in checks.failed for i in range(52, 60))
+
+
+def record_of(key: str, info: CheckpointInfo, peer_id: str | None = None) -> Host:
+    """A serving host of block 0 under key `key` (its peer id `key` unless named) announcing `info`."""
+    announcement = BlockAnnouncement(peer_id=peer_id or key, state="serving", step=info.step, checkpoint=info)
+    return Host(0, announcement, math.inf, owner=key.encode())
+
+
+def test_a_checkpoint_only_one_key_serves_is_used_once_measured_here_and_not_before():
+    """`Vetting.usable` alone, without a swarm: two peer ids under one key are one key."""
+    checks = vetting.Vetting(None, None, ModelConfig())
+    info = CheckpointInfo(step=7, sha256="a" * 64, size=1)
+    lone = [record_of("stranger", info)]
+    candidate = Candidate(info, tuple(lone), plausible=True)
+    assert not checks.usable(candidate, lone)
+    assert not checks.usable(candidate, [*lone, record_of("stranger", info, peer_id="its second peer")])
+    assert checks.usable(candidate, [*lone, record_of("honest", info)])
+    checks.passed[info] = Measured(candidate, b"", lone[0], loss=1.0)
+    assert checks.usable(candidate, lone)
+
+
+def test_a_checkpoint_no_host_served_in_time_is_due_for_another_measurement_once_the_delay_ends(monkeypatch):
+    """`Vetting.measure` alone: no candidate came back (every download ran out of time)."""
+
+    async def served_by_none(*args, **kwargs) -> list:
+        return []
+
+    monkeypatch.setattr(vetting, "measure_candidates", served_by_none)
+    monkeypatch.setattr(vetting, "RETRY_AFTER_S", 0.0)
+    loop = SimpleNamespace(run=lambda coro, timeout: asyncio.run(coro))
+    checks = vetting.Vetting(None, loop, ModelConfig(), SpotCheck(torch.zeros(0)))
+    info = CheckpointInfo(step=7, sha256="a" * 64, size=1)
+    assert checks.measure(0, [record_of("busy", info)]) == 0
+    assert info in checks.failed and not checks.known(info)  # failed for now, due again (the delay here is 0 s)
+
+
+def test_a_strict_majority_of_answers_decides_and_a_tie_decides_nothing():
+    z_in, honest, lie = torch.zeros(4), (torch.ones(4), None), (-torch.ones(4), None)
+    assert majority({"liar": lie, "a": honest, "b": honest}, z_in, 1e-3) == ("a", ["liar"])
+    assert majority({"liar": lie, "a": honest}, z_in, 1e-3) == (None, [])
 
 
 def test_a_client_waits_once_for_a_ban_to_end_where_every_host_of_a_block_failed_a_moment_ago(swarm):

@@ -127,6 +127,7 @@ class Choice:
     loss: float
     chosen: Measured | None  # None: the caller's own checkpoint won
     measured: list[Measured] = field(default_factory=list)
+    passed: list[Measured] = field(default_factory=list)  # those that passed the spot check (credited: ledger.py)
 
     @property
     def host(self) -> Host | None:
@@ -150,11 +151,12 @@ async def choose_checkpoint(
                 len(candidates), [c.checkpoint.step for c in candidates], max_candidates)  # fmt: skip
     measured = await measure_candidates(p2p, candidates[:max_candidates], config, block, spot_check, show_progress)
     own_loss = spot_check.measure(decode_block(own[0], config, block)[0], config, block) if own else None
-    for m in believable(measured, spot_check.tolerance, own_loss):
+    passed = believable(measured, spot_check.tolerance, own_loss)
+    for m in passed:
         if own is None or m.candidate.checkpoint.step > own[1].step:
-            return Choice(m.data, m.candidate.checkpoint, m.loss, m, measured)
+            return Choice(m.data, m.candidate.checkpoint, m.loss, m, measured, passed)
     if own is not None:
-        return Choice(own[0], own[1], own_loss, None, measured)
+        return Choice(own[0], own[1], own_loss, None, measured, passed)
     raise SwarmError(f"block {block}: no checkpoint verified and passed the spot check ({len(measured)} measured, "
                      f"{len(hosts)} hosts)")  # fmt: skip
 

@@ -1,7 +1,8 @@
 """swarm-demo: a whole swarm on this machine, from nothing to generated text.
 
-Starts a bootstrap node and one peer per block as separate processes on 127.0.0.1, lets
-each peer train its block for --steps steps on the built-in corpus, fetches the assembled
+Starts a bootstrap node and one peer per block (or `--replicas` peers per block, kept in step
+by DeMo, which then attest each other's work: swarm/p2p/ledger.py) as separate processes on
+127.0.0.1, lets each peer train its block for --steps steps on the built-in corpus, fetches the assembled
 model from the swarm as any user would (swarm-fetch), evaluates it, prints a continuation,
 and stops every process it started. While the swarm runs, its health page (swarm-health)
 is up at the address the demo prints.
@@ -52,9 +53,11 @@ def wait_until_trained(local: LocalSwarm, directory: SwarmDirectory, n_blocks: i
 @click.option("--data", default=None, help="Text source for the peers (default: built-in corpus).")
 @click.option("--prompt", default="The history of", show_default=True)
 @click.option("--timeout", type=click.FloatRange(min=10), default=1800.0, show_default=True)
+@click.option("--replicas", type=click.IntRange(1, 8), default=1, show_default=True,
+              help="Peers per block; more than one keep their block in step (--sync demo).")  # fmt: skip
 @click.option("--health-port", type=click.IntRange(0, 65535), default=0, show_default=True,
               help="Port of the swarm's health page (0: any free one; its address is printed).")  # fmt: skip
-def demo_command(workdir, steps, config_path, data, prompt, timeout, health_port):
+def demo_command(workdir, steps, config_path, data, prompt, timeout, replicas, health_port):
     """Run a demo swarm on this machine: train, fetch, evaluate, generate, stop."""
     workdir = Path(workdir).resolve()
     config_path = str(Path(config_path).resolve()) if config_path else None
@@ -66,10 +69,13 @@ def demo_command(workdir, steps, config_path, data, prompt, timeout, health_port
         click.echo(f"swarm health page: {health}")
         with local.client() as client:
             config = client.directory.wait_for_model(30)
+            extra = ["--max-steps", str(steps), "--save-every", str(max(1, steps // 4)), "--announce-period", "3"]
+            # one peer per block has no replica to sync with
+            extra += ["--sync", "demo", "--wait-for-replicas", str(replicas)] if replicas > 1 else ["--sync", "none"]
             for block in range(config.n_blocks):
-                extra = ["--max-steps", str(steps), "--save-every", str(max(1, steps // 4)), "--announce-period", "3",
-                         "--sync", "none"]  # one peer per block: no replica to sync with
-                local.start_peer(f"peer{block}", str(block), extra)
+                for replica in range(replicas):
+                    name = f"peer{block}" + (chr(ord("a") + replica) if replicas > 1 else "")
+                    local.start_peer(name, str(block), [*extra, "--public-name", name])
             wait_until_trained(local, client.directory, config.n_blocks, steps, timeout)
         fetched = local.run("swarm-fetch", "--out", str(workdir / "model"))
         if fetched.returncode != 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import logging
 import sys
 from pathlib import Path
 
@@ -17,7 +18,12 @@ from swarm.model.denoiser import ModelConfig
 from swarm.model.families import local_runner
 from swarm.model.steps import BlockRunner
 from swarm.model.generate import continue_text
+from swarm.p2p.client import SwarmClient
+from swarm.p2p.directory import DHTUnavailable
+from swarm.p2p.ledger import Witness, publish
 from swarm.serving.remote import RemoteBlocks
+
+logger = logging.getLogger(__name__)
 
 MODEL_TIMEOUT_S = 15.0
 
@@ -48,8 +54,20 @@ def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature,
     with swarm_client(swarm_kwargs) as client:
         config = client.directory.wait_for_model(MODEL_TIMEOUT_S)
         spot_check = SpotCheck.from_source(data, config) if data is not None else None  # None: loaded when needed
-        runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, spot_check=spot_check)
-        write_continuation(runner, config, prompt, settings)
+        runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, spot_check=spot_check,
+                              witness=client.witness())  # fmt: skip
+        try:
+            write_continuation(runner, config, prompt, settings)
+        finally:  # the answers other keys confirmed, into the ledger (swarm/p2p/ledger.py)
+            attest(client, runner.witness)
+
+
+def attest(client: SwarmClient, witness: Witness) -> None:
+    """Store the client's attestation of the answers it saw confirmed; a DHT that does not answer loses it."""
+    try:
+        publish(client.directory, witness, wait=True)
+    except DHTUnavailable as error:
+        logger.warning("the attestation of the answers checked was not stored: %s", error)
 
 
 def write_continuation(run_block: BlockRunner, config: ModelConfig, prompt: str, settings: dict) -> None:

@@ -15,6 +15,9 @@ against its sha256, or, past 16 MiB, its chunk list and one chunk). A host that 
 reason. A block is healthy when at least one of its hosts is verified; the model is healthy when
 every block is.
 
+The state also carries the leaderboard of verified contributions (`contributions`): each key's
+work that two other keys attest, read from `S.ledger` and counted by swarm/p2p/ledger.py.
+
 Whatever a peer wrote is data: numbers that are not finite become null (a NaN would make the
 JSON unreadable), strings are passed on as they are and the page shows them as text only.
 """
@@ -35,6 +38,7 @@ from swarm.health.checks import WHOLE_BYTES, CheckpointChecks, Verdict, check_ke
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import DHTUnavailable, Host, SwarmDirectory
 from swarm.p2p.info import owns_record
+from swarm.p2p.ledger import Ledger
 from swarm.p2p.messages import PeerInfo
 from swarm.p2p.pings import PING_TIMEOUT_S, ask_all
 
@@ -107,6 +111,7 @@ class SwarmMonitor:
         self.ping_timeout = ping_timeout
         self.history = LossHistory()
         self.checks = CheckpointChecks(p2p, config, whole_bytes)
+        self.ledger = Ledger(directory.swarm, directory.membership)  # the attestations believed, poll after poll
 
     def collect(self) -> dict:
         """The swarm's state now, as the JSON the API serves (README: "The health page")."""
@@ -128,7 +133,17 @@ class SwarmMonitor:
         for host in hosts:
             self.history.add(host, now)
         return {**self._verdict(rows, skipped), "updated_at": now, "errors": errors, "hosts": rows,
-                "pings": announced_pings(hosts), "loss_history": self.history.as_json()}  # fmt: skip
+                "pings": announced_pings(hosts), "loss_history": self.history.as_json(),
+                "contributions": self._contributions(hosts, errors)}  # fmt: skip
+
+    def _contributions(self, hosts: list[Host], errors: list[str]) -> list[dict]:
+        """The leaderboard of verified contributions (swarm/p2p/ledger.py): the attestations read now,
+        beside those kept from earlier polls (a failed read is shown, and keeps those)."""
+        try:
+            self.ledger.take(self.directory.attestations())
+        except DHTUnavailable as error:
+            errors.append(str(error))
+        return self.ledger.rows(hosts)
 
     def _verdict(self, rows: list[dict], skipped: dict[int, int]) -> dict:
         """The model's status, and each block's."""

@@ -9,6 +9,9 @@ The creator of a members-only swarm (`members_only`) says so in the model record
 refresh period also re-publishes the revocations file (`revocations`, which
 `swarm-bootstrap revoke` writes) as the swarm's `S.revoked` record: a revocation reaches the
 swarm within a refresh period, while the node runs.
+
+The creator of an open swarm may price an identity (`identity_work`, swarm/p2p/work.py): the
+model record it signs says how much work a peer's record must carry to count.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from swarm.p2p.directory import SwarmDirectory
 from swarm.p2p.members import read_revocations
 from swarm.p2p.network import NetworkOptions, load_or_create_key, start_dht, stop_child, visible_maddrs
 from swarm.p2p.reachability import serve_reachability
+from swarm.p2p.records import IdentityWork
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +45,15 @@ class BootstrapConfig:
     refresh_period: float = 30.0  # seconds between re-publishing the model record and logging the swarm's size
     members_only: bool = False  # with new_swarm: only keys with a member certificate count (swarm/p2p/members.py)
     revocations: str = "revoked.json"  # with new_swarm: the creator's file of revoked certificates
+    identity_work: IdentityWork | None = None  # with new_swarm: the work a peer's record must carry (work.py)
 
 
 def run_bootstrap(config: BootstrapConfig, on_ready: Callable[[str], None]) -> None:
     """Run the node until SIGINT or SIGTERM; `on_ready` gets the join line once it is reachable."""
     if config.members_only and config.new_swarm is None:
         raise SwarmError("--members-only goes with --new-swarm: the creator's model record says it")
+    if config.identity_work is not None and config.identity_work.bits and config.new_swarm is None:
+        raise SwarmError("--identity-work goes with --new-swarm: the creator's model record says it")
     if config.members_only:
         read_revocations(config.revocations)  # a file that does not read is one line now, not a warning later
     key = load_or_create_key(config.creator_key) if config.new_swarm else None
@@ -60,6 +67,7 @@ def run_bootstrap(config: BootstrapConfig, on_ready: Callable[[str], None]) -> N
         directory = SwarmDirectory(dht, config.swarm, key, config.creator, config.network.dht_timeout)
         if config.new_swarm:
             directory.membership.set_terms(directory.owner_subkey, config.members_only)
+            directory.work.terms = config.identity_work
         join = join_line(config.swarm, directory.fingerprint if config.new_swarm else config.creator, visible_maddrs(dht))
         on_ready(join)
         logger.info("swarm %r: join with  swarm-peer %s", config.swarm, join)
@@ -87,7 +95,8 @@ def refresh(directory: SwarmDirectory, config: BootstrapConfig, refresh_period: 
     model, lifetime = config.new_swarm, 4 * refresh_period
     try:
         if model is not None:
-            directory.publish_model(model, lifetime_s=lifetime, members_only=config.members_only)
+            directory.publish_model(model, lifetime_s=lifetime, members_only=config.members_only,
+                                    identity_work=config.identity_work)  # fmt: skip
         if model is not None and config.members_only:
             revocations = read_revocations(config.revocations)
             directory.membership.set_revoked(revocations)

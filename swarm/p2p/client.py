@@ -11,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Awaitable
 
+from hivemind.utils.crypto import RSAPrivateKey
+
 from swarm.errors import SwarmError
 from swarm.p2p.directory import SwarmDirectory
 from swarm.p2p.info import InfoServicer
+from swarm.p2p.ledger import Witness
 from swarm.p2p.members import Credentials
 from swarm.p2p.messages import PeerInfo
 from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht, stop_child
@@ -48,6 +51,14 @@ class SwarmClient:
     def __exit__(self, *exc) -> None:
         self.loop.close(self.p2p)
         stop_child(self.dht, self.dht.shutdown)
+
+    def witness(self) -> Witness:
+        """A witness of what this client checks of the peers (swarm/p2p/ledger.py), signing with the
+        key its DHT records are signed with (a member's, else hivemind's key of this process)."""
+        key = self.credentials.key if self.credentials else RSAPrivateKey.process_wide()
+        peer_id = self.dht.peer_id.to_base58()
+        proof = self.credentials.proof(peer_id) if self.credentials else None
+        return Witness(key, self.swarm, peer_id, max_gap_s=0.0, proof=proof)
 
     def run(self, coro: Awaitable[Any], timeout: float) -> Any:
         """Run a P2P coroutine on the client's loop and wait for it; SwarmError past `timeout`."""

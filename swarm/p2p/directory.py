@@ -15,6 +15,10 @@ terms, and the revocations the creator published (`S.revoked`, `read_revocations
 valid proof of membership for the key that signed it; others are skipped like records that do
 not parse. Every reader of hosts (fetch, joiners, the sync's replica list, serving, the health
 page) goes through `census`, so none of them counts a non-member.
+
+The model record may also price an identity (`identity_work`, work.py): then a host record counts
+only if its nonce is work enough for the key that signed it and the peer id it names, and
+`census` skips the others as it skips non-members.
 """
 
 from __future__ import annotations
@@ -34,15 +38,19 @@ from swarm.model.denoiser import ModelConfig
 from swarm.p2p.members import Membership, subkey_key_text
 from swarm.p2p.network import DHT_CALL_TIMEOUT_S, RECORD_COPIES
 from swarm.p2p.records import (
+    Attestation,
     BlockAnnouncement,
+    IdentityWork,
     ModelRecord,
     RevocationList,
     block_key,
+    ledger_key,
     model_key,
     owner_fingerprint,
     parse_record,
     revoked_key,
 )
+from swarm.p2p.work import NOT_CHECKED_YET, WorkCheck
 from swarm.waiting import WaitTimeout, wait_for
 
 logger = logging.getLogger(__name__)
@@ -93,6 +101,8 @@ class SwarmDirectory:
         self._competitors_seen: set[str] = set()
         self._non_members_seen: set[bytes] = set()
         self.membership = Membership(swarm)  # open until the creator's model record says otherwise
+        self.work = WorkCheck(swarm)  # identities free until the creator's model record prices them
+        self._unworked_seen: set[bytes] = set()
         # hivemind's DHT hands each call to its process through one pipe with no lock of its own,
         # and a peer calls from several threads (training, announcer, pings)
         self._submitting = threading.Lock()
@@ -102,9 +112,11 @@ class SwarmDirectory:
         """The fingerprint of this process's key: what a join line pins when this process creates a swarm."""
         return owner_fingerprint(self.owner_subkey)
 
-    def publish_model(self, config: ModelConfig, lifetime_s: float, members_only: bool = False) -> bool:
+    def publish_model(self, config: ModelConfig, lifetime_s: float, members_only: bool = False,
+                      identity_work: IdentityWork | None = None) -> bool:  # fmt: skip
         """Store the model record under this process's key (the creator's)."""
-        record = ModelRecord(config=config.to_dict(), config_hash=config.hash(), members_only=members_only)
+        record = ModelRecord(config=config.to_dict(), config_hash=config.hash(), members_only=members_only,
+                             identity_work=identity_work)  # fmt: skip
         return self._store(model_key(self.swarm), record.model_dump(), self.owner_subkey, lifetime_s)
 
     def publish_revocations(self, revocations: RevocationList, lifetime_s: float) -> bool:
@@ -131,18 +143,25 @@ class SwarmDirectory:
             logger.warning("%s", error)
             return None
         configs, terms = {}, {}
+        work_terms: dict[str, IdentityWork | None] = {}
         for subkey, entry in entries.items():
             record = parse_record(ModelRecord, getattr(entry, "value", None))
             config = self._valid_model(record) if record is not None else None
             if config is not None:
                 configs[owner_fingerprint(subkey)] = config
                 terms[owner_fingerprint(subkey)] = subkey, record.members_only
+                work_terms[owner_fingerprint(subkey)] = record.identity_work
         chosen = self._the_creators(configs)
         if chosen is not None:
             if self.creator is None and len(terms) > 1 and any(members_only for _, members_only in terms.values()):
                 raise SwarmError(f"{len(terms)} keys wrote the model record of members-only swarm {self.swarm!r}: "
                                  "join with the --creator that swarm-bootstrap printed")  # fmt: skip
-            self._take_terms(*terms[self.creator or next(iter(configs))])
+            if self.creator is None and len(set(work_terms.values())) > 1:
+                raise SwarmError(f"{len(work_terms)} keys wrote the model record of swarm {self.swarm!r} with different "
+                                 "prices of an identity: join with the --creator that swarm-bootstrap printed")  # fmt: skip
+            creator = self.creator or next(iter(configs))
+            self._take_terms(*terms[creator])
+            self._take_work_terms(work_terms[creator])
         return chosen
 
     def _take_terms(self, creator_subkey: bytes, members_only: bool) -> None:
@@ -156,6 +175,13 @@ class SwarmDirectory:
                 self.read_revocations()
             except DHTUnavailable as error:
                 logger.warning("revocations not read: %s", error)
+
+    def _take_work_terms(self, terms: IdentityWork | None) -> None:
+        """The creator's price of an identity into `work` (its own record's: nobody else can lower it)."""
+        if terms is not None and terms.bits and terms != self.work.terms:
+            logger.info("swarm %r prices an identity at %d bits of scrypt work: records without it are ignored",
+                        self.swarm, terms.bits)  # fmt: skip
+        self.work.terms = terms
 
     def _valid_model(self, record: ModelRecord) -> ModelConfig | None:
         try:
@@ -195,6 +221,20 @@ class SwarmDirectory:
     def announce(self, block: int, announcement: BlockAnnouncement, lifetime_s: float, wait: bool = False) -> bool:
         """Store this peer's entry for a block, signed; expires after `lifetime_s` unless refreshed."""
         return self._store(block_key(self.swarm, block), announcement.model_dump(), self.owner_subkey, lifetime_s, wait)
+
+    def attest(self, attestation: Attestation, lifetime_s: float, wait: bool = False) -> bool:
+        """Store this process's attestation (swarm/p2p/ledger.py) under its key, in place of its last."""
+        return self._store(ledger_key(self.swarm), attestation.model_dump(), self.owner_subkey, lifetime_s, wait)
+
+    def attestations(self) -> dict[bytes, Attestation]:
+        """Every live attestation that parses, by the subkey it was written under (ledger.py checks
+        the rest); DHTUnavailable if the DHT does not answer in time."""
+        found = {}
+        for subkey, entry in self._entries(ledger_key(self.swarm)).items():
+            attestation = parse_record(Attestation, getattr(entry, "value", None))
+            if attestation is not None:
+                found[subkey] = attestation
+        return found
 
     def _store(self, key: str, value: dict, subkey: bytes, lifetime_s: float, wait: bool = True) -> bool:
         with self._submitting:
@@ -246,7 +286,19 @@ class SwarmDirectory:
                 skipped += 1
             elif announcement.state != "leaving":
                 hosts.append(Host(block, announcement, entry.expiration_time, subkey))
-        return hosts, skipped
+        return self._worked(hosts, skipped)
+
+    def _worked(self, hosts: list[Host], skipped: int) -> tuple[list[Host], int]:
+        """The hosts whose identity work holds, where the swarm asks for it, and the skipped count with
+        the others added (each key refused is logged once; one not checked yet is not)."""
+        refusals = self.work.refusals([(h.owner, h.peer_id, h.announcement.work_nonce) for h in hosts])
+        for host, refused in zip(hosts, refusals):
+            if refused and refused != NOT_CHECKED_YET and host.owner not in self._unworked_seen \
+                    and len(self._unworked_seen) < MAX_LOGGED_KEYS:  # fmt: skip
+                self._unworked_seen.add(host.owner)
+                logger.warning("ignoring the records of key %s (peer %s): %s",
+                               owner_fingerprint(host.owner)[:16], host.peer_id, refused)  # fmt: skip
+        return [h for h, refused in zip(hosts, refusals) if refused is None], skipped + sum(map(bool, refusals))
 
     def _counts(self, announcement: BlockAnnouncement, subkey: bytes) -> bool:
         """Whether a record counts: always in an open swarm; in a members-only one, if its proof of

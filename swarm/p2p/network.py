@@ -80,11 +80,11 @@ class NetworkOptions:
 
 def load_or_create_key(path: str | Path) -> RSAPrivateKey:
     """The RSA key in `path` (DER), created on first use: the key a swarm's creator signs its
-    model record with, so that the creator stays the same across restarts."""
+    model record with, or a peer its records, so that it stays the same across restarts."""
     path = Path(path)
     if not path.exists():
         write_atomic(path, RSAPrivateKey().to_bytes(), mode=0o600)
-        logger.info("created a new swarm creator key in %s", path)
+        logger.info("created a new RSA key in %s", path)
     return load_key(path)
 
 

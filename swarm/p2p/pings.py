@@ -8,7 +8,8 @@ A peer measures a few round trips in the background (`NeighbourPings`), to the p
 own block and of the blocks next to it: the ones its sync payloads and a generation request
 travel between. Like Petals' `next_pings`, they let anyone draw the swarm's round-trip
 matrix from the records alone. A round never blocks the announcer and never raises: a peer
-that does not answer is left out of the next announcement.
+that does not answer is left out of the next announcement. Each answer given under the key of
+a record that names the peer is also told to the peer's `Witness`: its uptime in the ledger.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hivemind.p2p import P2P
 
 from swarm.p2p.directory import SwarmDirectory
 from swarm.p2p.info import ask_info
+from swarm.p2p.ledger import Witness
 from swarm.p2p.messages import PeerInfo
 from swarm.p2p.network import EventLoopThread
 from swarm.p2p.records import MAX_PING_S, MAX_PINGS, Ping
@@ -58,8 +60,8 @@ class NeighbourPings:
     blocks, measured on the peer's event loop; `latest` is what its next announcement carries."""
 
     def __init__(self, directory: SwarmDirectory, p2p: P2P, loop: EventLoopThread, peer_id: str, block: int,
-                 n_blocks: int, timeout: float = PING_TIMEOUT_S):  # fmt: skip
-        self.directory, self.p2p, self.loop = directory, p2p, loop
+                 n_blocks: int, timeout: float = PING_TIMEOUT_S, witness: Witness | None = None):  # fmt: skip
+        self.directory, self.p2p, self.loop, self.witness = directory, p2p, loop, witness
         self.peer_id, self.blocks, self.timeout = peer_id, neighbour_blocks(block, n_blocks), min(timeout, MAX_PING_S)
         self.latest: tuple[Ping, ...] = ()
         self._round: Future | None = None
@@ -71,14 +73,18 @@ class NeighbourPings:
 
     async def _measure(self) -> None:
         try:
-            targets = await asyncio.to_thread(self._targets)
+            targets, owners = await asyncio.to_thread(self._targets)
             answers = await ask_all(self.p2p, targets, self.timeout)
             answered = [(peer_id, rtt) for peer_id, (rtt, info) in answers.items() if info is not None]
             self.latest = tuple(Ping(peer_id=peer_id, seconds=min(rtt, MAX_PING_S)) for peer_id, rtt in answered)
+            for peer_id, (_, info) in answers.items():
+                if self.witness is not None and info is not None and (peer_id, info.owner) in owners:
+                    self.witness.answered(peer_id, info.owner)
         except Exception as error:  # a slow DHT or a closing loop: keep the last round's figures
             logger.debug("measuring round trips failed: %s", error)
 
-    def _targets(self) -> list[str]:
-        """Peers of the neighbouring blocks, next block first, without this peer (a DHT read each)."""
-        found = [h.peer_id for block in self.blocks for h in self.directory.hosts(block)]
-        return [p for p in dict.fromkeys(found) if p != self.peer_id][:MAX_PINGS]
+    def _targets(self) -> tuple[list[str], set[tuple[str, bytes]]]:
+        """Peers of the neighbouring blocks, next block first, without this peer (a DHT read each),
+        and the (peer id, key) of each record that names one."""
+        hosts = [h for block in self.blocks for h in self.directory.hosts(block) if h.peer_id != self.peer_id]
+        return list(dict.fromkeys(h.peer_id for h in hosts))[:MAX_PINGS], {(h.peer_id, h.owner) for h in hosts}

@@ -7,7 +7,9 @@ Keys (S is the swarm's name, without dots):
 - `S.block.<b>`: one `BlockAnnouncement` per hosting peer, under a subkey that carries the
   peer's RSA public key;
 - `S.revoked`: a `RevocationList`, the member certificates the creator revoked, under the
-  creator's subkey (read only from there: see swarm/p2p/members.py).
+  creator's subkey (read only from there: see swarm/p2p/members.py);
+- `S.ledger`: one `Attestation` per attesting key, under a subkey that carries that key: what
+  it checked about other peers' work (swarm/p2p/ledger.py signs, checks and counts them).
 hivemind's `RSASignatureValidator` lets only the holder of a subkey's key write under it.
 
 `SwarmRecordValidator` makes DHT nodes refuse records under these keys that do not match
@@ -26,7 +28,7 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from swarm.errors import SwarmError
 
@@ -56,6 +58,10 @@ def block_key(swarm: str, block: int) -> str:
 
 def revoked_key(swarm: str) -> str:
     return f"{swarm}.revoked"
+
+
+def ledger_key(swarm: str) -> str:
+    return f"{swarm}.ledger"
 
 
 class _Record(BaseModel):
@@ -139,6 +145,57 @@ class BlockAnnouncement(_Record):
     pings: tuple[Ping, ...] = Field(default=(), max_length=MAX_PINGS, strict=False)
     reached: Reached = "direct"  # "relayed": behind NAT, through circuit relays (a claim: callers measure, reachability.py)
     membership: MemberProof | None = None  # in a members-only swarm: the certificate of the key that signed this record
+    # where the creator prices identities: the nonce of this key's and this peer id's work (swarm/p2p/work.py)
+    work_nonce: int | None = Field(default=None, ge=0, lt=2**63)
+
+
+MAX_WORK_BITS = 40  # 2^40 scrypt tries: more would shut every joiner out
+MAX_WORK_MEMORY = 64 * 2**20  # bytes one scrypt try may take (128 * r * n): every reader pays one per new record
+
+
+class IdentityWork(_Record):
+    """The price of an identity the creator sets (swarm/p2p/work.py): a peer's record counts only if
+    scrypt (n = 2^log2_n, r, p = 1) of its swarm, key, peer id and nonce has `bits` leading zero bits."""
+
+    bits: int = Field(ge=0, le=MAX_WORK_BITS)
+    log2_n: int = Field(default=14, ge=1, le=20)
+    r: int = Field(default=8, ge=1, le=32)
+
+    @model_validator(mode="after")
+    def _bounded_memory(self) -> IdentityWork:
+        if 128 * self.r * 2**self.log2_n > MAX_WORK_MEMORY:
+            raise ValueError(f"one scrypt try may take at most {MAX_WORK_MEMORY} bytes")
+        return self
+
+
+MAX_SUBJECTS = 64  # peers one attestation may credit
+MAX_COUNT = 2**40  # any counter of an attestation (payloads, a step, answers, seconds of uptime)
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)]
+
+
+class Contribution(_Record):
+    """What one attester checked of one peer's work, cumulative since the attester started:
+    `subject` is the fingerprint (`owner_fingerprint`) of the key of the peer's records."""
+
+    subject: str = Field(pattern=r"^[0-9a-f]{32}$")
+    peer_id: str = Field(min_length=1, max_length=128)
+    payloads: Count = 0  # its sync payloads the attester applied
+    verified_step: Count = 0  # the newest step of its checkpoints that passed the attester's spot check
+    answers: Count = 0  # its denoise answers that another key's answer confirmed
+    uptime_s: Count = 0  # seconds the attester saw it answer, ping after ping
+
+
+class Attestation(_Record):
+    """One key's signed, expiring word on what it checked about others (ledger.py); `signature`
+    is that key's over every other field but `membership`."""
+
+    peer_id: str = Field(min_length=1, max_length=128)  # the attester's own peer
+    issued: Count  # unix seconds; a newer attestation of the same key replaces an older one
+    expires: Count
+    # a tuple keeps the record hashable; lax only so that a list read back from msgpack is taken
+    contributions: tuple[Contribution, ...] = Field(default=(), max_length=MAX_SUBJECTS, strict=False)
+    membership: MemberProof | None = None  # in a members-only swarm: the certificate of the attesting key
+    signature: str = Field(pattern=r"^[A-Za-z0-9+/=]+$", max_length=MAX_SIGNATURE_CHARS)
 
 
 class ModelRecord(_Record):
@@ -147,6 +204,7 @@ class ModelRecord(_Record):
     config: dict
     config_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     members_only: bool = False  # only keys with the creator's certificate count (swarm/p2p/members.py)
+    identity_work: IdentityWork | None = None  # an open swarm's price of an identity (swarm/p2p/work.py)
 
 
 def owner_fingerprint(subkey: bytes) -> str:
@@ -169,6 +227,7 @@ class SwarmRecordValidator(RecordValidatorBase):
     def __init__(self, swarm: str):
         self._schemas: dict[bytes, type[_Record]] = {DHTID.generate(source=model_key(swarm)).to_bytes(): ModelRecord}
         self._schemas[DHTID.generate(source=revoked_key(swarm)).to_bytes()] = RevocationList
+        self._schemas[DHTID.generate(source=ledger_key(swarm)).to_bytes()] = Attestation
         for block in range(MAX_BLOCKS):
             self._schemas[DHTID.generate(source=block_key(swarm, block)).to_bytes()] = BlockAnnouncement
 

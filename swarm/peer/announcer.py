@@ -3,8 +3,9 @@
 The thread wakes every announce period: it first reads the block's other replicas from the DHT
 (the list the sync exchange asks; the trainer's thread never waits on a DHT read; in a
 members-only swarm, after the creator's revocations), then stores
-the peer's record, then starts a round of pings to its neighbours (swarm/p2p/pings.py) on the
-p2p loop, whose figures go into the next record. The main thread stores the record itself at
+the peer's record and its attestation of what it checked of others (swarm/p2p/ledger.py), then
+starts a round of pings to its neighbours (swarm/p2p/pings.py) on the p2p loop, whose figures go
+into the next record. The main thread stores the record itself at
 each change of state. It reads figures only, never weights.
 """
 
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from swarm import __version__
 from swarm.p2p.directory import DHTUnavailable, SwarmDirectory
+from swarm.p2p.ledger import Witness, publish
 from swarm.p2p.pings import NeighbourPings
 from swarm.p2p.records import BlockAnnouncement
 
@@ -33,10 +35,12 @@ class Announcer:
     """One peer's record of block `block`, and the replica list of that block, as last read."""
 
     def __init__(self, directory: SwarmDirectory, block: int, peer_id: str, period: float,
-                 record: Callable[[], BlockAnnouncement], stopping: threading.Event):  # fmt: skip
-        """`record` builds the record as it stands; `stopping` ends the thread."""
+                 record: Callable[[], BlockAnnouncement], stopping: threading.Event,
+                 witness: Witness | None = None):  # fmt: skip
+        """`record` builds the record as it stands; `stopping` ends the thread; `witness` counts what
+        this peer checked of others, published as its attestation."""
         self.directory, self.block, self.peer_id, self.period = directory, block, peer_id, period
-        self.record, self.stopping = record, stopping
+        self.record, self.stopping, self.witness = record, stopping, witness
         self.pings: NeighbourPings | None = None  # round trips to neighbours, once the block is served
         self._replica_ids: list[str] = []  # written by the announcer thread, read by the trainer's
         self._announcing = threading.Lock()  # held while a record is built and stored
@@ -97,12 +101,19 @@ class Announcer:
         if wait and not ok:
             logger.warning("block %d: announcement was not stored by any DHT node", self.block)
 
+    def attest(self) -> None:
+        """Store this peer's attestation of what it checked of others, if it checked anything (in the
+        background: a lost one is replaced by the next period's, which says as much and more)."""
+        if self.witness is not None:
+            publish(self.directory, self.witness)
+
     def _run(self) -> None:
         while not self.stopping.wait(self.period):
             try:
                 self.read_revocations()  # before the replicas: a revoked key leaves the list now
                 self.read_replicas()  # first: a failed announcement must not keep the replica list stale
                 self.announce()
+                self.attest()
                 if self.pings is not None:
                     self.pings.start_round()  # in the background: its figures go into the next announcement
             except Exception as error:  # a DHT hiccup: the next period tries again
@@ -135,4 +146,5 @@ def announcement(peer: Peer) -> BlockAnnouncement:
         pings=pings.latest if pings else (),
         reached=peer.reached,
         membership=peer.membership,
+        work_nonce=peer.work_nonce,
     )

@@ -47,6 +47,7 @@ class PeerConfig:
     creator: str | None = None  # fingerprint of the swarm creator's key: the only model record believed
     member_key: str | None = None  # members-only swarms: the key file the certificate names (signs its records)
     certificate: str | None = None  # members-only swarms: the creator's certificate for that key (swarm-bootstrap invite)
+    record_key: str | None = None  # the key file its records are signed with, made on first use (None: new each run)
     de_mo: DeMoConfig = field(default_factory=DeMoConfig)  # the DeMo optimizer's settings (--sync demo, demo-overlap)
     outer: OuterConfig = field(default_factory=OuterConfig)  # the outer step's settings (--sync outer, outer-overlap)
     network: NetworkOptions = field(default_factory=NetworkOptions)

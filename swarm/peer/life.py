@@ -52,13 +52,15 @@ from swarm.p2p import reachability
 from swarm.p2p.directory import DHTUnavailable, SwarmDirectory, least_hosted_block
 from swarm.p2p.gate import MemberGate
 from swarm.p2p.info import InfoServicer
+from swarm.p2p.ledger import Witness
 from swarm.p2p.limits import OPEN, CallerGate
 from swarm.p2p.members import Credentials, load_credentials
 from swarm.p2p.messages import PeerInfo
-from swarm.p2p.network import EventLoopThread, start_dht, stop_child
+from swarm.p2p.network import EventLoopThread, load_or_create_key, start_dht, stop_child
 from swarm.p2p.pings import NeighbourPings
 from swarm.p2p.records import CheckpointInfo, MemberProof, PeerState, Reached
-from swarm.peer.announcer import Announcer, announcement
+from swarm.p2p.work import stored_or_solved, work_path
+from swarm.peer.announcer import RECORD_LIFETIME_PERIODS, Announcer, announcement
 from swarm.peer.config import PeerConfig
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.dense import CountingAverager, block_averager
@@ -123,8 +125,9 @@ class Peer:
         self.credentials: Credentials | None = None
         if self.config.member_key is not None:
             self.credentials = load_credentials(self.config.member_key, self.config.certificate)
-        self.private_key = self.credentials.key if self.credentials else RSAPrivateKey()
+        self.private_key = self.credentials.key if self.credentials else self._record_key()
         self.membership: MemberProof | None = None  # the proof it carries, once its peer id is known
+        self.work_nonce: int | None = None  # where the swarm prices an identity: this one's work, once solved
         self.gate: CallerGate = OPEN  # who its services answer: members only, in a members-only swarm
         self.state: PeerState = "joining"
         self.reached: Reached = "direct"
@@ -135,6 +138,7 @@ class Peer:
         self.model_config: ModelConfig | None = None
         self.block: int | None = None
         self.announcer: Announcer | None = None
+        self.witness: Witness | None = None  # what it checked of others: the ledger's attestations
         self.store: CheckpointStore | None = None
         self.spot_check: SpotCheck | None = None
         self.trainer: Trainer | None = None
@@ -198,6 +202,26 @@ class Peer:
             self.membership = self.credentials.proof(self.peer_id)
         if self.directory.membership.members_only:
             self._check_membership()
+        if self.directory.work.required:
+            self.work_nonce = self._identity_work()
+
+    def _record_key(self) -> RSAPrivateKey:
+        """The key its records are signed with: `--record-key`'s (made on first use), else a new one."""
+        return load_or_create_key(self.config.record_key) if self.config.record_key else RSAPrivateKey()
+
+    def _identity_work(self) -> int:
+        """The nonce that prices this identity (key and peer id) in its swarm (swarm/p2p/work.py): kept
+        beside its key, else solved now, minutes at a real swarm's price; a stop signal ends the search."""
+        key_path = self.config.member_key or self.config.record_key
+        if key_path is None or self.config.network.identity_path is None:
+            logger.warning("swarm %r prices an identity: without --record-key and --identity this peer's work is "
+                           "solved again every run", self.config.swarm)  # fmt: skip
+        directory = self.directory
+        nonce = stored_or_solved(work_path(key_path) if key_path else None, directory.work.terms, self.config.swarm,
+                                 directory.fingerprint, self.peer_id, self.stopping)  # fmt: skip
+        if nonce is None:
+            raise StoppedWhileJoining()
+        return nonce
 
     def _check_membership(self) -> None:
         """SwarmError unless this peer would count in its members-only swarm: a certificate the
@@ -218,8 +242,11 @@ class Peer:
         """Choose a block, announce it as taken (and keep announcing), and make its trainer."""
         self.block = self._choose_block(self.model_config)
         logger.info("peer %s hosts block %d of swarm %r", self.peer_id, self.block, self.config.swarm)
-        self.announcer = Announcer(self.directory, self.block, self.peer_id, self.config.announce_period,
-                                   functools.partial(announcement, self), self.stopping)  # fmt: skip
+        period = self.config.announce_period
+        self.witness = Witness(self.private_key, self.config.swarm, self.peer_id, RECORD_LIFETIME_PERIODS * period,
+                               self.membership)  # fmt: skip
+        self.announcer = Announcer(self.directory, self.block, self.peer_id, period,
+                                   functools.partial(announcement, self), self.stopping, self.witness)  # fmt: skip
         self.announcer.announce(wait=True)  # as "joining": peers choosing a block now see this one taken
         self.announcer.start()
         # a checkpoint stays at least as long as a record that names it may live (and then some)
@@ -243,7 +270,8 @@ class Peer:
         self.denoise_service.swap_in(self.trainer.module, self.checkpoint.sha256 if self.checkpoint else "")
         for servicer in self._servicers():
             self.loop.run(servicer.add_p2p_handlers(self.p2p), P2P_CALL_TIMEOUT_S)
-        pings = NeighbourPings(self.directory, self.p2p, self.loop, self.peer_id, self.block, self.model_config.n_blocks)
+        pings = NeighbourPings(self.directory, self.p2p, self.loop, self.peer_id, self.block, self.model_config.n_blocks,
+                               witness=self.witness)  # fmt: skip
         self.announcer.ping_neighbours(pings)
 
     def _servicers(self) -> list[ServicerBase]:
@@ -285,7 +313,7 @@ class Peer:
         spare_batch = functools.partial(self.trainer.spare_batch, size) if size else None
         transport = P2PTransport(payloads, self.p2p, self.loop)
         return Exchange(transport, self.peer_id, self.announcer.replica_ids, trace=self.hooks.sync_trace,
-                        spare_batch=spare_batch)  # fmt: skip
+                        spare_batch=spare_batch, witness=self.witness)  # fmt: skip
 
     def _read_dht(self, read: Callable[[], T], what: str) -> T:
         """A DHT read needed to join, retried while the DHT is slow, up to the join timeout."""
@@ -336,6 +364,8 @@ class Peer:
         except (SwarmError, TimeoutError) as error:
             logger.warning("block %d: %s; starting fresh", self.block, error)
             return
+        for passed in choice.passed:  # its hosts served a checkpoint that passed the spot check here
+            self.witness.verified(passed.host.peer_id, passed.host.owner, passed.candidate.checkpoint.step)
         if choice.host is not None:
             self.store.adopt(choice.data, choice.checkpoint)
             origin = f"replica {choice.host.peer_id} ({choice.host.announcement.public_name or 'unnamed'})"

@@ -76,6 +76,7 @@ from swarm.model.denoiser import ModelConfig
 from swarm.model.families import family_of
 from swarm.p2p.directory import Host, SwarmDirectory
 from swarm.p2p.info import owns_record
+from swarm.p2p.ledger import Witness
 from swarm.p2p.messages import DenoiseRequest, PeerInfo, refusal
 from swarm.p2p.network import EventLoopThread
 from swarm.p2p.pings import timed_info
@@ -104,6 +105,7 @@ class RemoteBlocks:
     cross_check: CrossCheckPolicy = field(default_factory=CrossCheckPolicy)
     spot_check: SpotCheck | None = None  # measures checkpoints with one key (None: on the built-in corpus)
     checks: CrossCheckStats = field(default_factory=CrossCheckStats)
+    witness: Witness | None = None  # credits each answer another key's confirms (swarm/p2p/ledger.py)
     round_trips: int = 0  # answers of the replicas asked first (a witness's are `checks.extra_requests`)
     hop_seconds: dict[int, list[float]] = field(default_factory=dict)  # per block, each answered request
     _banned_until: dict[str, float] = field(default_factory=dict)
@@ -228,6 +230,7 @@ class RemoteBlocks:
         if witness is None:
             return self._unwitnessed(block, chosen, answer, request)
         if agree(answer, confirmation, request.state, self.cross_check.tolerance):
+            self._credit(chosen, [chosen.host.peer_id, witness.peer_id])
             return answer
         started = time.perf_counter()
         settled = self._settle(block, chosen, {chosen.host.peer_id: answer, witness.peer_id: confirmation}, request)
@@ -276,6 +279,7 @@ class RemoteBlocks:
         winner, liars = majority(answers, request.state, self.cross_check.tolerance) if len(answers) > 2 else (None, [])
         if winner is not None:  # a majority of keys is no proof (Sybil keys outvote honest ones): a ban for a while
             self._ban_all(chosen, liars, "outvoted by replicas under other keys", self.ban_seconds)
+            self._credit(chosen, [p for p in answers if p not in liars])
             return answers[winner]
         if (right := self._computed_here(block, chosen, request)) is None:
             return None
@@ -285,7 +289,15 @@ class RemoteBlocks:
             self.checks.undecided += 1
             return right
         self._ban_all(chosen, liars, "contradicted by the answer computed here", math.inf)
+        self._credit(chosen, [p for p in answers if p not in liars])
         return right
+
+    def _credit(self, chosen: Chosen, peer_ids: list[str]) -> None:
+        """The answers of `peer_ids` (replicas of `chosen`'s checkpoint) agreed with another key's."""
+        if self.witness is not None:
+            for host in chosen.announcing:
+                if host.peer_id in peer_ids:
+                    self.witness.agreed(host.peer_id, host.owner)
 
     def _ban_all(self, chosen: Chosen, peer_ids: list[str], why: str, seconds: float) -> None:
         for peer_id in peer_ids:

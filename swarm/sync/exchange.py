@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, TypeVar
 
 from swarm.model.train import Trainer
+from swarm.p2p.ledger import Witness
 from swarm.p2p.messages import PayloadReply
 from swarm.sync.compression import PayloadError
 
@@ -142,6 +143,7 @@ class Exchange:
     _missing: int = 0  # replicas whose payload the last gather went without
     trace: Callable[[dict], None] | None = None  # gets each publish and wait, with its monotonic time
     spare_batch: Callable[[], int] | None = None  # computes one spare batch for the trainer's next step; its windows
+    witness: Witness | None = None  # counts the other replicas' payloads applied, for the ledger (swarm/p2p/ledger.py)
     _request_bytes: int = 0
     _reply_bytes: int = 0
 
@@ -217,9 +219,13 @@ class Exchange:
 
     def applied_set(self, round_: Round, peer_ids: list[str]) -> None:
         """The round's update was made of the payloads of `peer_ids`: this replica's fingerprint,
-        and one more round exchanged if another replica's payload was among them."""
+        and one more round exchanged if another replica's payload was among them; each of theirs
+        is credited to its sender in the ledger."""
         self.applied = applied_fingerprint(round_.step, peer_ids)
-        self.rounds += int(any(peer_id != self.own_id for peer_id in peer_ids))
+        others = [peer_id for peer_id in peer_ids if peer_id != self.own_id]
+        self.rounds += int(bool(others))
+        if self.witness is not None:
+            self.witness.accepted(others)
 
     def majority_ahead(self, gathered: Gathered, step: int, round_steps: int = 1) -> int | None:
         """The step to continue from, where a majority of the replicas asked is, if that is past the

@@ -142,10 +142,26 @@ function renderPings(state) {
   document.getElementById("no-pings").hidden = rtt.size > 0;
 }
 
+// the leaderboard: each key's work that two other keys attest (swarm/p2p/ledger.py)
+function renderLeaderboard(state) {
+  const rows = state.contributions ?? [];
+  document.querySelector("#leaderboard tbody").replaceChildren(...rows.map((c, i) => el("tr", { "data-key": c.key },
+    el("td", {}, i + 1),
+    el("td", { class: "text name" }, c.name || "–"),
+    el("td", { class: "text", title: c.key }, c.key.slice(0, 12)),
+    el("td", {}, c.verified_steps),
+    el("td", {}, c.accepted_payloads),
+    el("td", {}, c.agreed_answers),
+    el("td", {}, age(c.uptime_s)),
+    el("td", { class: "text" }, c.attesters.join(" ")))));
+  document.getElementById("no-contributions").hidden = rows.length > 0;
+}
+
 function render(state) {
   renderSummary(state);
   if (!state.blocks) return;  // no poll has finished yet
   renderHosts(state);
+  renderLeaderboard(state);
   renderPlots(state);
   renderPings(state);
 }
