@@ -50,6 +50,7 @@ from swarm.p2p.records import (
     MemberProof,
     RevocationList,
     check_swarm_name,
+    read_model_file,
 )
 
 logger = logging.getLogger(__name__)
@@ -247,13 +248,7 @@ def write_key_pair(path: str | Path) -> RSAPrivateKey:
 
 def read_revocations(path: str | Path) -> RevocationList:
     """The creator's file of revoked certificates (empty if there is none yet); SwarmError if it is not one."""
-    path = Path(path)
-    if not path.exists():
-        return RevocationList()
-    try:
-        return RevocationList.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError) as error:
-        raise SwarmError(f"{path} is not a list of revoked certificates: {str(error).splitlines()[0]}") from None
+    return read_model_file(Path(path), RevocationList, "a list of revoked certificates") or RevocationList()
 
 
 def revoke(path: str | Path, revoked_id: str, name: str = "") -> bool:

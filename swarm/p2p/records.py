@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from pathlib import Path
 from typing import Annotated, Literal
 
 from hivemind.dht.crypto import RSASignatureValidator
@@ -210,6 +211,17 @@ class ModelRecord(_Record):
 def owner_fingerprint(subkey: bytes) -> str:
     """A short, unforgeable name for the key an entry was written under (128 bits of its sha256)."""
     return hashlib.sha256(subkey).hexdigest()[:32]
+
+
+def read_model_file(path: Path, schema: type[BaseModel], what: str) -> BaseModel | None:
+    """A file of ours (a revocation list, solved identity work) read through its schema: None if
+    there is none yet, SwarmError naming `what` it should be if it does not parse."""
+    if not path.exists():
+        return None
+    try:
+        return schema.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError) as error:
+        raise SwarmError(f"{path} is not {what}: {str(error).splitlines()[0]}") from None
 
 
 def parse_record(schema: type[_Record], value: object) -> _Record | None:

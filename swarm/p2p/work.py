@@ -38,12 +38,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from swarm.errors import SwarmError
 from swarm.model.checkpoint import write_atomic
-from swarm.p2p.records import MAX_WORK_MEMORY, IdentityWork, owner_fingerprint
+from swarm.p2p.records import MAX_WORK_MEMORY, IdentityWork, owner_fingerprint, read_model_file
 
 logger = logging.getLogger(__name__)
 
@@ -186,9 +185,4 @@ def stored_or_solved(path: Path | None, terms: IdentityWork, swarm: str, fingerp
 
 
 def _read(path: Path) -> _WorkFile:
-    if not path.exists():
-        return _WorkFile()
-    try:
-        return _WorkFile.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError) as error:
-        raise SwarmError(f"{path} is not a file of solved identity work: {str(error).splitlines()[0]}") from None
+    return read_model_file(path, _WorkFile, "a file of solved identity work") or _WorkFile()
