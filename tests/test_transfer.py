@@ -209,33 +209,34 @@ def test_a_first_run_can_be_assigned_and_a_stream_never_steals_from_its_own_host
 
 
 class CutStreams(Impersonating, BlockServicer):
-    """Ends each of its first `cuts` streams of more than one chunk after one chunk, as a
-    network may cut a stream: honest bytes, too few."""
+    """Ends each of its first `cuts` streams of more than one chunk after `keep` replies (its
+    header is the first), as a network may cut a stream: honest bytes, too few."""
 
     imitates = BlockServicer
 
-    def __init__(self, *args, cuts: int):
+    def __init__(self, *args, cuts: int, keep: int):
         super().__init__(*args)
-        self.cuts = cuts
+        self.cuts, self.keep = cuts, keep
 
     async def _stream_run(self, path, first, chunks):
         cut, sent = chunks > 1 and self.cuts > 0, 0
         self.cuts -= cut
         async for message in super()._stream_run(path, first, chunks):
+            if cut and sent == self.keep:
+                return
             yield message
             sent += 1
-            if cut and sent == 2:  # its header and one chunk
-                return
 
 
-def test_a_host_whose_streams_end_early_is_asked_again_a_few_times_then_dropped(start):
-    cut = start("cut", functools.partial(CutStreams, cuts=STREAM_RETRIES))
+@pytest.mark.parametrize(("keep", "failure"), [(2, "bytes asked"), (0, "before its header")])
+def test_a_host_whose_streams_end_early_is_asked_again_a_few_times_then_dropped(start, keep, failure):
+    cut = start(f"cut{keep}", functools.partial(CutStreams, cuts=STREAM_RETRIES, keep=keep))
     info = cut.put(PAYLOAD, 5)
     got = fetch([cut], info)
     assert got.data == PAYLOAD and not got.dropped, got.dropped
-    cutting = start("cutting", functools.partial(CutStreams, cuts=10**6))
+    cutting = start(f"cutting{keep}", functools.partial(CutStreams, cuts=10**6, keep=keep))
     info = cutting.put(PAYLOAD, 5)
-    with pytest.raises(TransferError, match="bytes asked"):
+    with pytest.raises(TransferError, match=failure):
         fetch([cutting], info)
 
 

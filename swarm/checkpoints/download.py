@@ -372,7 +372,10 @@ class _Fetch:
     async def _fetch(self, host: Host, current: _Opened) -> None:
         """Stream chunks run.next..run.end-1 of `current` from `host` (the run may shrink meanwhile)."""
         run, asked = current.run, current.asked
-        stream = await current.task
+        try:
+            stream = await current.task
+        except StopAsyncIteration:  # seen under load from honest hosts: asked again like any early end
+            raise _EndedEarly(f"peer {host.peer_id} ended a stream before its header") from None
         try:
             received, index = 0, run.next
             while index < run.end:
