@@ -59,6 +59,8 @@ def test_replicas_that_gather_every_payload_stay_identical_and_learn(tiny_config
             wires.append(encode_payload(replica.make_payload(lr=2e-3), value_bits))
         for index, replica in enumerate(reps):  # two honest senders keep each other's vote
             assert replica.apply(senders(decode_payload(w, replica) for w in wires), f"r{index}") == ["r0", "r1"]
+        agreed, steps = reps[0].kept.record[("r0", "r1")]
+        assert agreed / steps > 3 * demo.kept_at, step  # the step keeps half of an update or more (seen: 0.51-0.65)
     for a, b in zip(blocks[0].parameters(), blocks[1].parameters()):
         assert torch.equal(a, b)
     assert sum(losses[-10:]) / 10 < 0.9 * sum(losses[:10]) / 10
@@ -253,6 +255,41 @@ def test_of_two_senders_a_contradicting_one_leaves_and_the_replica_steps_on_its_
         decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
         own = decompress(gathered[0][1][name]).sign()
         assert torch.equal((decay - param).sign(), own), name
+
+
+def distance(a, b) -> float:
+    """The distance between two lists of tensors, as one vector."""
+    return math.sqrt(sum(float((x - y).detach().pow(2).sum()) for x, y in zip(a, b)))
+
+
+@pytest.mark.parametrize(("stranger", "value_bits"), [("zero values", 16), ("zero values", 1), ("no parameter", 16)])
+def test_of_two_senders_a_stranger_that_would_freeze_the_replica_leaves_and_it_trains_as_alone(
+    tiny_config, tiny_windows, stranger, value_bits
+):
+    """One replica beside a stranger whose payload keeps nothing of its update: coefficients of
+    value 0 where the replica sends its own, or no parameter at all. It shares no nonzero
+    coefficient with the replica, so the sign record never fills, and under unanimity the
+    replica would move by its weight decay alone; the record of the share its step keeps drops
+    the stranger, and the replica moves as a twin of it that trains alone on the same data."""
+    demo = DeMoConfig(value_bits=value_bits)
+    blocks, (beside, alone) = replicas(tiny_config, 2, demo)
+    start = [p.detach().clone() for p in blocks[0].parameters()]
+    for step in range(10):
+        own = []
+        for block, replica in zip(blocks, (beside, alone)):
+            backward(block, tiny_windows, seed=step)  # the same data: the twin's update is the replica's
+            own.append(decode_payload(encode_payload(replica.make_payload(lr=2e-3), value_bits), replica))
+        if stranger == "zero values":
+            sent = {n: dataclasses.replace(c, values=torch.zeros_like(c.values)) for n, c in own[0].items()}
+        else:
+            sent = {}
+        voters = beside.apply([("r0", own[0]), ("r1", decode_payload(encode_payload(sent, value_bits), beside))], "r0")
+        alone.apply([("r0", own[1])], "r0")
+    assert voters == ["r0"]
+    moved = distance(blocks[1].parameters(), start)
+    decay_alone = (1 - (1 - demo.sign_lr * demo.weight_decay) ** 10) * distance(start, [0 * p for p in start])
+    assert moved > 10 * decay_alone  # the twin's steps are worth stopping
+    assert distance(blocks[0].parameters(), blocks[1].parameters()) <= 0.01 * moved
 
 
 def test_of_two_senders_the_other_moves_no_coordinate_this_one_does_not(tiny_config, tiny_windows):

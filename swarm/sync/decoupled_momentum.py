@@ -19,11 +19,16 @@ move a weight in a direction this replica's own update does not (where this repl
 the other is too, by the rule), and the two compute the same step. Once the record shows the
 other contradicting (the same test as above: `min_shared` coefficients shared, at most
 `contradicted_at` of them agreed), it leaves the vote and this replica steps on its own update
-alone: a negated stranger cannot freeze it. What a stranger that knows this can still do is
-slow it: a payload whose coefficients avoid ours (so that the record never fills) decodes to an
-update orthogonal to ours, which agrees on about half the coordinates, so about half of our
-step is kept. Two honest replicas share coefficients and agree on 70% or more of them
-(`trusted`), so they keep each other and stay identical.
+alone: a negated stranger cannot freeze it. A stranger that shares no nonzero coefficient with
+us (all-zero values, no parameter at all) never fills that record, yet under unanimity it would
+stop every coordinate; so a second record, the one outer steps of two keep (evidence.py,
+`kept_share`), counts the share of the larger of the two updates (coordinates voted) that the
+unanimous step keeps, and once its mean over the steps remembered (`kept_decay`) is at most
+`kept_at` the other leaves as well. What a stranger that knows both can still do is slow it: a
+payload whose coefficients avoid ours decodes to an update orthogonal to ours, which agrees on
+about half the coordinates, so about half of our step is kept. Two honest replicas share
+coefficients and agree on 70% or more of them (`trusted`), and their steps keep about half of
+the larger update or more (`kept_at` is 0.1), so they keep each other and stay identical.
 
 Payloads cross the network as bytes (`encode_payload` / `decode_payload`); a payload that does
 not fit this replica's parameters, or holds NaN, Inf, out-of-range or repeated indices or values larger
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +66,7 @@ from swarm.sync.compression import (
     to_bits,
     unpack_message,
 )
-from swarm.sync.evidence import Evidence, Record
+from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_share
 
 Payload = dict[str, Compressed]
 
@@ -87,6 +92,10 @@ class DeMoConfig:
     min_shared: int = 8
     contradicted_at: float = 0.5
     evidence_decay: float = 0.9  # each step the counts of the steps before weigh this much less (~10 steps remembered)
+    # of two senders, the other also leaves when the step keeps at most this share of the larger
+    # of the two updates (coordinates voted), on the mean of the steps remembered (`kept_share`)
+    kept_at: float = 0.1
+    kept_decay: float = 0.5  # each step the shares of the steps before weigh this much less
 
 
 class DeMoOptimizer:
@@ -102,6 +111,8 @@ class DeMoOptimizer:
         self.momentum = {name: torch.zeros_like(p) for name, p in self.params.items()}
         # per pair of senders: coefficients they agreed on and shared, decayed (see `trusted`)
         self.evidence = Evidence(config.min_shared, config.contradicted_at, config.evidence_decay)
+        # of two senders: the share of the larger update the step keeps (`kept_share`), one step is evidence enough
+        self.kept = Evidence(1.0, config.kept_at, config.kept_decay)
         self.tiles = {name: tiling(p.shape) for name, p in self.params.items()}  # (number of tiles, tile shape)
         # where each tile of a parameter starts among all of the block's values, as laid out for `trusted`
         self.tile_starts, start = {}, 0
@@ -123,26 +134,48 @@ class DeMoOptimizer:
     def apply(self, gathered: Sequence[tuple[str, Payload]], own: str) -> list[str]:
         """The sign step on the coordinate-wise majority vote of the gathered (sender, payload)
         pairs that the evidence does not rule out (`trusted`), unanimity where two vote; `own`
-        is this replica's sender name. Returns the senders that voted. Every voter's update of
-        the parameters of one tile shape is decoded in one inverse DCT (`batches`); a voter that
-        sent nothing for a parameter votes 0 there."""
+        is this replica's sender name. Returns the senders that voted. Of two senders that the
+        signs of their coefficients leave together, the step's kept share is judged too
+        (`_kept_two`), so both updates are decoded before either moves a weight (twice the
+        block's size in memory); otherwise each group is stepped as it is decoded."""
         kept, self.evidence.record = self.trusted(gathered, own)
-        voters = [gathered[i][1] for i in kept]
-        unanimity = len(gathered) == 2 and len(voters) == 2  # neither of two moves a coordinate the other does not
-        names = [name for name in self.names if any(name in p for p in voters)]
-        for batch in batches([self._transform_key(name) for name in names],
-                             [len(voters) * self.params[name].numel() for name in names]):  # fmt: skip
-            batch_names = [names[i] for i in batch]
-            sent = [p[name] if name in p else self._silent(name) for p in voters for name in batch_names]
-            votes = decompress_tiles(sent).sign_().view(len(voters), -1, *sent[0].tile)
-            majority = votes.sum(dim=0).sign_()
-            if unanimity:
-                majority = torch.where((votes != 0).all(dim=0), majority, 0.0)
+        votes: Iterable[tuple[list[str], torch.Tensor]] = self._votes([gathered[i][1] for i in kept])
+        if len(gathered) == 2 and len(kept) == 2:
+            decoded = list(votes)
+            kept = self._kept_two(gathered, decoded, own)
+            votes = decoded if len(kept) == 2 else [(names, group[kept]) for names, group in decoded]
+        unanimity = len(gathered) == 2 and len(kept) == 2  # neither of two moves a coordinate the other does not
+        for batch_names, group in votes:
+            majority = agreeing_minimum(group) if unanimity else group.sum(dim=0).sign_()
             for name, tiles in zip(batch_names, majority.split([self.tiles[name][0] for name in batch_names])):
                 param = self.params[name]
                 param.mul_(1 - self.config.sign_lr * self.config.weight_decay)
                 param.sub_(self.config.sign_lr * from_tiles(tiles, param.shape))
         return [gathered[i][0] for i in kept]
+
+    def _votes(self, voters: list[Payload]) -> Iterator[tuple[list[str], torch.Tensor]]:
+        """Per group of parameters decoded together, their names and each voter's signs of its
+        decoded update, (voters, tiles, *tile): every voter's update of the parameters of one tile
+        shape in one inverse DCT (`batches`); a voter that sent nothing for a parameter votes 0 there."""
+        names = [name for name in self.names if any(name in p for p in voters)]
+        for batch in batches([self._transform_key(name) for name in names],
+                             [len(voters) * self.params[name].numel() for name in names]):  # fmt: skip
+            batch_names = [names[i] for i in batch]
+            sent = [p[name] if name in p else self._silent(name) for p in voters for name in batch_names]
+            yield batch_names, decompress_tiles(sent).sign_().view(len(voters), -1, *sent[0].tile)
+
+    def _kept_two(self, gathered: Sequence[tuple[str, Payload]], votes: list[tuple[list[str], torch.Tensor]],
+                 own: str) -> list[int]:  # fmt: skip
+        """Of two senders, both voting (`votes`, from `_votes`): both positions, or `own`'s alone
+        once the record of the share of the larger update that their unanimous step keeps
+        (`kept_share`: coordinates voted the same way, out of those the larger voted on) is at
+        most `kept_at` on the mean of the steps remembered. A stranger whose payload keeps
+        nothing of this replica's update (all-zero values, or no parameter) would freeze it under
+        unanimity, and shares no nonzero coefficient with it for the sign record to count."""
+        first, second = ({group: v[i] for group, (_, v) in enumerate(votes)} for i in (0, 1))
+        kept, self.kept.record = self.kept.judged([sender for sender, _ in gathered],
+                                                  lambda i, j: kept_share(first, second), own)  # fmt: skip
+        return kept
 
     def _transform_key(self, name: str) -> Hashable:
         """The parameters whose entries are decoded in one inverse DCT share this (`batches`)."""
