@@ -3,11 +3,15 @@
 import pytest
 import torch
 
+from swarm.sync import compression
 from swarm.sync.compression import (
+    batches,
     compress,
     dct,
     decompress,
+    decompress_tiles,
     extract,
+    extract_many,
     from_bits,
     from_tiles,
     idct,
@@ -83,3 +87,30 @@ def test_one_bit_sends_nothing_for_a_tile_without_gradient():
     sent = compress(momentum, top_k=8, value_bits=1)
     assert (sent.values[0] == 0).all() and (sent.values[1].abs() == 1).all()
     assert (decompress(sent)[:, :64] == 0).all()
+
+
+def test_tensors_transformed_together_give_the_bits_each_gives_alone():
+    """extract_many puts tensors of one tile shape through one transform: each tile's result, the
+    momentum left and what is sent, is bit for bit what the tensor alone gives (vectors of a few
+    runs included, which the BLAS would compute otherwise in a batch: `shares_transform`)."""
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(128, 64), (128,), (64, 192), (192,), (320, 64), (2, 12, 7), (320,), (96,), (4096,)]
+    momenta = [torch.randn(shape, generator=generator) * 1e-5 for shape in shapes]
+    for value_bits in (16, 1, 32):
+        together, alone = [m.clone() for m in momenta], [m.clone() for m in momenta]
+        sent = extract_many(together, top_k=8, value_bits=value_bits)
+        for momentum, left, entry in zip(alone, together, sent):
+            own = extract(momentum, top_k=8, value_bits=value_bits)
+            assert torch.equal(entry.indices, own.indices) and torch.equal(entry.values, own.values)
+            assert torch.equal(left, momentum)
+        for same_tile in ([sent[0], sent[2], sent[4]], [sent[1], sent[3], sent[6], sent[8]]):  # 64 x 64; runs of 64
+            tiles = decompress_tiles(same_tile).split([entry.indices.shape[0] for entry in same_tile])
+            for entry, part in zip(same_tile, tiles):
+                assert torch.equal(from_tiles(part, entry.shape), decompress(entry))
+
+
+def test_batches_group_one_key_in_order_up_to_the_bound(monkeypatch):
+    monkeypatch.setattr(compression, "BATCH_ELEMENTS", 100)
+    keys = ["a", "b", "a", "a", "b", "a"]
+    sizes = [60, 10, 30, 20, 10, 150]
+    assert batches(keys, sizes) == [[0, 2], [3], [5], [1, 4]]

@@ -1,6 +1,7 @@
 """DeMo replicas in one process: the wire format, replicas that stay identical, refused payloads."""
 
 import dataclasses
+import itertools
 import math
 
 import msgpack
@@ -58,6 +59,8 @@ def test_replicas_that_gather_every_payload_stay_identical_and_learn(tiny_config
             wires.append(encode_payload(replica.make_payload(lr=2e-3), value_bits))
         for index, replica in enumerate(reps):  # two honest senders keep each other's vote
             assert replica.apply(senders(decode_payload(w, replica) for w in wires), f"r{index}") == ["r0", "r1"]
+        agreed, steps = reps[0].kept.record[("r0", "r1")]
+        assert agreed / steps > 3 * demo.kept_at, step  # the step keeps half of an update or more (seen: 0.51-0.65)
     for a, b in zip(blocks[0].parameters(), blocks[1].parameters()):
         assert torch.equal(a, b)
     assert sum(losses[-10:]) / 10 < 0.9 * sum(losses[:10]) / 10
@@ -86,6 +89,7 @@ def test_bad_payloads_are_refused(tiny_config, tiny_windows):
         "repeated index": with_entry(widest, indices=torch.zeros_like(payload[widest].indices)),
         "unknown parameter": msgpack.packb({**good, "p": [999]}),
         "repeated parameter": msgpack.packb({**good, "p": good["p"][:1] * 2}),
+        "parameters not a list": msgpack.packb({**good, "p": 5}),
         "truncated": msgpack.packb({**good, "b": good["b"][:-20]}),
         "trailing data": msgpack.packb({**good, "b": good["b"] + bytes(40)}),
         "other value bits": msgpack.packb({**good, "v": 1}),
@@ -113,11 +117,15 @@ def test_one_hostile_payload_cannot_outvote_two_honest_ones(tiny_config, tiny_wi
     other_honest = replica.make_payload(lr=2e-3)
     largest = 0.95 * replica.max_value  # as large as allowed after rounding to bfloat16
     if attack == "random signs":
-        hostile = {n: dataclasses.replace(c, values=(torch.randint(0, 2, c.values.shape) * 2 - 1).to(c.values.dtype) * largest)
-                   for n, c in honest.items()}
+        hostile = {
+            n: dataclasses.replace(c, values=(torch.randint(0, 2, c.values.shape) * 2 - 1).to(c.values.dtype) * largest)
+            for n, c in honest.items()
+        }
     else:
-        hostile = {n: dataclasses.replace(c, values=(-c.values.float().sign() * largest).to(c.values.dtype))
-                   for n, c in honest.items()}
+        hostile = {
+            n: dataclasses.replace(c, values=(-c.values.float().sign() * largest).to(c.values.dtype))
+            for n, c in honest.items()
+        }
     wires = [encode_payload(p, 16) for p in (honest, other_honest, hostile)]
     before = {n: p.detach().clone() for n, p in replica.params.items()}
     replica.apply(senders(decode_payload(w, replica) for w in wires), "r0")
@@ -141,7 +149,9 @@ def test_a_payload_the_others_contradict_leaves_the_vote(tiny_config, tiny_windo
         payloads.append(replica.make_payload(lr=2e-3))
     largest = 0.95 * (1.0 if value_bits == 1 else reps[0].max_value)
     flip = (lambda v: -v) if attack == "negated" else (lambda v: -v.sign() * largest)
-    hostile = {n: dataclasses.replace(c, values=flip(c.values.float()).to(c.values.dtype)) for n, c in payloads[2].items()}
+    hostile = {
+        n: dataclasses.replace(c, values=flip(c.values.float()).to(c.values.dtype)) for n, c in payloads[2].items()
+    }
     wires = [encode_payload(p, value_bits) for p in (payloads[0], payloads[1], hostile)]
     replica = reps[0]
     gathered = senders(decode_payload(w, replica) for w in wires)
@@ -187,7 +197,9 @@ def negated_runs(config, windows, demo: DeMoConfig, steps: int) -> tuple[list[li
         for index, (block, replica) in enumerate(zip(blocks, reps)):
             backward(block, windows, seed=1000 * index + step)
             payloads.append(replica.make_payload(lr=2e-3))
-        payloads[2] = {n: dataclasses.replace(c, values=(-c.values.float()).to(c.values.dtype)) for n, c in payloads[2].items()}
+        payloads[2] = {
+            n: dataclasses.replace(c, values=(-c.values.float()).to(c.values.dtype)) for n, c in payloads[2].items()
+        }
         wires = [encode_payload(p, demo.value_bits) for p in payloads]
         for index in (1, 0):  # the first replica's voters are kept
             replica = reps[index]
@@ -196,7 +208,9 @@ def negated_runs(config, windows, demo: DeMoConfig, steps: int) -> tuple[list[li
     return voters, blocks[:2]
 
 
-def test_a_sender_the_others_contradict_over_several_steps_leaves_the_vote_though_no_step_alone_shows_it(tiny_config, tiny_windows):
+def test_a_sender_the_others_contradict_over_several_steps_leaves_the_vote_though_no_step_alone_shows_it(
+    tiny_config, tiny_windows
+):
     """A hostile payload shares few coefficients with each honest one in a step; the record of
     the steps before adds up the evidence. `min_shared` is set just above what one step shares
     (the most the first step shares: later steps share fewer, as the momenta settle), so no step
@@ -243,6 +257,41 @@ def test_of_two_senders_a_contradicting_one_leaves_and_the_replica_steps_on_its_
         assert torch.equal((decay - param).sign(), own), name
 
 
+def distance(a, b) -> float:
+    """The distance between two lists of tensors, as one vector."""
+    return math.sqrt(sum(float((x - y).detach().pow(2).sum()) for x, y in zip(a, b)))
+
+
+@pytest.mark.parametrize(("stranger", "value_bits"), [("zero values", 16), ("zero values", 1), ("no parameter", 16)])
+def test_of_two_senders_a_stranger_that_would_freeze_the_replica_leaves_and_it_trains_as_alone(
+    tiny_config, tiny_windows, stranger, value_bits
+):
+    """One replica beside a stranger whose payload keeps nothing of its update: coefficients of
+    value 0 where the replica sends its own, or no parameter at all. It shares no nonzero
+    coefficient with the replica, so the sign record never fills, and under unanimity the
+    replica would move by its weight decay alone; the record of the share its step keeps drops
+    the stranger, and the replica moves as a twin of it that trains alone on the same data."""
+    demo = DeMoConfig(value_bits=value_bits)
+    blocks, (beside, alone) = replicas(tiny_config, 2, demo)
+    start = [p.detach().clone() for p in blocks[0].parameters()]
+    for step in range(10):
+        own = []
+        for block, replica in zip(blocks, (beside, alone)):
+            backward(block, tiny_windows, seed=step)  # the same data: the twin's update is the replica's
+            own.append(decode_payload(encode_payload(replica.make_payload(lr=2e-3), value_bits), replica))
+        if stranger == "zero values":
+            sent = {n: dataclasses.replace(c, values=torch.zeros_like(c.values)) for n, c in own[0].items()}
+        else:
+            sent = {}
+        voters = beside.apply([("r0", own[0]), ("r1", decode_payload(encode_payload(sent, value_bits), beside))], "r0")
+        alone.apply([("r0", own[1])], "r0")
+    assert voters == ["r0"]
+    moved = distance(blocks[1].parameters(), start)
+    decay_alone = (1 - (1 - demo.sign_lr * demo.weight_decay) ** 10) * distance(start, [0 * p for p in start])
+    assert moved > 10 * decay_alone  # the twin's steps are worth stopping
+    assert distance(blocks[0].parameters(), blocks[1].parameters()) <= 0.01 * moved
+
+
 def test_of_two_senders_the_other_moves_no_coordinate_this_one_does_not(tiny_config, tiny_windows):
     """Before any evidence, a stranger beside one replica: a coordinate moves only where both
     voted the same way; where this replica is silent (here a whole parameter it has no gradient
@@ -254,8 +303,10 @@ def test_of_two_senders_the_other_moves_no_coordinate_this_one_does_not(tiny_con
     del own[silent]
     largest = 0.95 * replica.max_value
     backward(blocks[0], tiny_windows, 1)
-    hostile = {n: dataclasses.replace(c, values=(torch.randint(0, 2, c.values.shape) * 2 - 1).to(c.values.dtype) * largest)
-               for n, c in replica.make_payload(lr=2e-3).items()}
+    hostile = {
+        n: dataclasses.replace(c, values=(torch.randint(0, 2, c.values.shape) * 2 - 1).to(c.values.dtype) * largest)
+        for n, c in replica.make_payload(lr=2e-3).items()
+    }
     gathered = senders(decode_payload(encode_payload(p, 16), replica) for p in (own, hostile))
     before = {n: p.detach().clone() for n, p in replica.params.items()}
     assert replica.apply(gathered, "r0") == ["r0", "r1"]  # no evidence yet: both vote
@@ -265,3 +316,63 @@ def test_of_two_senders_the_other_moves_no_coordinate_this_one_does_not(tiny_con
         mine = decompress(gathered[0][1][name]).sign() if name in own else torch.zeros_like(param)
         theirs = decompress(gathered[1][1][name]).sign()
         assert torch.equal(moved, torch.where(mine == theirs, mine, 0.0)), name
+
+
+def dense_agreed_and_shared(optimizer, a, b) -> tuple[int, int]:
+    """The reference count: both payloads' signs laid out over every parameter (0: not sent),
+    compared coordinate by coordinate."""
+
+    def signs(payload):
+        parts = []
+        for name, param in optimizer.params.items():
+            dense = torch.zeros(param.numel(), dtype=torch.int8)
+            if name in payload:
+                sent = payload[name]
+                signs = sent.values.float().sign().to(torch.int8)
+                dense.view(sent.indices.shape[0], -1).scatter_(1, sent.indices, signs)
+            parts.append(dense)
+        return torch.cat(parts)
+
+    signs_a, signs_b = signs(a), signs(b)
+    both = (signs_a != 0) & (signs_b != 0)
+    return int(((signs_a == signs_b) & both).sum()), int(both.sum())
+
+
+def random_payload(template, generator, overlapping=None):
+    """A payload of `template`'s shapes with random sorted indices (half of the tiles taking
+    `overlapping`'s where given, so that payloads share coefficients) and random values, a few
+    of them zero; about one parameter in five left out."""
+    payload = {}
+    for name, sent in template.items():
+        if torch.rand((), generator=generator) < 0.2:
+            continue
+        tiles, k = sent.indices.shape
+        shuffled = torch.rand(tiles, sent.tile[0] * sent.tile[1], generator=generator).argsort(dim=1)
+        indices = shuffled[:, :k].sort(dim=1).values
+        if overlapping is not None and name in overlapping:
+            taken = torch.rand(tiles, generator=generator) < 0.5
+            indices[taken] = overlapping[name].indices[taken]
+        values = torch.randint(-1, 2, (tiles, k), generator=generator) * 1e-5
+        payload[name] = dataclasses.replace(sent, indices=indices, values=values.to(torch.bfloat16))
+    return payload
+
+
+def test_counts_on_the_sent_coefficients_equal_the_dense_comparison(tiny_config, tiny_windows):
+    """`trusted` compares payloads on the coefficients they sent; its counts are those of the
+    comparison laid out over every parameter, for every pair, added to the decayed record."""
+    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig())
+    backward(blocks[0], tiny_windows, 0)
+    template = replica.make_payload(lr=2e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        first = random_payload(template, generator)
+        payloads = [first] + [random_payload(template, generator, overlapping=first) for _ in range(3)]
+        before = dict(replica.evidence.record)
+        _, record = replica.trusted(senders(payloads), "r0")
+        for i, j in itertools.combinations(range(len(payloads)), 2):
+            agreed, shared = dense_agreed_and_shared(replica, payloads[i], payloads[j])
+            old_agreed, old_shared = before.get((f"r{i}", f"r{j}"), (0.0, 0.0))
+            decay = replica.config.evidence_decay
+            assert shared > 0 and agreed < shared  # the payloads overlap, and disagree somewhere
+            assert record[(f"r{i}", f"r{j}")] == (old_agreed * decay + agreed, old_shared * decay + shared)
+        replica.evidence.record = record

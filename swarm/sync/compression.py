@@ -9,7 +9,11 @@ largest coefficients of each tile are kept (k scaled with the tile's size agains
 values sent as bfloat16 (float16 underflows at these magnitudes) or as 1-bit signs.
 
 Everything is computed on the tensor's device, in float32 or the tensor's own dtype if wider
-(`working_dtype`); only the bits on the wire pass through the CPU.
+(`working_dtype`); only the bits on the wire pass through the CPU. The tiles of all the tensors
+of one tile shape go through each transform together (`batches`, `extract_many`,
+`decompress_tiles`): a block has two tile shapes or so, and a call per tensor cost more than the
+arithmetic at small sizes. A tile's result does not depend on its neighbours in the batch, so
+this changes no bit (tests/test_compression.py checks it).
 
 The DeMo update that uses it is in decoupled_momentum.py, the outer step's in pseudo_gradient.py,
 the exchange between replicas in exchange.py.
@@ -18,8 +22,9 @@ the exchange between replicas in exchange.py.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import msgpack
 import numpy as np
@@ -27,6 +32,8 @@ import torch
 
 MAX_TILE_SIDE = 64
 REFERENCE_TILE = MAX_TILE_SIDE * MAX_TILE_SIDE
+BATCH_ELEMENTS = 1 << 22  # values one transform call takes at most (`batches`): 16 MB in float32
+MIN_SHARED_ROWS = 64  # a tensor whose tiles hold fewer rows is transformed alone (`shares_transform`)
 
 
 def tile_side(n: int) -> int:
@@ -40,7 +47,7 @@ def working_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-@lru_cache(maxsize=None)
+@cache
 def dct_matrix(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """Orthonormal DCT-II matrix (n x n) on `device` in `dtype`: its transpose is its inverse."""
     k = torch.arange(n, dtype=torch.float64, device="cpu")[:, None]
@@ -58,9 +65,10 @@ def to_tiles(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
     return matrix.reshape(r, rows, c, cols).permute(0, 2, 1, 3).reshape(r * c, rows, cols), (rows, cols)
 
 
+@cache
 def tiling(shape: torch.Size) -> tuple[int, tuple[int, int]]:
     """(number of tiles, tile shape) of a tensor of `shape`, found on the meta device: no memory
-    and no device of its own."""
+    and no device of its own (and once per shape: it is asked for every parameter of every payload)."""
     tiles, tile = to_tiles(torch.empty(shape, device="meta"))
     return tiles.shape[0], tile
 
@@ -97,7 +105,7 @@ class Compressed:
     shape: torch.Size
     tile: tuple[int, int]
     indices: torch.Tensor  # (n_tiles, k) int64, positions inside each flattened tile
-    values: torch.Tensor  # (n_tiles, k): bfloat16 (16 bits), float32 (32 bits), or +-1 signs (1 bit; 0 for an empty tile)
+    values: torch.Tensor  # (n_tiles, k): bfloat16 (16 bits), float32 (32), or +-1 signs (1 bit; 0: an empty tile)
     position: int = -1  # the parameter's position in its module, when it travels in a payload
 
     def payload_bytes(self, value_bits: int) -> int:
@@ -108,13 +116,44 @@ class Compressed:
         return math.ceil((self.indices.numel() * (index_bits + value_bits) + flags) / 8)
 
 
-def _top_k(momentum: torch.Tensor, top_k: int) -> tuple[tuple[int, int], torch.Tensor, torch.Tensor]:
-    """(tile, indices, values) of the k largest DCT coefficients of each tile, in full precision."""
-    tiles, tile = to_tiles(momentum.detach().to(working_dtype(momentum.dtype)))
-    coefficients = dct(tiles).flatten(1)
+def shares_transform(n_tiles: int, tile: tuple[int, int], k: int = 0) -> bool:
+    """Whether a tensor's tiles may go through a transform beside other tensors' tiles and come
+    out with the bits they get alone. A product is computed row by row alike, however many rows it
+    has, except when it has few: the BLAS takes another path there (MKL here: under 4 rows with 1
+    thread, 12 with 2, 28 with 16), so a tensor whose tiles hold fewer than MIN_SHARED_ROWS rows
+    is transformed alone, as it always was. The inverse DCT of one coefficient per tile (`k` 1)
+    is one product per value, the same bits on any path."""
+    return n_tiles * tile[0] >= MIN_SHARED_ROWS or k == 1
+
+
+def batches(keys: Sequence[Hashable], sizes: Sequence[int] | None = None) -> list[list[int]]:
+    """Positions of tensors grouped for one transform each: same key (tile shape, dtype, device,
+    or one of its own where a tensor does not `shares_transform`), in order, at most
+    BATCH_ELEMENTS values of `sizes` together if given (a larger tensor is a group of its own).
+    It spares a call per tensor, and the bound keeps the temporary tensors small."""
+    groups: dict[Hashable, list[list[int]]] = {}
+    filled: dict[Hashable, int] = {}
+    for position, (key, size) in enumerate(zip(keys, sizes or [0] * len(keys))):
+        key_groups = groups.setdefault(key, [[]])
+        if key_groups[-1] and filled[key] + size > BATCH_ELEMENTS:
+            key_groups.append([])
+            filled[key] = 0
+        key_groups[-1].append(position)
+        filled[key] = filled.get(key, 0) + size
+    return [group for key_groups in groups.values() for group in key_groups]
+
+
+def _top_k(momenta: Sequence[torch.Tensor], top_k: int) -> list[tuple[tuple[int, int], torch.Tensor, torch.Tensor]]:
+    """(tile, indices, values) of the k largest DCT coefficients of each tile of each tensor, in
+    full precision; the tensors share a tile shape, dtype and device (one transform for all)."""
+    dtype = working_dtype(momenta[0].dtype)
+    parts = [to_tiles(m.detach().to(dtype)) for m in momenta]
+    coefficients = dct(parts[0][0] if len(parts) == 1 else torch.cat([tiles for tiles, _ in parts])).flatten(1)
     k = keep_per_tile(top_k, coefficients.shape[1])
     indices = coefficients.abs().topk(k, dim=1).indices.sort(dim=1).values
-    return tile, indices, coefficients.gather(1, indices)
+    counts = [tiles.shape[0] for tiles, _ in parts]
+    kept = coefficients.gather(1, indices)
+    return list(zip([tile for _, tile in parts], indices.split(counts), kept.split(counts)))
 
 
 def _as_sent(kept: torch.Tensor, value_bits: int) -> torch.Tensor:
@@ -125,7 +164,7 @@ def _as_sent(kept: torch.Tensor, value_bits: int) -> torch.Tensor:
 
 def compress(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compressed:
     """Top-k of each tile's DCT, as sent: bfloat16 at 16 bits, signs at 1 bit, float32 at 32 (exact)."""
-    tile, indices, kept = _top_k(momentum, top_k)
+    [(tile, indices, kept)] = _top_k([momentum], top_k)
     return Compressed(momentum.shape, tile, indices, _as_sent(kept, value_bits))
 
 
@@ -139,11 +178,20 @@ def _signs(kept: torch.Tensor) -> torch.Tensor:
 def decompress(compressed: Compressed) -> torch.Tensor:
     """The tensor whose tile DCTs hold exactly the sent coefficients (zeros elsewhere), on the
     device of what was sent, in the working dtype of its values."""
-    rows, cols = compressed.tile
-    values = compressed.values.to(working_dtype(compressed.values.dtype))
-    coefficients = torch.zeros(compressed.indices.shape[0], rows * cols, device=values.device, dtype=values.dtype)
-    coefficients.scatter_(1, compressed.indices, values)
-    return from_tiles(idct(coefficients.view(-1, rows, cols)), compressed.shape)
+    return from_tiles(decompress_tiles([compressed]), compressed.shape)
+
+
+def decompress_tiles(sent: Sequence[Compressed]) -> torch.Tensor:
+    """The tiles of `decompress` of each entry, one entry's after the other's (entries of one tile
+    shape and device), in one inverse DCT, or one each if they do not `shares_transform`."""
+    if len(sent) > 1 and not all(shares_transform(c.indices.shape[0], c.tile, c.indices.shape[1]) for c in sent):
+        return torch.cat([decompress_tiles([c]) for c in sent])
+    rows, cols = sent[0].tile
+    values = torch.cat([c.values for c in sent])
+    values = values.to(working_dtype(values.dtype))
+    coefficients = torch.zeros(values.shape[0], rows * cols, device=values.device, dtype=values.dtype)
+    coefficients.scatter_(1, torch.cat([c.indices for c in sent]), values)
+    return idct(coefficients.view(-1, rows, cols))
 
 
 def extract(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compressed:
@@ -152,10 +200,23 @@ def extract(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compres
     For 1-bit values the sent signs carry no scale, so what is removed is each kept
     coefficient's own value: the momentum forgets exactly the components it shared.
     """
-    tile, indices, kept = _top_k(momentum, top_k)
-    sent = Compressed(momentum.shape, tile, indices, _as_sent(kept, value_bits))
-    removed = sent if value_bits != 1 else Compressed(momentum.shape, tile, indices, kept)
-    momentum.sub_(decompress(removed))
+    return extract_many([momentum], top_k, value_bits)[0]
+
+
+def extract_many(momenta: Sequence[torch.Tensor], top_k: int, value_bits: int = 16) -> list[Compressed]:
+    """`extract` of each tensor, those of one tile shape going through the transforms together (`batches`)."""
+    sent: list[Compressed] = [None] * len(momenta)  # type: ignore[list-item]
+    keys = [(tiling(m.shape)[1], working_dtype(m.dtype), m.device) if shares_transform(*tiling(m.shape)) else i
+            for i, m in enumerate(momenta)]  # fmt: skip
+    for batch in batches(keys, [m.numel() for m in momenta]):
+        picked = _top_k([momenta[i] for i in batch], top_k)
+        for i, (tile, indices, kept) in zip(batch, picked):
+            sent[i] = Compressed(momenta[i].shape, tile, indices, _as_sent(kept, value_bits))
+        removed = [sent[i] if value_bits != 1 else Compressed(momenta[i].shape, tile, indices, kept)
+                   for i, (tile, indices, kept) in zip(batch, picked)]  # fmt: skip
+        tiles = decompress_tiles(removed).split([c.indices.shape[0] for c in removed])
+        for i, part in zip(batch, tiles):
+            momenta[i].sub_(from_tiles(part, momenta[i].shape))
     return sent
 
 
@@ -163,16 +224,25 @@ def to_bits(values: torch.Tensor, bits: int) -> np.ndarray:
     """Non-negative integers below 2**bits as a flat array of their bits (least significant first)."""
     array = values.flatten().cpu().numpy().astype(np.uint64)
     assert (array < (1 << bits)).all(), "value does not fit in the given bits"
-    return ((array[:, None] >> np.arange(bits, dtype=np.uint64)) & 1).astype(np.uint8).flatten()
+    as_bytes = array.astype("<u8").view(np.uint8).reshape(-1, 8)
+    return np.unpackbits(as_bytes, axis=1, count=bits, bitorder="little").flatten()
 
 
-def from_bits(bit_array: np.ndarray, offset: int, bits: int, count: int) -> tuple[torch.Tensor, int]:
-    """`count` integers of `bits` bits read at `offset` of a bit array, and the offset after them."""
+def read_bits(bit_array: np.ndarray, offset: int, bits: int, count: int) -> tuple[np.ndarray, int]:
+    """`count` integers (int64) of `bits` bits read at `offset` of a bit array, and the offset after them."""
     end = offset + count * bits
     if end > len(bit_array):
         raise ValueError("bit stream is too short")
-    words = bit_array[offset:end].reshape(count, bits).astype(np.int64)
-    return torch.from_numpy((words << np.arange(bits, dtype=np.int64)).sum(axis=1)), end
+    packed = np.packbits(bit_array[offset:end].reshape(count, bits), axis=1, bitorder="little")
+    words = np.zeros((count, 8), dtype=np.uint8)
+    words[:, : packed.shape[1]] = packed
+    return words.view("<i8")[:, 0].astype(np.int64), end
+
+
+def from_bits(bit_array: np.ndarray, offset: int, bits: int, count: int) -> tuple[torch.Tensor, int]:
+    """`read_bits` as a tensor."""
+    words, end = read_bits(bit_array, offset, bits, count)
+    return torch.from_numpy(words), end
 
 
 class PayloadError(ValueError):
@@ -195,7 +265,7 @@ def unpack_message(data: bytes, fields: tuple[str, ...]) -> tuple[list, np.ndarr
     try:
         message = msgpack.unpackb(data)
         return [message[name] for name in fields], np.unpackbits(np.frombuffer(message["b"], dtype=np.uint8))
-    except Exception as error:  # truncated, garbage, wrong types
+    except Exception as error:  # noqa: BLE001 (truncated, garbage, wrong types)
         raise PayloadError(f"malformed payload: {type(error).__name__}") from None
 
 

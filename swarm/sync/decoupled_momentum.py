@@ -19,11 +19,16 @@ move a weight in a direction this replica's own update does not (where this repl
 the other is too, by the rule), and the two compute the same step. Once the record shows the
 other contradicting (the same test as above: `min_shared` coefficients shared, at most
 `contradicted_at` of them agreed), it leaves the vote and this replica steps on its own update
-alone: a negated stranger cannot freeze it. What a stranger that knows this can still do is
-slow it: a payload whose coefficients avoid ours (so that the record never fills) decodes to an
-update orthogonal to ours, which agrees on about half the coordinates, so about half of our
-step is kept. Two honest replicas share coefficients and agree on 70% or more of them
-(`trusted`), so they keep each other and stay identical.
+alone: a negated stranger cannot freeze it. A stranger that shares no nonzero coefficient with
+us (all-zero values, no parameter at all) never fills that record, yet under unanimity it would
+stop every coordinate; so a second record, the one outer steps of two keep (evidence.py,
+`kept_share`), counts the share of the larger of the two updates (coordinates voted) that the
+unanimous step keeps, and once its mean over the steps remembered (`kept_decay`) is at most
+`kept_at` the other leaves as well. What a stranger that knows both can still do is slow it: a
+payload whose coefficients avoid ours decodes to an update orthogonal to ours, which agrees on
+about half the coordinates, so about half of our step is kept. Two honest replicas share
+coefficients and agree on 70% or more of them (`trusted`), and their steps keep about half of
+the larger update or more (`kept_at` is 0.1), so they keep each other and stay identical.
 
 Payloads cross the network as bytes (`encode_payload` / `decode_payload`); a payload that does
 not fit this replica's parameters, or holds NaN, Inf, out-of-range or repeated indices or values larger
@@ -35,7 +40,8 @@ PayloadError and not applied. A payload decoded from bytes lands on its replica'
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,18 +52,21 @@ from swarm.model.train import DENOISER_LR
 from swarm.sync.compression import (
     Compressed,
     PayloadError,
+    batches,
     check_fully_read,
-    decompress,
-    extract,
-    from_bits,
+    decompress_tiles,
+    extract_many,
+    from_tiles,
     index_bits,
     keep_per_tile,
     pack_message,
+    read_bits,
+    shares_transform,
     tiling,
     to_bits,
     unpack_message,
 )
-from swarm.sync.evidence import Evidence, Record
+from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_share
 
 Payload = dict[str, Compressed]
 
@@ -83,6 +92,10 @@ class DeMoConfig:
     min_shared: int = 8
     contradicted_at: float = 0.5
     evidence_decay: float = 0.9  # each step the counts of the steps before weigh this much less (~10 steps remembered)
+    # of two senders, the other also leaves when the step keeps at most this share of the larger
+    # of the two updates (coordinates voted), on the mean of the steps remembered (`kept_share`)
+    kept_at: float = 0.1
+    kept_decay: float = 0.5  # each step the shares of the steps before weigh this much less
 
 
 class DeMoOptimizer:
@@ -98,36 +111,84 @@ class DeMoOptimizer:
         self.momentum = {name: torch.zeros_like(p) for name, p in self.params.items()}
         # per pair of senders: coefficients they agreed on and shared, decayed (see `trusted`)
         self.evidence = Evidence(config.min_shared, config.contradicted_at, config.evidence_decay)
+        # of two senders: the share of the larger update the step keeps (`kept_share`), one step is evidence enough
+        self.kept = Evidence(1.0, config.kept_at, config.kept_decay)
+        self.tiles = {name: tiling(p.shape) for name, p in self.params.items()}  # (number of tiles, tile shape)
+        # where each tile of a parameter starts among all of the block's values, as laid out for `trusted`
+        self.tile_starts, start = {}, 0
+        for name, param in self.params.items():
+            n_tiles, tile = self.tiles[name]
+            self.tile_starts[name] = (start + math.prod(tile) * torch.arange(n_tiles, device=param.device))[:, None]
+            start += param.numel()
 
     def make_payload(self, lr: float) -> Payload:
-        """Fold this step's gradients into the momentum and take out what is shared."""
-        payload = {}
-        for position, (name, param) in enumerate(self.params.items()):
-            if param.grad is None:
-                continue
-            self.momentum[name].mul_(self.config.momentum_decay).add_(param.grad, alpha=lr)
-            sent = extract(self.momentum[name], self.config.top_k, self.config.value_bits)
-            payload[name] = dataclasses.replace(sent, position=position)
-        return payload
+        """Fold this step's gradients into the momentum and take out what is shared (the
+        parameters of one tile shape through each transform together: `extract_many`)."""
+        names = [name for name, param in self.params.items() if param.grad is not None]
+        for name in names:
+            self.momentum[name].mul_(self.config.momentum_decay).add_(self.params[name].grad, alpha=lr)
+        sent = extract_many([self.momentum[name] for name in names], self.config.top_k, self.config.value_bits)
+        return {name: dataclasses.replace(c, position=self.names.index(name)) for name, c in zip(names, sent)}
 
     @torch.no_grad()
     def apply(self, gathered: Sequence[tuple[str, Payload]], own: str) -> list[str]:
         """The sign step on the coordinate-wise majority vote of the gathered (sender, payload)
         pairs that the evidence does not rule out (`trusted`), unanimity where two vote; `own`
-        is this replica's sender name. Returns the senders that voted."""
+        is this replica's sender name. Returns the senders that voted. Of two senders that the
+        signs of their coefficients leave together, the step's kept share is judged too
+        (`_kept_two`), so both updates are decoded before either moves a weight (twice the
+        block's size in memory); otherwise each group is stepped as it is decoded."""
         kept, self.evidence.record = self.trusted(gathered, own)
-        voters = [gathered[i][1] for i in kept]
-        for name, param in self.params.items():
-            votes = [decompress(p[name]).sign() if name in p else torch.zeros_like(param) for p in voters]
-            if not any(name in p for p in voters):
-                continue
-            stacked = torch.stack(votes)
-            majority = stacked.sum(dim=0).sign()
-            if len(gathered) == 2 and len(votes) == 2:  # unanimity: neither of two senders moves a coordinate the other does not
-                majority = torch.where((stacked != 0).all(dim=0), majority, 0.0)
-            param.mul_(1 - self.config.sign_lr * self.config.weight_decay)
-            param.sub_(self.config.sign_lr * majority)
+        votes: Iterable[tuple[list[str], torch.Tensor]] = self._votes([gathered[i][1] for i in kept])
+        if len(gathered) == 2 and len(kept) == 2:
+            decoded = list(votes)
+            kept = self._kept_two(gathered, decoded, own)
+            votes = decoded if len(kept) == 2 else [(names, group[kept]) for names, group in decoded]
+        unanimity = len(gathered) == 2 and len(kept) == 2  # neither of two moves a coordinate the other does not
+        for batch_names, group in votes:
+            majority = agreeing_minimum(group) if unanimity else group.sum(dim=0).sign_()
+            for name, tiles in zip(batch_names, majority.split([self.tiles[name][0] for name in batch_names])):
+                param = self.params[name]
+                param.mul_(1 - self.config.sign_lr * self.config.weight_decay)
+                param.sub_(self.config.sign_lr * from_tiles(tiles, param.shape))
         return [gathered[i][0] for i in kept]
+
+    def _votes(self, voters: list[Payload]) -> Iterator[tuple[list[str], torch.Tensor]]:
+        """Per group of parameters decoded together, their names and each voter's signs of its
+        decoded update, (voters, tiles, *tile): every voter's update of the parameters of one tile
+        shape in one inverse DCT (`batches`); a voter that sent nothing for a parameter votes 0 there."""
+        names = [name for name in self.names if any(name in p for p in voters)]
+        for batch in batches([self._transform_key(name) for name in names],
+                             [len(voters) * self.params[name].numel() for name in names]):  # fmt: skip
+            batch_names = [names[i] for i in batch]
+            sent = [p[name] if name in p else self._silent(name) for p in voters for name in batch_names]
+            yield batch_names, decompress_tiles(sent).sign_().view(len(voters), -1, *sent[0].tile)
+
+    def _kept_two(self, gathered: Sequence[tuple[str, Payload]], votes: list[tuple[list[str], torch.Tensor]],
+                 own: str) -> list[int]:  # fmt: skip
+        """Of two senders, both voting (`votes`, from `_votes`): both positions, or `own`'s alone
+        once the record of the share of the larger update that their unanimous step keeps
+        (`kept_share`: coordinates voted the same way, out of those the larger voted on) is at
+        most `kept_at` on the mean of the steps remembered. A stranger whose payload keeps
+        nothing of this replica's update (all-zero values, or no parameter) would freeze it under
+        unanimity, and shares no nonzero coefficient with it for the sign record to count."""
+        first, second = ({group: v[i] for group, (_, v) in enumerate(votes)} for i in (0, 1))
+        kept, self.kept.record = self.kept.judged([sender for sender, _ in gathered],
+                                                  lambda i, j: kept_share(first, second), own)  # fmt: skip
+        return kept
+
+    def _transform_key(self, name: str) -> Hashable:
+        """The parameters whose entries are decoded in one inverse DCT share this (`batches`)."""
+        n_tiles, tile = self.tiles[name]
+        k = keep_per_tile(self.config.top_k, math.prod(tile))
+        return (tile, self.params[name].device) if shares_transform(n_tiles, tile, k) else name
+
+    def _silent(self, name: str) -> Compressed:
+        """What a voter that sent nothing for a parameter counts as: no coefficient (it decodes to 0)."""
+        param, (n_tiles, tile) = self.params[name], self.tiles[name]
+        k = keep_per_tile(self.config.top_k, math.prod(tile))
+        zeros = torch.zeros(n_tiles, k, dtype=torch.int64, device=param.device)
+        return Compressed(param.shape, tile, zeros, torch.zeros(n_tiles, k, dtype=param.dtype, device=param.device))
 
     def trusted(self, gathered: Sequence[tuple[str, Payload]], own: str) -> tuple[list[int], Record]:
         """The positions of the (sender, payload) pairs that vote, and the record with this step's
@@ -147,91 +208,151 @@ class DeMoOptimizer:
         sets keep the same voters; those that did not (a late joiner starts with none) may
         differ, and the voters are in the fingerprint of what a replica applied (exchange.py),
         so the others notice and average parameters."""
-        signs = [self._coefficient_signs(payload) for _, payload in gathered] if len(gathered) > 1 else []
+        sent = [self._sent_coefficients(payload) for _, payload in gathered] if len(gathered) > 1 else []
 
         def compare(i: int, j: int) -> tuple[float, float]:
-            both = (signs[i] != 0) & (signs[j] != 0)
-            return int(((signs[i] == signs[j]) & both).sum()), int(both.sum())
+            return _agreed_and_shared(sent[i], sent[j])
 
         return self.evidence.judged([sender for sender, _ in gathered], compare, own)
 
-    def _coefficient_signs(self, payload: Payload) -> torch.Tensor:
-        """The signs of every DCT coefficient a payload sent, laid out over all parameters (0: not sent)."""
-        parts = []
-        for name, param in self.params.items():
-            if name not in payload:
-                parts.append(torch.zeros(param.numel(), dtype=torch.int8, device=param.device))
-                continue
-            sent = payload[name]
-            shape = sent.indices.shape[0], sent.tile[0] * sent.tile[1]
-            dense = torch.zeros(shape, dtype=torch.int8, device=param.device)
-            dense.scatter_(1, sent.indices.long(), sent.values.float().sign().to(torch.int8))
-            parts.append(dense.flatten())
-        return torch.cat(parts)
+    def _sent_coefficients(self, payload: Payload) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where each DCT coefficient a payload sent lies among all of the block's (the parameter's
+        offset, then its tile's, then the index in the tile), ascending, and its sign; only the
+        nonzero ones: a payload sends about one coefficient in 512, so two are compared on what
+        they sent, not over every parameter."""
+        names = [name for name in self.names if name in payload]
+        if not names:
+            return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int8)
+        places = torch.cat([(payload[name].indices + self.tile_starts[name]).flatten() for name in names])
+        signs = torch.cat([payload[name].values.flatten() for name in names]).float().sign().to(torch.int8)
+        if not bool((places[1:] > places[:-1]).all()):  # they are where indices are (decode checks, _top_k sorts)
+            places, order = places.sort()
+            signs = signs[order]
+        return places[signs != 0], signs[signs != 0]
+
+
+def _agreed_and_shared(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> tuple[int, int]:
+    """Of the nonzero coefficients two payloads sent (`_sent_coefficients`), how many both sent
+    and, of those, how many with the same sign."""
+    (places_a, signs_a), (places_b, signs_b) = a, b
+    if not len(places_a) or not len(places_b):
+        return 0, 0
+    at = torch.searchsorted(places_b, places_a).clamp_(max=len(places_b) - 1)
+    shared = places_b[at] == places_a
+    return int((shared & (signs_b[at] == signs_a)).sum()), int(shared.sum())
 
 
 def encode_payload(payload: Payload, value_bits: int) -> bytes:
     """The wire form: which parameters (by position) are present, then one bit stream holding,
     parameter after parameter, the indices at ceil(log2(tile)) bits and the values (bfloat16
-    words, or sign bits followed by one empty-tile flag per tile). Both sides know the shapes."""
-    present, streams = [], []
-    for c in payload.values():
-        present.append(c.position)
-        streams += [to_bits(c.indices, index_bits(c.tile[0] * c.tile[1])), _value_bits_of(c.values, value_bits)]
-    return pack_message({"v": value_bits, "p": present}, streams)
+    words, or sign bits followed by one empty-tile flag per tile). Both sides know the shapes.
+    The entries of one tile shape are turned into bits together, then cut apart."""
+    entries = list(payload.values())
+    streams: list[list[np.ndarray]] = [[] for _ in entries]
+    for group in batches([(c.tile, c.indices.shape[1], c.values.dtype) for c in entries]):
+        members = [entries[i] for i in group]
+        bits = index_bits(math.prod(members[0].tile))
+        indices = to_bits(torch.cat([c.indices for c in members]), bits)
+        index_parts = np.split(indices, np.cumsum([c.indices.numel() * bits for c in members])[:-1])
+        for i, index_part, value_part in zip(group, index_parts, _value_bits_of(members, value_bits)):
+            streams[i] = [index_part, value_part]
+    return pack_message({"v": value_bits, "p": [c.position for c in entries]}, [s for pair in streams for s in pair])
 
 
 def decode_payload(data: bytes, optimizer: DeMoOptimizer) -> Payload:
-    """A payload from another replica, checked against `optimizer`'s parameters; PayloadError if bad."""
+    """A payload from another replica, checked against `optimizer`'s parameters; PayloadError if
+    bad. The entries of one tile shape are read and checked together."""
     (value_bits, present), bit_array = unpack_message(data, ("v", "p"))
-    if value_bits != optimizer.config.value_bits or len(set(present)) != len(present):
-        raise PayloadError(f"payload has value bits {value_bits} or repeats a parameter")
-    payload, offset = {}, 0
+    if value_bits != optimizer.config.value_bits or not isinstance(present, list) or len(set(present)) != len(present):
+        raise PayloadError(f"payload has value bits {value_bits} or no list of distinct parameters")
     for position in present:
         if not isinstance(position, int) or not 0 <= position < len(optimizer.names):
             raise PayloadError(f"payload names parameter #{position}, which this block does not have")
+    layout = _wire_layout(present, optimizer, len(bit_array))
+    check_fully_read(bit_array, layout[-1].end if layout else 0)
+    payload = {}
+    for group in batches([entry.tile for entry in layout]):
+        members = [layout[i] for i in group]
+        for entry, indices, values in zip(members, *_read_entries(members, bit_array, optimizer)):
+            device = optimizer.params[entry.name].device  # checked here, used on its device
+            indices, values = indices.to(device), values.to(device)
+            payload[entry.name] = Compressed(entry.shape, entry.tile, indices, values, entry.position)
+    return {entry.name: payload[entry.name] for entry in layout}
+
+
+@dataclass(frozen=True)
+class _WireEntry:
+    """Where one parameter's indices and values lie in a payload's bit stream."""
+
+    name: str
+    position: int
+    shape: torch.Size
+    tile: tuple[int, int]
+    n_tiles: int
+    k: int
+    start: int  # its indices' first bit
+    values_start: int
+    end: int
+
+
+def _wire_layout(present: list[int], optimizer: DeMoOptimizer, length: int) -> list[_WireEntry]:
+    """Where each present parameter's bits lie: the shapes are known, so the lengths are too."""
+    layout, offset = [], 0
+    for position in present:
         name = optimizer.names[position]
-        payload[name], offset = _decode_entry(position, bit_array, offset, optimizer)
-    check_fully_read(bit_array, offset)
-    return payload
+        n_tiles, tile = optimizer.tiles[name]
+        k = keep_per_tile(optimizer.config.top_k, math.prod(tile))
+        values_start = offset + n_tiles * k * index_bits(math.prod(tile))
+        end = values_start + n_tiles * (k * 16 if optimizer.config.value_bits != 1 else k + 1)
+        if end > length:
+            raise PayloadError(f"{name}: payload is too short for this block")
+        shape = optimizer.params[name].shape
+        layout.append(_WireEntry(name, position, shape, tile, n_tiles, k, offset, values_start, end))
+        offset = end
+    return layout
 
 
-def _decode_entry(position: int, bit_array: np.ndarray, offset: int, optimizer: DeMoOptimizer):
-    name = optimizer.names[position]
-    param = optimizer.params[name]
-    n_tiles, tile = tiling(param.shape)
-    k = keep_per_tile(optimizer.config.top_k, tile[0] * tile[1])
-    try:
-        indices, offset = from_bits(bit_array, offset, index_bits(tile[0] * tile[1]), n_tiles * k)
-        values, offset = _read_values(bit_array, offset, optimizer.config.value_bits, (n_tiles, k))
-    except ValueError:
-        raise PayloadError(f"{name}: payload is too short for this block") from None
-    if indices.max() >= tile[0] * tile[1]:
-        raise PayloadError(f"{name}: index out of range")
-    if not (indices.view(-1, k).diff(dim=1) > 0).all():  # honest indices are sorted, each once
-        raise PayloadError(f"{name}: indices repeated or out of order")
+def _read_entries(members: list[_WireEntry], bit_array: np.ndarray, optimizer: DeMoOptimizer):
+    """The indices and values of parameters of one tile shape, checked (in numpy: a parameter of a
+    small block costs microseconds there, several times that in torch); PayloadError naming the
+    first parameter that fails a check."""
+    k, tile_elements, counts = members[0].k, math.prod(members[0].tile), [e.n_tiles for e in members]
+    index_stream = np.concatenate([bit_array[e.start : e.values_start] for e in members])
+    indices = read_bits(index_stream, 0, index_bits(tile_elements), sum(counts) * k)[0].reshape(-1, k)
+    values, checked = _read_values(members, bit_array, optimizer.config.value_bits)
     largest = 1.0 if optimizer.config.value_bits == 1 else optimizer.max_value  # 1-bit values are signs
-    if not torch.isfinite(values.float()).all() or values.float().abs().max() > largest:
-        raise PayloadError(f"{name}: values are not finite, or larger than honest ones can be")
-    indices, values = indices.view(-1, k).to(param.device), values.to(param.device)  # checked here, used on its device
-    return Compressed(param.shape, tile, indices, values, position), offset
+    checks = {"index out of range": (indices >= tile_elements).any(axis=1),
+              "indices repeated or out of order": ~(np.diff(indices, axis=1) > 0).all(axis=1),  # honest ones are sorted
+              "values are not finite, or larger than honest ones can be":
+                  ~np.isfinite(checked).all(axis=1) | (np.abs(checked) > largest).any(axis=1)}  # fmt: skip
+    for what, bad in checks.items():
+        if bad.any():
+            first = members[int(np.searchsorted(np.cumsum(counts), int(bad.argmax()), side="right"))]
+            raise PayloadError(f"{first.name}: {what}")
+    return torch.from_numpy(indices).split(counts), values.split(counts)
 
 
-def _value_bits_of(values: torch.Tensor, value_bits: int) -> np.ndarray:
+def _value_bits_of(members: list[Compressed], value_bits: int) -> list[np.ndarray]:
+    """Each entry's values on the wire (entries of one dtype and k)."""
+    values = torch.cat([c.values for c in members])
     if value_bits != 1:
-        return to_bits(values.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF, 16)
-    signs, empty = (values > 0).flatten().cpu().numpy(), (values == 0).all(dim=1).cpu().numpy()
-    return np.concatenate([signs, empty]).astype(np.uint8)
+        words = to_bits(values.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF, 16)
+        return np.split(words, np.cumsum([16 * c.values.numel() for c in members])[:-1])
+    signs = np.split((values > 0).flatten().cpu().numpy(), np.cumsum([c.values.numel() for c in members])[:-1])
+    empty = np.split((values == 0).all(dim=1).cpu().numpy(), np.cumsum([c.values.shape[0] for c in members])[:-1])
+    return [np.concatenate([s, e]).astype(np.uint8) for s, e in zip(signs, empty)]
 
 
-def _read_values(bit_array: np.ndarray, offset: int, value_bits: int, shape: tuple[int, int]):
-    count = shape[0] * shape[1]
+def _read_values(members: list[_WireEntry], bit_array: np.ndarray, value_bits: int) -> tuple[torch.Tensor, np.ndarray]:
+    """The values of parameters of one tile shape, (tiles, k), as sent (bfloat16 words, or signs
+    in float32), and the same values as a float32 array for the checks."""
+    k, tiles = members[0].k, sum(e.n_tiles for e in members)
     if value_bits != 1:
-        words, offset = from_bits(bit_array, offset, 16, count)
-        return words.to(torch.int16).view(torch.bfloat16).view(shape), offset
-    signs, offset = from_bits(bit_array, offset, 1, count)
-    empty, offset = from_bits(bit_array, offset, 1, shape[0])
-    values = torch.where(empty.bool()[:, None], 0.0, signs.float().view(shape) * 2 - 1)
-    return values, offset
-
-
+        stream = np.concatenate([bit_array[e.values_start : e.end] for e in members])
+        words = read_bits(stream, 0, 16, tiles * k)[0]
+        widened = (words.astype(np.uint32) << 16).view(np.float32).reshape(-1, k)  # a bfloat16 is a float32's top half
+        return torch.from_numpy(words.astype(np.int16)).view(torch.bfloat16).view(-1, k), widened
+    signs = np.concatenate([bit_array[e.values_start : e.end - e.n_tiles] for e in members]).reshape(-1, k)
+    empty = np.concatenate([bit_array[e.end - e.n_tiles : e.end] for e in members]).astype(bool)
+    values = np.where(empty[:, None], 0.0, signs * 2.0 - 1).astype(np.float32)
+    return torch.from_numpy(values), values

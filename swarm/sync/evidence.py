@@ -1,12 +1,12 @@
 """Who contradicts whom: the record, kept over the rounds, that DeMo and outer steps judge senders by.
 
 Each round every pair of senders is compared on what the strategy can check (DeMo: the signs
-of the DCT coefficients both sent; outer steps of two: how much of the larger change the
-update keeps) and the record adds up, per pair, what they agreed on and what could be
-compared, the rounds before weighing `decay` less per round. A pair is contradicting once,
-so counted, at least `min_shared` could be compared and at most `contradicted_at` of it
-agreed. The record follows from the sets a replica applied alone, so replicas that applied
-the same sets judge the same way.
+of the DCT coefficients both sent; of two senders, DeMo and outer steps: how much of the larger
+update their step keeps, `kept_share`, in a record of its own) and the record adds up, per
+pair, what they agreed on and what could be compared, the rounds before weighing `decay` less
+per round. A pair is contradicting once, so counted, at least `min_shared` could be compared
+and at most `contradicted_at` of it agreed. The record follows from the sets a replica
+applied alone, so replicas that applied the same sets judge the same way.
 
 Who then counts: of three senders or more, every one but those a strict majority of the
 others contradict (unless that leaves no majority: then all). Of two, neither can outvote
@@ -17,12 +17,15 @@ other may be the honest one: each replica steps on its own, which no stranger ca
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import torch
 
 FORGOTTEN_BELOW = 0.01  # a pair's record is dropped once its compared count has decayed below this (senders gone)
 Record = dict[tuple[str, str], tuple[float, float]]  # per pair of senders (sorted): agreed and compared, decayed
 Comparison = Callable[[int, int], tuple[float, float]]  # senders i, j: what they agreed on, what was compared
+Updates = Mapping[Hashable, torch.Tensor]  # one sender's update, in parts (by parameter, or by group of them)
 
 
 @dataclass
@@ -57,3 +60,18 @@ class Evidence:
         others = len(senders) - 1
         kept = [i for i, count in enumerate(contradicted) if 2 * count <= others]
         return (kept if 2 * len(kept) > len(senders) else list(range(len(senders)))), record
+
+
+def agreeing_minimum(changes: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Of two senders' values, coordinate-wise: where both go the same way, the smaller; 0 elsewhere
+    (of two signs: the sign where both voted it, DeMo's unanimity)."""
+    a, b = changes
+    return torch.where(a.sign() == b.sign(), a.sign() * torch.minimum(a.abs(), b.abs()), 0.0)
+
+
+def kept_share(a: Updates, b: Updates) -> tuple[float, float]:
+    """A round of two senders in the record: the share of the larger update (sizes summed over
+    every coordinate) that their agreeing minimum keeps, out of 1 (both zero: all of it)."""
+    kept = sum(agreeing_minimum([a[part], b[part]]).abs().sum(dtype=torch.float64) for part in a)
+    larger = max(sum(u[part].abs().sum(dtype=torch.float64) for part in u) for u in (a, b))
+    return (float(kept / larger) if larger > 0 else 1.0), 1.0

@@ -77,7 +77,7 @@ from swarm.sync.compression import (
     unpack_message,
     working_dtype,
 )
-from swarm.sync.evidence import Evidence, Record
+from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_share
 
 COMPRESSIONS = ("dct", "raw", "none")
 Changes = dict[str, torch.Tensor]  # decoded pseudo-gradient, by parameter name
@@ -106,7 +106,9 @@ class OuterConfig:
 
     def checked(self) -> OuterConfig:
         if self.compression not in COMPRESSIONS or self.value_bits not in (1, 2) or self.steps < 1:
-            raise ValueError(f"outer steps: compression {self.compression!r}, value bits {self.value_bits}, H {self.steps}")
+            raise ValueError(
+                f"outer steps: compression {self.compression!r}, value bits {self.value_bits}, H {self.steps}"
+            )
         return self
 
 
@@ -117,20 +119,6 @@ def majority_mean(changes: list[torch.Tensor]) -> torch.Tensor:
     majority = n // 2 + 1
     ordered = stacked.sort(dim=0).values
     return torch.clamp(stacked.mean(dim=0), ordered[n - majority], ordered[majority - 1])
-
-
-def agreeing_minimum(changes: list[torch.Tensor]) -> torch.Tensor:
-    """Of two replicas' values, coordinate-wise: where both go the same way, the smaller; 0 elsewhere."""
-    a, b = changes
-    return torch.where(a.sign() == b.sign(), a.sign() * torch.minimum(a.abs(), b.abs()), 0.0)
-
-
-def kept_share(a: Changes, b: Changes) -> tuple[float, float]:
-    """A round of two senders in the record: the share of the larger change (sizes summed over
-    every coordinate) that their agreeing minimum keeps, out of 1 (both zero: all of it)."""
-    kept = sum(agreeing_minimum([a[name], b[name]]).abs().sum(dtype=torch.float64) for name in a)
-    larger = max(sum(c[name].abs().sum(dtype=torch.float64) for name in c) for c in (a, b))
-    return (float(kept / larger) if larger > 0 else 1.0), 1.0
 
 
 class OuterOptimizer:
@@ -239,13 +227,21 @@ def _coefficients(tensor: torch.Tensor, config: OuterConfig) -> tuple[torch.Tens
 
 def _compress(tensor: torch.Tensor, config: OuterConfig) -> _Entry:
     if config.compression == "none":
-        return _Entry(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), tensor.detach().float().flatten().clone())
+        return _Entry(
+            torch.empty(0, dtype=torch.long),
+            torch.empty(0, dtype=torch.long),
+            tensor.detach().float().flatten().clone(),
+        )
     coefficients, _ = _coefficients(tensor, config)
     k = keep_per_tile(config.top_k, coefficients.shape[1])
     indices = coefficients.abs().topk(k, dim=1).indices.sort(dim=1).values
     kept = coefficients.gather(1, indices)
     size = kept.abs()
-    big = size > size.median(dim=1, keepdim=True).values if config.value_bits == 2 else torch.zeros_like(size, dtype=torch.bool)
+    big = (
+        size > size.median(dim=1, keepdim=True).values
+        if config.value_bits == 2
+        else torch.zeros_like(size, dtype=torch.bool)
+    )
     scales = torch.stack([_masked_mean(size, ~big), _masked_mean(size, big)], dim=1)[:, : _levels(config)]
     codes = (kept < 0).long() | (big.long() << 1)
     return _Entry(indices, codes, scales.to(torch.bfloat16), coefficients.shape[1])
@@ -301,7 +297,11 @@ def _decode(data: bytes, config: OuterConfig, shapes: list[torch.Size]) -> list[
 def _decode_entry(bit_array: np.ndarray, offset: int, shape: torch.Size, config: OuterConfig) -> tuple[_Entry, int]:
     if config.compression == "none":
         words, offset = from_bits(bit_array, offset, 32, math.prod(shape))
-        return _Entry(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), words.to(torch.int32).view(torch.float32)), offset
+        return _Entry(
+            torch.empty(0, dtype=torch.long),
+            torch.empty(0, dtype=torch.long),
+            words.to(torch.int32).view(torch.float32),
+        ), offset
     n, tile = tiling(shape)
     size = tile[0] * tile[1]
     k = keep_per_tile(config.top_k, size)
