@@ -17,7 +17,19 @@ The liars that are `swarm-peer`s (the step liars) run `--max-steps 1 --announce-
 Part 1, one trained swarm: block 0 with one honest host (b0), block 1 with two DeMo replicas
 (b1r0, b1r1) and a copy of their checkpoint (b1copy); one liar at a time, removed after each:
 - step_lie_garbage_block: a swarm-peer serving a blown-up block 1 stamped with step 999999;
-- step_lie_poisoned_block: a block 0 trained on shuffled characters, one save ahead of b0;
+- step_lie_poisoned_block: a swarm-peer serving a poisoned block 1 (the last block: the least masked, whose noise
+  levels see word order) one save ahead of its honest hosts. Poisoned: the clean fetch's block with noise in
+  every weight, scaled so that the spot check measures it 0.5 nats per byte worse (`degraded_block`): finite,
+  better than a uniform guess, so only its comparison with the honest candidate can refuse it (the row records
+  both spot-check losses). A block trained on shuffled characters was no poison at this budget: as block 0 it
+  measured better than the honest one (0.945x), and a fetch and a joiner took it;
+- sybil_keys_vouching_poisoned_block (issue 27): --sybils keys (20), each a node in this process with its own
+  key and peer id, announcing and serving (for download and denoising) one poisoned block 0 a save ahead of b0,
+  its lone honest host. At the defaults an identity costs nothing;
+- sybil_keys_in_members_only_swarm, sybil_keys_in_identity_work_swarm: the same Sybils (no certificate, no
+  work) in a swarm of the same model created with `--members-only`, or with `--identity-work` 6 (cheap for the
+  honest peers here; its price at 12 bits is benchmarks/identity_cost.py's), whose blocks one honest peer each
+  hosts from part 1's checkpoints (members where members-only), measured with fetch, joiner and generation;
 - nan_weight_block, nan_loss_block (item 5): a block 0 with a NaN weight, or with finite weights
   whose loss is NaN, one save ahead of b0, served for download under one key;
 - one_record_ahead (item 6): one key announcing a garbage block 0 at b0's step + 1, served for
@@ -62,6 +74,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -73,6 +86,8 @@ from pathlib import Path
 
 from hivemind.utils import get_dht_time
 
+from swarm.checkpoints.choice import UNIFORM_CE, SpotCheck, rank
+from swarm.checkpoints.download import independent
 from swarm.checkpoints.store import CheckpointStore
 from swarm.checkpoints.transfer import BlockServicer
 from swarm.cli.console import setup_logging
@@ -87,11 +102,11 @@ from swarm.lab.attacks import (
     TricklingDownloads,
     WrongAnswers,
     checkpoint_of,
+    degraded_block,
     garbage_block,
     nan_weight_block,
     overflowing_block,
     plant_checkpoint,
-    poisoned_block,
 )
 from swarm.lab.launch import LocalSwarm, Started
 from swarm.model.checkpoint import load_block, load_model_folder
@@ -108,6 +123,7 @@ from swarm.p2p.records import CheckpointInfo
 from swarm.peer.announcer import RECORD_LIFETIME_PERIODS
 from swarm.peer.config import PeerConfig
 from swarm.serving.remote import RemoteBlocks
+from swarm.serving.server import DenoiseServicer
 from swarm.waiting import WaitTimeout, wait_for
 
 logger = logging.getLogger("benchmarks.attacks")
@@ -118,6 +134,9 @@ VALIDATION_WINDOWS = 256
 PROMPT = b"The history of the city"
 GENERATED_BYTES = 64
 PEER = PeerConfig()  # the defaults every honest peer keeps
+POISON_WORSE_BY = 0.5  # nats per byte a poisoned block loses on the spot check (5x its tolerance)
+SYBIL_WORK_BITS = 6  # the identity work of the Sybil row's priced swarm: cheap for the honest peers here
+# (its price at 12 bits: benchmarks/identity_cost.py); the Sybils do none
 QUALITY_BOUND = 1.02  # the fetched model's bits per byte over the clean fetch's
 LOSS_BOUND = 1.03  # the honest replicas' loss over the clean run's
 RECENT_S = 2 * PEER.announce_period + 5  # a record older than this: its peer missed announcements
@@ -202,12 +221,21 @@ class Swarm:
     client: SwarmClient
     config: ModelConfig
     reference: object = None  # the clean fetch (an assembled model folder, loaded)
+    invite: Callable[[str], list[str]] = lambda name: []  # the options a fetch or joiner `name` joins with
 
     def honest_checkpoint(self, block: int) -> CheckpointInfo:
         """The checkpoint of `block` the clean fetch took, as its hosts announce it."""
         sha256 = self.reference.manifest["blocks"][str(block)]["sha256"]
         return next(h.announcement.checkpoint for h in hosts_of(self.client, block)
                     if h.announcement.checkpoint and h.announcement.checkpoint.sha256 == sha256)  # fmt: skip
+
+    def honest_file(self, info: CheckpointInfo) -> bytes:
+        """The bytes of the honest checkpoint `info`, from a peer's folder that holds them."""
+        for path in self.local.workdir.glob(f"*/block_*_step_{info.step}.safetensors"):
+            data = path.read_bytes()
+            if hashlib.sha256(data).hexdigest() == info.sha256:
+                return data
+        raise FileNotFoundError(f"no peer's folder holds checkpoint {info.sha256[:12]}")
 
     @contextlib.contextmanager
     def stranger(self, block: int) -> Iterator[HostileNode]:
@@ -235,9 +263,9 @@ def trained_swarm(args, local: LocalSwarm, client: SwarmClient) -> Honest:
     return honest
 
 
-def fetch(local: LocalSwarm, name: str, windows) -> dict:
+def fetch(local: LocalSwarm, name: str, windows, join: list[str] = ()) -> dict:
     started = time.monotonic()
-    result = local.run("swarm-fetch", "--out", name, timeout=900)
+    result = local.run("swarm-fetch", "--out", name, *join, timeout=900)
     seconds = time.monotonic() - started
     if result.returncode != 0:
         return {"fetched": False, "error": result.stderr.strip().splitlines()[-1:], "seconds": seconds}
@@ -249,9 +277,10 @@ def fetch(local: LocalSwarm, name: str, windows) -> dict:
             "spot_check_seconds": model.manifest.get("spot_check_seconds")}  # fmt: skip
 
 
-def joiner_start(local: LocalSwarm, client: SwarmClient, block: int, name: str, liar_sha256: str | None) -> dict:
+def joiner_start(local: LocalSwarm, client: SwarmClient, block: int, name: str, liar_sha256: str | None,
+                 join: list[str] = ()) -> dict:  # fmt: skip
     """Start a fresh replica of `block` and report the checkpoint it started from."""
-    joiner = local.start_peer(name, str(block), ["--max-steps", "1"])
+    joiner = local.start_peer(name, str(block), ["--max-steps", "1", *join])
     try:
         found = wait_for(lambda: [h for h in client.directory.hosts(block) if h.announcement.public_name == name
                                   and h.announcement.state != "joining"], 180, f"joiner {name}")[0]  # fmt: skip
@@ -285,21 +314,31 @@ def generation(swarm: Swarm, liar: str | None = None) -> dict:
 def measured(swarm: Swarm, name: str, block: int, liar_sha256: str | None = None, joiner: bool = True,
              liar_peer: str | None = None, generate: bool = False) -> dict:  # fmt: skip
     """While a liar is up: a fetch, a joiner of `block` and generation through the swarm, as asked."""
-    row = {"fetch": fetch(swarm.local, f"{name}-fetch", swarm.args.windows)}
+    row = {"fetch": fetch(swarm.local, f"{name}-fetch", swarm.args.windows, swarm.invite(f"{name}-fetch"))}
     if joiner:
-        row["joiner"] = joiner_start(swarm.local, swarm.client, block, f"{name}-joiner", liar_sha256)
+        joining = f"{name}-joiner"
+        row["joiner"] = joiner_start(swarm.local, swarm.client, block, joining, liar_sha256, swarm.invite(joining))
     if generate:
         row["generation"] = generation(swarm, liar_peer)
     return row
 
 
-def step_lie(swarm: Swarm, name: str, poisoned: bool) -> dict:
-    """A swarm-peer serving a garbage block 1 stamped 999999, or a poisoned block 0 (the high-noise
-    block, where what the prefix says matters most) one save ahead of the lone honest host."""
-    args, local, config = swarm.args, swarm.local, swarm.config
-    block = 0 if poisoned else 1
-    if poisoned:
-        denoiser = poisoned_block(config, block, None, swarm.workdir, args.steps)
+def poisoned(swarm: Swarm, block: int) -> tuple[Denoiser, dict]:
+    """A poisoned block: the clean fetch's `block` made `POISON_WORSE_BY` nats per byte worse on the
+    spot check (`degraded_block`), and both losses as a fetcher's spot check measures them."""
+    config, spot_check = swarm.config, SpotCheck.from_source(None, swarm.config)
+    honest = swarm.reference.denoiser_for_block(block)
+    poison = degraded_block(honest, lambda denoiser: spot_check.measure(denoiser, config, block), POISON_WORSE_BY)
+    return poison, {"honest_spot_check_ce": spot_check.measure(honest, config, block),
+                    "poison_spot_check_ce": spot_check.measure(poison, config, block), "uniform_ce": UNIFORM_CE}  # fmt: skip
+
+
+def step_lie(swarm: Swarm, name: str, poison: bool) -> dict:
+    """A swarm-peer serving, as block 1 (the last block: the least masked, whose noise levels see
+    word order), a garbage block stamped 999999, or a poisoned one a save ahead of its honest hosts."""
+    args, local, config, block, figures = swarm.args, swarm.local, swarm.config, 1, {}
+    if poison:
+        denoiser, figures = poisoned(swarm, block)
         step = swarm.honest_checkpoint(block).step + args.save_every
     else:
         denoiser, step = garbage_block(config, block), STEP_LIE
@@ -309,9 +348,74 @@ def step_lie(swarm: Swarm, name: str, poisoned: bool) -> dict:
         record = wait_for(lambda: [h for h in hosts_of(swarm.client, block) if h.announcement.step == step], 120,
                           f"{name} announcing")[0]  # fmt: skip
         row = measured(swarm, name, block, liar_sha256=record.announcement.checkpoint.sha256)
-        return {"block": block, "liar_step": step, **row, "liar_alive": liar.process.poll() is None}
+        return {"block": block, "liar_step": step, **figures, **row, "liar_alive": liar.process.poll() is None}
     finally:
         local.stop(liar)
+
+
+def sybils(swarm: Swarm, block: int, keys: int) -> dict:
+    """`keys` strangers, each a node under a key (and peer id) of its own, announcing one poisoned
+    checkpoint of `block` a save ahead of its honest host and serving it, for download and for
+    denoising (so that they agree with each other), beside that host. In an open swarm at the
+    peer's defaults an identity costs nothing; `defended_swarm` prices or certifies them."""
+    poison, figures = poisoned(swarm, block)
+    newest = max(h.announcement.step for h in hosts_of(swarm.client, block))
+    store = CheckpointStore(swarm.local.workdir / "sybils", swarm.config, block, swarm.local.swarm)
+    info = store.save(poison, newest + swarm.args.save_every)
+    with contextlib.ExitStack() as stack:
+        nodes = [stack.enter_context(swarm.stranger(block)) for _ in range(keys)]
+        for node in nodes:
+            denoising = DenoiseServicer(swarm.config, block)
+            denoising.swap_in(poison, info.sha256)
+            node.serve_checkpoint(store, info, denoising)
+        sybil_ids = {node.peer_id for node in nodes}
+
+        def read() -> tuple[int, int]:  # the Sybils' records a reader counts, and the records it ignores
+            hosts, ignored = swarm.client.directory.census(block)
+            return len(sybil_ids & {h.peer_id for h in hosts}), ignored
+
+        wait_for(lambda: sum(read()) >= keys, 60, "the Sybils' records read")
+        counted, ignored = read()
+        candidates = rank(hosts_of(swarm.client, block), swarm.config)
+        vouchers = {c.checkpoint.sha256[:12]: independent(c.hosts) for c in candidates}
+        row = measured(swarm, "sybils", block, liar_sha256=info.sha256, liar_peer=nodes[0].peer_id, generate=True)
+    directory = swarm.client.directory
+    return {"block": block, "sybil_keys": keys, "sybil_records_counted": counted, "records_ignored": ignored,
+            "liar_step": info.step, "poison_sha256": info.sha256[:12], "vouchers_by_checkpoint": vouchers,
+            "members_only": directory.membership.members_only,
+            "identity_work_bits": directory.work.terms.bits if directory.work.terms else 0, **figures, **row}  # fmt: skip
+
+
+DEFENCES = {"members_only": ["--members-only"], "identity_work": ["--identity-work", str(SYBIL_WORK_BITS)]}
+
+
+@contextlib.contextmanager
+def defended_swarm(swarm: Swarm, defence: str) -> Iterator[Swarm]:
+    """A swarm of part 1's model created with `defence` (`DEFENCES`), each block hosted by one honest
+    swarm-peer (a member where the swarm is members-only) serving part 1's honest checkpoint of it,
+    copied (it trains no further), with a client (a member's) for generation."""
+    workdir = swarm.workdir / defence
+    with LocalSwarm(workdir, swarm=swarm.local.swarm, config_path=str(write_config(workdir))) as local:
+        local.start_bootstrap(refresh_period=2, extra=DEFENCES[defence])
+        invite = local.invite if defence == "members_only" else (lambda name: [])
+        for block in (0, 1):
+            info, name = swarm.honest_checkpoint(block), f"honest{block}"
+            (local.workdir / name).mkdir(parents=True)
+            (local.workdir / name / f"block_{block}_step_{info.step}.safetensors").write_bytes(swarm.honest_file(info))
+            local.start_peer(name, str(block), ["--max-steps", str(info.step), *invite(name)])
+        credentials = None
+        if defence == "members_only":
+            invite("client")
+            credentials = local.credentials("client")
+        with local.client(credentials=credentials) as client:
+            wait_for(lambda: all(len(hosts_of(client, b)) == 1 for b in (0, 1)), 180, "the honest hosts", interval=2.0)
+            yield dataclasses.replace(swarm, workdir=workdir, local=local, client=client, invite=invite)
+
+
+def defended_sybils(swarm: Swarm, defence: str) -> dict:
+    """The Sybil row in a swarm created with `defence`: the Sybils hold no certificate, or did no work."""
+    with defended_swarm(swarm, defence) as defended:
+        return {"defence": DEFENCES[defence], **sybils(defended, 0, swarm.args.sybils)}
 
 
 def checkpoint_ahead(swarm: Swarm, name: str, block: int, denoiser: Denoiser, ahead: int, answers=False) -> dict:
@@ -372,8 +476,11 @@ def honest_then_lying(swarm: Swarm, block: int) -> dict:
 def part_one_rows(swarm: Swarm) -> dict[str, Callable[[], dict]]:
     config, save = swarm.config, swarm.args.save_every
     return {
-        "step_lie_garbage_block": lambda: step_lie(swarm, "garbage-liar", poisoned=False),
-        "step_lie_poisoned_block": lambda: step_lie(swarm, "poisoned-liar", poisoned=True),
+        "step_lie_garbage_block": lambda: step_lie(swarm, "garbage-liar", poison=False),
+        "step_lie_poisoned_block": lambda: step_lie(swarm, "poisoned-liar", poison=True),
+        "sybil_keys_vouching_poisoned_block": lambda: sybils(swarm, 0, swarm.args.sybils),
+        "sybil_keys_in_members_only_swarm": lambda: defended_sybils(swarm, "members_only"),
+        "sybil_keys_in_identity_work_swarm": lambda: defended_sybils(swarm, "identity_work"),
         "nan_weight_block": lambda: checkpoint_ahead(swarm, "nan-weight", 0, nan_weight_block(config, 0), save),
         "nan_loss_block": lambda: checkpoint_ahead(swarm, "nan-loss", 0, overflowing_block(config, 0), save),
         "one_record_ahead": lambda: checkpoint_ahead(swarm, "one-ahead", 0, garbage_block(config, 0), 1, answers=True),
@@ -577,6 +684,7 @@ def arguments():
     parser.add_argument("--average-every", type=int, default=PEER.average_every,
                         help="the peers' merge period (passed on only when it is not their default); the merge "
                              "row's stranger strikes at this step, so it must be below --train-steps")  # fmt: skip
+    parser.add_argument("--sybils", type=int, default=20, help="keys vouching for the poisoned block of the Sybil row")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--parts", nargs="+", choices=["1", "2", "3"], default=["1", "2", "3"])
     parser.add_argument("--out", default="benchmarks/results/attacks")

@@ -13,7 +13,7 @@ from swarm_helpers import HOSTS_SWARM, client_of
 
 from swarm.checkpoints.choice import UNIFORM_CE, Candidate, Measured, SpotCheck, believable, choose_checkpoint, rank
 from swarm.checkpoints.transfer import max_checkpoint_bytes
-from swarm.lab.attacks import overflowing_block
+from swarm.lab.attacks import degraded_block, overflowing_block
 from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import build_block
 from swarm.model.train import TrainConfig, block_trainer, train
@@ -101,4 +101,27 @@ def test_a_candidate_whose_loss_is_not_a_number_does_not_switch_off_the_comparis
         choice = client.run(choose_checkpoint(client.p2p, hosts, tiny_config, 0, spot_check, show_progress=False), 120)
     losses = {m.candidate.checkpoint.step: m.loss for m in choice.measured}
     assert losses[11] > losses[10] + spot_check.tolerance, losses  # the poor one is measurably worse
+    assert choice.checkpoint == good, losses
+
+
+def test_a_degraded_checkpoint_many_keys_vouch_for_loses_to_a_lone_honest_host(start, tiny_config, tiny_windows):
+    """The Sybil row of benchmarks/attacks.py in small: three keys serve one copy of the honest
+    block made worse (`degraded_block`), a save ahead. It ranks first, and nothing about it alone
+    gives it away (finite, better than a uniform guess): only the comparison with the honest
+    candidate, measured beside it, refuses it."""
+    trained = block_trainer(tiny_config, 0, tiny_windows, TrainConfig(steps=60, warmup_steps=5))
+    train(trained, 60)
+    spot_check = SpotCheck(tiny_windows.fixed(8))
+    worse_by = 5 * spot_check.tolerance
+    poison = degraded_block(trained.module, lambda denoiser: spot_check.measure(denoiser, tiny_config, 0), worse_by)
+    honest, sybils = start("honest"), [start(f"sybil{i}") for i in range(3)]
+    good = honest.put(encode_block(trained.module, tiny_config, 0, 10, HOSTS_SWARM), 10)
+    data = encode_block(poison, tiny_config, 0, 11, HOSTS_SWARM)
+    hosts = [sybil.host(sybil.put(data, 11)) for sybil in sybils] + [honest.host(good)]
+    with client_of(honest, *sybils) as client:
+        choice = client.run(choose_checkpoint(client.p2p, hosts, tiny_config, 0, spot_check, show_progress=False), 120)
+    losses = {m.candidate.checkpoint.step: m.loss for m in choice.measured}
+    assert list(losses) == [11, 10], losses  # the Sybils' checkpoint ranks first; both are measured
+    assert losses[11] >= losses[10] + worse_by and losses[11] < UNIFORM_CE, losses
+    assert believable(choice.measured[:1], spot_check.tolerance), losses  # alone, it would pass
     assert choice.checkpoint == good, losses

@@ -1,9 +1,10 @@
 """Lying peers, for the trust tests and `benchmarks/attacks.py`: each attack a user could mount
 with the project's own code, or with a few lines around hivemind.
 
-- a step liar: a `swarm-peer` whose checkpoint folder holds a garbage block (weights blown up)
-  or a poisoned one (trained on shuffled bytes) stamped with a step of its choosing
-  (`plant_checkpoint`); blocks that are not finite (`nan_weight_block`) or whose loss is not
+- a step liar: a `swarm-peer` whose checkpoint folder holds a garbage block (weights blown up),
+  a poisoned one (trained on shuffled bytes) or a degraded copy of an honest one
+  (`degraded_block`: worse by a chosen margin, still plausible) stamped with a step of its
+  choosing (`plant_checkpoint`); blocks that are not finite (`nan_weight_block`) or whose loss is not
   (`overflowing_block`), for a `HostileNode` to serve (`HostileNode.serve_checkpoint`);
 - `HostileNode`: a real DHT node in this process under its own key (swarm/lab/hosting.py), which
   announces what it likes and answers P2P calls with the servicers below:
@@ -28,10 +29,11 @@ with the project's own code, or with a few lines around hivemind.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import itertools
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import msgpack
@@ -110,6 +112,34 @@ def poisoned_block(config: ModelConfig, block: int, source: str | None, folder: 
     for _ in range(steps):
         trainer.step()
     return trainer.module
+
+
+def degraded_block(honest: Denoiser, loss_of: Callable[[Denoiser], float], worse_by: float, seed: int = 0) -> Denoiser:
+    """A copy of `honest` with noise in every weight (relative to each tensor's RMS, one fixed draw),
+    scaled by bisection so that its loss (`loss_of`: the spot check's, say; its windows are the
+    public validation split) is at least `worse_by` nats per byte above the honest block's, and
+    about that much. A checkpoint that looks like any other (finite weights, a loss between the
+    honest one's and a uniform guess's, so it passes every check made of it alone) and is worse
+    than the one it would replace: only a comparison with the honest candidate can refuse it."""
+    generator = torch.Generator().manual_seed(seed)
+    noise = [torch.randn(p.shape, generator=generator) * p.detach().pow(2).mean().sqrt() for p in honest.parameters()]
+
+    def noisy(scale: float) -> Denoiser:
+        copied = copy.deepcopy(honest)
+        with torch.no_grad():
+            for param, draw in zip(copied.parameters(), noise, strict=True):
+                param.add_(draw, alpha=scale)
+        return copied
+
+    target = loss_of(honest) + worse_by
+    low, high = 0.0, 0.125
+    while loss_of(noisy(high)) < target:
+        low, high = high, 2 * high
+        assert high < 1e3, "no noise scale makes the block that much worse"
+    for _ in range(10):  # the loss grows with the scale: bisect to within 1/1000 of `high`
+        middle = (low + high) / 2
+        low, high = (middle, high) if loss_of(noisy(middle)) < target else (low, middle)
+    return noisy(high)
 
 
 def plant_checkpoint(folder: Path, denoiser: Denoiser, config: ModelConfig, block: int, step: int, swarm: str) -> Path:
