@@ -408,6 +408,7 @@ def defended_swarm(swarm: Swarm, defence: str) -> Iterator[Swarm]:
             invite("client")
             credentials = local.credentials("client")
         with local.client(credentials=credentials) as client:
+            client.directory.wait_for_model(60)  # learns the creator's terms: members only, or the work asked
             wait_for(lambda: all(len(hosts_of(client, b)) == 1 for b in (0, 1)), 180, "the honest hosts", interval=2.0)
             yield dataclasses.replace(swarm, workdir=workdir, local=local, client=client, invite=invite)
 
