@@ -22,10 +22,11 @@ Part 1, one trained swarm: block 0 with one honest host (b0), block 1 with two D
   every weight, scaled so that the spot check measures it 0.5 nats per byte worse (`degraded_block`): finite,
   better than a uniform guess, so only its comparison with the honest candidate can refuse it (the row records
   both spot-check losses). A block trained on shuffled characters was no poison at this budget: as block 0 it
-  measured better than the honest one (0.945x), and a fetch and a joiner took it;
+  measured better than the honest one, and a fetch and a joiner took it (docs/history.md);
 - sybil_keys_vouching_poisoned_block (issue 27): --sybils keys (20), each a node in this process with its own
   key and peer id, announcing and serving (for download and denoising) one poisoned block 0 a save ahead of b0,
-  its lone honest host. At the defaults an identity costs nothing;
+  its lone honest host. At the defaults an identity costs nothing, and a generation client uses a checkpoint two
+  keys serve without measuring it: this row is expected not met there (its generation uses the poisoned block);
 - sybil_keys_in_members_only_swarm, sybil_keys_in_identity_work_swarm: the same Sybils (no certificate, no
   work) in a swarm of the same model created with `--members-only`, or with `--identity-work` 6 (cheap for the
   honest peers here; its price at 12 bits is benchmarks/identity_cost.py's), whose blocks one honest peer each
@@ -42,9 +43,11 @@ Part 1, one trained swarm: block 0 with one honest host (b0), block 1 with two D
   honestly, then lies.
 For each: the fetched model's bits per byte (the ELBO on fixed validation windows) over the clean
 fetch's, met at <= 1.02; the checkpoint a joiner starts from (met if not the liar's); generation
-through the swarm (preferring the liar) against local generation from the clean fetch (met if
-equal) and bans; the honest peers' peak RSS during the row over the clean row's; every honest
-peer alive with a recent record (met).
+through the swarm (preferring the liar): the checkpoints whose answers it used, per block (met if
+only the clean fetch's: a poisoned block may change no argmax, so equal text alone proves nothing),
+its text against local generation from the clean fetch (met if equal: a liar vouching for the
+honest checkpoint can only change answers), and bans; the honest peers' peak RSS during the row
+over the clean row's; every honest peer alive with a recent record (met).
 
 Part 2, one hostile replica among three (block 0, all from the same start for the same steps):
 three honest (clean) and two honest alone, against two honest and a stranger that sends its own
@@ -122,7 +125,8 @@ from swarm.p2p.info import InfoServicer
 from swarm.p2p.records import CheckpointInfo
 from swarm.peer.announcer import RECORD_LIFETIME_PERIODS
 from swarm.peer.config import PeerConfig
-from swarm.serving.remote import RemoteBlocks
+from swarm.serving.cross_check import Answer
+from swarm.serving.remote import Chosen, RemoteBlocks
 from swarm.serving.server import DenoiseServicer
 from swarm.waiting import WaitTimeout, wait_for
 
@@ -203,7 +207,7 @@ def guarded(name: str, run: Callable[[], dict]) -> dict:
     logger.info("row: %s", name)
     try:
         return run()
-    except Exception as error:  # noqa: BLE001 - a long run should not end on one row
+    except Exception as error:  # a long run should not end on one row
         logger.exception("row %s failed", name)
         return {"error": f"{type(error).__name__}: {error}"[:300]}
 
@@ -291,10 +295,28 @@ def joiner_start(local: LocalSwarm, client: SwarmClient, block: int, name: str, 
     return {"step": checkpoint.step if checkpoint else None, "sha256": sha256, "from_liar": sha256 == liar_sha256}
 
 
-def generation(swarm: Swarm, liar: str | None = None) -> dict:
-    """Text through the swarm against the same text from the clean fetched model, here."""
+@dataclasses.dataclass
+class RecordingBlocks(RemoteBlocks):
+    """A swarm runner that records, per block, the checkpoint (sha256) behind each answer it used.
+    Equal text is no proof that the client kept out of a poisoned checkpoint: a degraded block may
+    change no argmax. The runner's `_chosen` forgets a choice once its host is banned, so the record
+    is taken where an answer is accepted."""
+
+    used: dict[int, set[str]] = dataclasses.field(default_factory=dict)
+
+    def _confirmed(self, block: int, chosen: Chosen, *rest) -> Answer | None:
+        answer = super()._confirmed(block, chosen, *rest)
+        if answer is not None:
+            self.used.setdefault(block, set()).add(chosen.checkpoint.sha256)
+        return answer
+
+
+def generation(swarm: Swarm, liar: str | None = None, liar_sha256: str | None = None) -> dict:
+    """Text through the swarm against the same text from the clean fetched model, here, and the
+    checkpoints it used: met only if every block used the clean fetch's checkpoint alone (not the
+    liar's) and the text is equal (a liar vouching for the honest checkpoint can only change answers)."""
     config, client = swarm.config, swarm.client
-    runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=20)
+    runner = RecordingBlocks(client.directory, client.p2p, client.loop, config, request_timeout=20)
     if liar is not None:  # the worst case: the liar is the replica the client prefers
         for block in range(config.n_blocks):
             for host in client.directory.hosts(block):
@@ -305,7 +327,13 @@ def generation(swarm: Swarm, liar: str | None = None) -> dict:
     seconds = time.monotonic() - started
     local = local_runner(swarm.reference.denoiser_for_block, config)
     expected = b"".join(continue_text(local, config, PROMPT, GENERATED_BYTES, steps_per_block=2, seed=1))
-    result = {"equals_clean_local_generation": text == expected, "seconds": seconds, "cross_check": vars(runner.checks)}
+    clean = [{swarm.reference.manifest["blocks"][str(b)]["sha256"]} for b in range(config.n_blocks)]
+    used = [runner.used.get(b, set()) for b in range(config.n_blocks)]
+    result = {"checkpoints_used": [sorted(sha[:12] for sha in shas) for shas in used],
+              "used_only_clean_checkpoints": all(shas and shas <= c for shas, c in zip(used, clean, strict=True)),
+              "equals_clean_local_generation": text == expected, "seconds": seconds, "cross_check": vars(runner.checks)}  # fmt: skip
+    if liar_sha256 is not None:
+        result["used_liars_checkpoint"] = any(liar_sha256 in shas for shas in used)
     if liar is not None:
         result["liar_banned"] = liar in runner._banned_until
     return result
@@ -319,7 +347,7 @@ def measured(swarm: Swarm, name: str, block: int, liar_sha256: str | None = None
         joining = f"{name}-joiner"
         row["joiner"] = joiner_start(swarm.local, swarm.client, block, joining, liar_sha256, swarm.invite(joining))
     if generate:
-        row["generation"] = generation(swarm, liar_peer)
+        row["generation"] = generation(swarm, liar_peer, liar_sha256)
     return row
 
 
@@ -503,7 +531,7 @@ def scored(row: dict, clean: dict) -> dict:
     if "joiner" in row:
         checks.append(not row["joiner"]["from_liar"])
     if "generation" in row:
-        checks.append(row["generation"]["equals_clean_local_generation"])
+        checks += [row["generation"]["used_only_clean_checkpoints"], row["generation"]["equals_clean_local_generation"]]
     if "status_follows_creator" in row:
         checks.append(row["status_follows_creator"])
     row["met"] = all(checks)
@@ -558,7 +586,7 @@ def stranger_services(args, node: HostileNode, config: ModelConfig, kind: str, v
 
 
 def train_block(args, workdir: Path, honest: dict[str, list[str]], stranger: str | None,
-                value_bits: int = PEER.de_mo.value_bits) -> tuple[dict, list[Denoiser]]:
+                value_bits: int = PEER.de_mo.value_bits) -> tuple[dict, list[Denoiser]]:  # fmt: skip
     """Block 0 trained by the peers `honest` (name: options), beside a stranger of kind `stranger`
     if given; returns the run's figures and the honest replicas' final blocks (those that finished)."""
     config = ModelConfig(**SMALL)

@@ -244,13 +244,13 @@ def quality(folder: Folder) -> list[str]:
     rows.append(["true continuation", DASH, percent(first.num("true_real_words")),
                  percent(first.num("true_distinct_words")), fixed(first.num("true_nll")), DASH, DASH, DASH])  # fmt: skip
     ratios = [f"{family}: blocks over end-to-end {times(part.num('blocks_over_end_to_end'))}, blocks over "
-              f"autoregressive {times(part.num('blocks_over_autoregressive'))}" for family, part in families.items()]
+              f"autoregressive {times(part.num('blocks_over_autoregressive'))}" for family, part in families.items()]  # fmt: skip
     costs = (f"One block's trainer against the end-to-end one's: peak memory "
              f"{times(q.num('peak_memory_ratio_block_over_end_to_end'))}, step time "
              f"{times(q.num('step_time_ratio_block_over_end_to_end'))}. Parameters: "
-             + ", ".join(f"{name} {params.num(name):,}" for name in params.names()) + ".")
+             + ", ".join(f"{name} {params.num(name):,}" for name in params.names()) + ".")  # fmt: skip
     header = ["model", "bits per byte", "real words", "distinct words", "gen_nll", "chain_ce", "denoise_ce",
-              "chain's path norms"]
+              "chain's path norms"]  # fmt: skip
     texts = {"prefix": q["prefixes"].data, "true": q["true_continuations"].data, "autoregressive": ar["samples"].data}
     for family, part in families.items():
         texts.update({f"{family}: {name}": part["samples"][name].data for name in part["samples"].names()})
@@ -666,12 +666,13 @@ def attack_fetches(part: Node) -> list[str]:
         fetch, joiner, generation = attack.get("fetch"), attack.get("joiner"), attack.get("generation")
         lines.append([name, times(attack.get(key)), plain(fetch.get("steps")) if fetch else DASH,
                       plain(joiner["step"]) if joiner else DASH,
+                      yes(generation.get("used_only_clean_checkpoints")) if generation else DASH,
                       yes(generation["equals_clean_local_generation"]) if generation else DASH,
                       plain(generation["cross_check"]["banned"]) if generation else DASH,
                       *honest_peers(attack), yes(attack.get("met"))])  # fmt: skip
     crashed = f"Honest peers crashed: {plain(part['honest_peers_crashed'])}."
-    header = ["part 1", f"fetched {figure} / clean", "fetched steps", "joiner's step", "generation = local", "banned",
-              "honest peak RSS / clean", "honest peers up", "met"]  # fmt: skip
+    header = ["part 1", f"fetched {figure} / clean", "fetched steps", "joiner's step", "generation used clean checkpoints",
+              "generation = local", "banned", "honest peak RSS / clean", "honest peers up", "met"]  # fmt: skip
     return table(header, lines) + [crashed, ""]
 
 
