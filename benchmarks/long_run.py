@@ -37,9 +37,17 @@ from swarm.model.autoregressive import generate_bytes
 from swarm.model.checkpoint import load_model_folder, write_atomic
 from swarm.model.data import ByteWindows, load_corpus
 from swarm.model.denoiser import ModelConfig
-from swarm.model.evaluate import elbo_bits_per_byte, evaluate_autoregressive, evaluate_denoiser
+from swarm.model.evaluate import (
+    elbo_bits_per_byte,
+    evaluate_autoregressive,
+    evaluate_denoiser,
+    generate_for_windows,
+    judge_nll,
+    word_figures,
+)
 from swarm.model.families import local_runner
 from swarm.model.generate import continue_text, prefix_tensor
+from swarm.model.steps import REVEAL_ORDERS, Sampling
 from swarm.model.train import default_lr
 from swarm.model.words import vocabulary
 from swarm.waiting import wait_for
@@ -92,7 +100,7 @@ def training(local: LocalSwarm, names: list[str]) -> bool:
 def samples(denoiser_for_block, config: ModelConfig, args) -> list[str]:
     runner = local_runner(denoiser_for_block, config)
     return [b"".join(continue_text(runner, config, p.encode(), args.sample_bytes, args.steps_per_block,
-                                   args.temperature, seed=1)).decode("utf-8", errors="replace")
+                                   Sampling(args.temperature, args.reveal), seed=1)).decode("utf-8", errors="replace")
             for p in PROMPTS]  # fmt: skip
 
 
@@ -131,8 +139,10 @@ def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args)
     e2e = load_model_folder(workdir / "e2e").modules[0].eval()
     judge = load_model_folder(workdir / "ar").modules[0].eval()
     figures = {
-        "blocks": evaluate_denoiser(blocks.denoiser_for_block, config, windows, args.steps_per_block, judge, known),
-        "end_to_end": evaluate_denoiser(lambda _: e2e, config, windows, args.steps_per_block, judge, known),
+        "blocks": evaluate_denoiser(blocks.denoiser_for_block, config, windows, args.steps_per_block, judge, known,
+                                    Sampling(reveal=args.reveal)),
+        "end_to_end": evaluate_denoiser(lambda _: e2e, config, windows, args.steps_per_block, judge, known,
+                                        Sampling(reveal=args.reveal)),
         "autoregressive": evaluate_autoregressive(judge, config, windows, known),
     }
     bpb = {name: f["bits_per_byte"]["overall"] for name, f in figures.items()}
@@ -142,6 +152,7 @@ def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args)
         "blocks_over_end_to_end": bpb["blocks"] / bpb["end_to_end"],
         "blocks_over_autoregressive": bpb["blocks"] / bpb["autoregressive"],
         "gen_nll_over_true": figures["blocks"]["gen_nll"] / figures["blocks"]["true_nll"],
+        "blocks_by_reveal": by_reveal(blocks.denoiser_for_block, config, windows, judge, known, args),
         "samples": {
             "prompts": PROMPTS,
             "blocks": samples(blocks.denoiser_for_block, config, args),
@@ -149,6 +160,18 @@ def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args)
             "autoregressive": ar_samples(judge, config, args),
         },
     }
+
+
+def by_reveal(denoiser_for_block, config: ModelConfig, windows: torch.Tensor, judge, known, args) -> dict:
+    """The blocks' writing under each reveal order of the sampler, side by side (argmax, the same draws)."""
+    true_nll = judge_nll(judge, windows, windows[:, config.prefix_len :], config)
+    rows = {}
+    for reveal in REVEAL_ORDERS:
+        written, _ = generate_for_windows(denoiser_for_block, config, windows, args.steps_per_block, Sampling(reveal=reveal))
+        words = word_figures(windows, written, config, known)
+        rows[reveal] = {"gen_nll_over_true": judge_nll(judge, windows, written, config) / true_nll,
+                        "real_words": words["real_words"], "distinct_words": words["distinct_words"]}  # fmt: skip
+    return rows
 
 
 def train_all(config: ModelConfig, workdir: Path, corpus, args) -> tuple[dict, Path]:
@@ -191,6 +214,8 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=256, help="validation windows for the figures")
     parser.add_argument("--steps-per-block", type=int, default=8, help="denoising steps per block at generation")
     parser.add_argument("--temperature", type=float, default=0.0, help="of the samples (0: argmax)")
+    parser.add_argument("--reveal", choices=REVEAL_ORDERS, default=Sampling.reveal, help="the masked sampler's "
+                        "reveal order (swarm/model/steps.py), of the samples and the figures")  # fmt: skip
     parser.add_argument("--sample-bytes", type=int, default=128)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="of each baseline's training")
     parser.add_argument("--out", default="benchmarks/results/long_run")
@@ -205,7 +230,9 @@ def main() -> None:
     if args.rescore:
         workdir = Path(args.rescore)
         run = json.loads((out / "long_run.json").read_text())
-        result = {**run, **score(config, workdir, workdir / run["fetched"], corpus, args)}
+        scoring = {k: getattr(args, k) for k in ("windows", "steps_per_block", "temperature", "reveal", "sample_bytes")}
+        run["settings"] = {**run["settings"], **scoring}  # how the kept models were scored now
+        result = {**run, "rescored": True, **score(config, workdir, workdir / run["fetched"], corpus, args)}
     else:
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(args.keep or tmp)

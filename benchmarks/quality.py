@@ -37,6 +37,7 @@ from swarm.model.denoiser import FAMILIES, ModelConfig
 from swarm.model.diffusion import GaussianFamily
 from swarm.model.evaluate import NOISE_SEED, evaluate_autoregressive, evaluate_denoiser
 from swarm.model.families import generate_span, local_runner
+from swarm.model.steps import REVEAL_ORDERS, Sampling
 from swarm.model.train import default_lr
 from swarm.model.words import vocabulary
 
@@ -74,13 +75,13 @@ def text(rows: torch.Tensor) -> list[str]:
     return [bytes(r.tolist()).decode("utf-8", errors="replace") for r in rows]
 
 
-def samples(config: ModelConfig, windows: torch.Tensor, models: dict, steps_per_block: int) -> dict:
+def samples(config: ModelConfig, windows: torch.Tensor, models: dict, steps_per_block: int, sampling: Sampling) -> dict:
     """A few continuations from each denoiser after the same validation prefixes."""
     prefix = windows[:SAMPLES, : config.prefix_len]
     out = {}
     for name, denoiser_for_block in models.items():
-        generator = torch.Generator().manual_seed(0)
-        out[name] = text(generate_span(local_runner(denoiser_for_block, config), config, prefix, steps_per_block, generator)[0])
+        generator, run_block = torch.Generator().manual_seed(0), local_runner(denoiser_for_block, config)
+        out[name] = text(generate_span(run_block, config, prefix, steps_per_block, generator, sampling)[0])
     return out
 
 
@@ -90,13 +91,15 @@ def evaluate_family(config: ModelConfig, workdir: Path, windows: torch.Tensor, j
     blocks = [load_block(folder / f"block{b}", config, b)[0].eval() for b in range(config.n_blocks)]
     e2e = load_model_folder(folder / "e2e").modules[0].eval()
     models = {"blocks": lambda b: blocks[b], "end_to_end": lambda b: e2e}
-    figures = {name: evaluate_denoiser(m, config, windows, args.steps_per_block, judge, known) for name, m in models.items()}
+    sampling = Sampling(reveal=args.reveal)
+    figures = {name: evaluate_denoiser(m, config, windows, args.steps_per_block, judge, known, sampling)
+               for name, m in models.items()}  # fmt: skip
     bpb = {name: f["bits_per_byte"]["overall"] for name, f in figures.items()}
     result = {
         "figures": figures,
         "bits_per_byte": bpb,
         "blocks_over_end_to_end": bpb["blocks"] / bpb["end_to_end"],
-        "samples": samples(config, windows, models, args.steps_per_block),
+        "samples": samples(config, windows, models, args.steps_per_block, sampling),
     }
     if config.family == "gaussian":
         family, prefix = GaussianFamily(config), windows[:, : config.prefix_len]
@@ -182,6 +185,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--windows", type=int, default=256, help="validation windows for the figures")
     parser.add_argument("--steps-per-block", type=int, default=8, help="denoising steps per block at generation")
+    parser.add_argument("--reveal", choices=REVEAL_ORDERS, default=Sampling.reveal, help="the masked sampler's "
+                        "reveal order (swarm/model/steps.py)")  # fmt: skip
     parser.add_argument("--curve-points", type=int, default=6, help="validation points on each training curve")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--config", default=None, help="model config JSON (default: the built-in config)")

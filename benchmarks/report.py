@@ -267,7 +267,7 @@ def quality(folder: Folder) -> list[str]:
         settings(q["model"], label="Model"),
         table(header, rows),
         f"Bits per byte: {'; '.join(ratios)}. Default family: `{q['default_family']}`; lowest blocks' bits per "
-        f"byte: `{q['best_family_by_blocks_bits_per_byte']}`.",
+        f"byte: `{q['best_family_by_blocks_bits_per_byte']}`. {reveal_order(q['settings'])}",
         costs,
         samples(Node(texts, q.file)),
         folder.pictures(),
@@ -309,9 +309,29 @@ def long_run(folder: Folder) -> list[str]:
         f"Blocks over end-to-end {times(r.num('blocks_over_end_to_end'))}, blocks over autoregressive "
         f"{times(r.num('blocks_over_autoregressive'))} (bits per byte); the blocks' `gen_nll` over the true "
         f"continuation's {times(r.num('gen_nll_over_true'))}.",
+        reveal_line(r),
         samples(Node(texts, r.file), "What each wrote after the first prompt:"),
         folder.pictures(),
     )
+
+
+def reveal_line(r: Node) -> str:
+    """The blocks' writing under each reveal order, where the run measured it (before the setting existed,
+    every run revealed in random order)."""
+    if "blocks_by_reveal" not in r.data:
+        return reveal_order(r["settings"])
+    rows = r["blocks_by_reveal"]
+    orders = "; ".join(f"{order}: `gen_nll` over the true continuation's {times(row.num('gen_nll_over_true'))}, real "
+                       f"words {percent(row.num('real_words'))}, distinct words {percent(row.num('distinct_words'))}"
+                       for order, row in rows.items())  # fmt: skip
+    rescored = " The models were those of the run above, scored again (`--rescore`)." if r.data.get("rescored") else ""
+    return f"The blocks' writing by the sampler's reveal order (`--reveal`): {orders}.{rescored}"
+
+
+def reveal_order(settings: Node) -> str:
+    if "reveal" not in settings.data:
+        return "The masked sampler revealed bytes in random order (the only order when this run was made)."
+    return f"The masked sampler's reveal order: `{settings['reveal'].data}`."
 
 
 SWARM_FACTS = ("peers", "sync")  # what the swarm was, not options (older files kept them among the settings)

@@ -73,6 +73,7 @@ from swarm.model.checkpoint import decode_block, encode_block, load_block, save_
 from swarm.model.data import ByteWindows, load_corpus
 from swarm.model.denoiser import MASK_ID, ModelConfig, build_block, count_parameters
 from swarm.model.families import family_of
+from swarm.model.steps import Sampling
 from swarm.model.train import TrainConfig, Trainer, block_trainer
 from swarm.serving.server import check_request
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, decode_payload, encode_payload
@@ -320,7 +321,7 @@ def measure_denoise(module: torch.nn.Module, config: ModelConfig, args) -> float
 
     def request() -> None:
         with torch.no_grad():
-            family.run_steps(module.eval(), *check_request(family, config, tensors), seed=0, temperature=0.0)
+            family.run_steps(module.eval(), *check_request(family, config, tensors), seed=0, sampling=Sampling())
 
     return median_seconds(request, args.repeats)
 

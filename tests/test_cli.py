@@ -5,6 +5,8 @@ import json
 import pytest
 from helpers import assert_one_line_error, run_command
 
+from swarm.model.steps import REVEAL_ORDERS
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
@@ -44,9 +46,11 @@ def test_eval_prints_every_figure_as_json(trained):
 
 
 def test_generate_prints_a_continuation_of_the_requested_length(trained):
-    result = run_command("swarm-generate", "--model", "model", "--max-bytes", "20", "The fox", cwd=trained)
-    assert result.returncode == 0, result.stderr
-    assert 1 <= len(result.stdout.rstrip("\n").encode()) <= 20 * 3  # replacement chars may widen bytes
+    for reveal in REVEAL_ORDERS:
+        result = run_command("swarm-generate", "--model", "model", "--max-bytes", "20", "--reveal", reveal, "The fox",
+                             cwd=trained)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert 1 <= len(result.stdout.rstrip("\n").encode()) <= 20 * 3  # replacement chars may widen bytes
 
 
 def test_training_one_block_alone(trained):
@@ -71,6 +75,8 @@ def test_training_one_block_alone(trained):
         (["swarm-train", "--config", "missing.json"], ["missing.json"]),
         (["swarm-generate", "--model", "model", "--max-bytes", "0", "hi"], ["--max-bytes"]),
         (["swarm-generate", "--model", "judge", "hi"], ["autoregressive"]),
+        (["swarm-generate", "--model", "model", "--reveal", "loudest", "hi"], ["--reveal"]),
+        (["swarm-generate", "--model", "model", "--temperature", "1e9", "hi"], ["--temperature"]),
     ],
 )
 def test_bad_input_gives_one_line_and_a_nonzero_exit(trained, args, fragments):

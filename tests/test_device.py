@@ -29,6 +29,7 @@ from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block, encode_block
 from swarm.model.denoiser import MASK_ID, ModelConfig, build_block
 from swarm.model.families import family_of
+from swarm.model.steps import Sampling
 from swarm.model.train import TrainConfig, Trainer, checked_device, diffusion_loss_fn
 from swarm.peer.config import PeerConfig
 from swarm.serving.server import DenoiseServicer, check_request
@@ -197,7 +198,7 @@ def test_the_denoise_service_computes_in_the_blocks_dtype_and_answers_on_the_wir
         state = torch.randn(n, config.gen_len, config.d_model) * float(schedule[0])
     request = check_request(servicer.family, config, [prefix, state, schedule])
     with ELSEWHERE:
-        answer, logits = servicer._run(served, *request, seed=7, temperature=1.0)
+        answer, logits = servicer._run(served, *request, seed=7, sampling=Sampling(1.0))
     assert answer.device == state.device and answer.dtype == state.dtype and answer.shape == state.shape
     assert_like_block([logits], dtype)
     if family == "masked":

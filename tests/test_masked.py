@@ -1,8 +1,9 @@
-"""The masked family: equal slices of the mask rate, a sampler that stays on the training path,
-seeded draws, and a bound whose ends are known exactly."""
+"""The masked family: equal slices of the mask rate, a sampler that stays on the training path
+in either reveal order, seeded draws, and a bound whose ends are known exactly."""
 
 import math
 
+import msgpack
 import pytest
 import torch
 from torch import nn
@@ -10,7 +11,9 @@ from torch import nn
 from swarm.model.denoiser import MASK_ID, ModelConfig, build_block
 from swarm.model.evaluate import elbo_bits_per_byte
 from swarm.model.families import family_of, generate_span, local_runner
-from swarm.model.masked import MaskedFamily
+from swarm.model.masked import MaskedFamily, unmask_steps
+from swarm.model.steps import REVEAL_ORDERS, Sampling
+from swarm.p2p.messages import DenoiseRequest, MessageError
 
 
 class Recorder(nn.Module):
@@ -50,14 +53,16 @@ def test_blocks_split_the_mask_rate_into_equal_slices_block_0_the_most_masked(n_
         assert lo <= float(t.min()) and float(t.max()) <= hi and hi - lo > 1 / n_blocks or n_blocks == 1
 
 
-def test_the_sampler_path_stays_where_the_blocks_were_trained(masked_config):
+@pytest.mark.parametrize("reveal", REVEAL_ORDERS)
+def test_the_sampler_path_stays_where_the_blocks_were_trained(masked_config, reveal):
     """Each block is asked only at mask rates of its own training slice, and the span it is given
-    has about that share of its bytes hidden: the training marginal, at every step."""
+    has about that share of its bytes hidden: the training marginal, at every step, in either
+    reveal order."""
     recorders = [Recorder(masked_config) for _ in range(masked_config.n_blocks)]
     prefix = torch.zeros(256, masked_config.prefix_len, dtype=torch.long)
     steps = 4
     generated, _ = generate_span(local_runner(lambda b: recorders[b], masked_config), masked_config, prefix, steps,
-                                 torch.Generator().manual_seed(0), temperature=1.0)  # fmt: skip
+                                 torch.Generator().manual_seed(0), Sampling(1.0, reveal))  # fmt: skip
     assert not (generated == MASK_ID).any()
     for block, recorder in enumerate(recorders):
         lo, hi = masked_config.block_slice(block, widened=True)
@@ -77,15 +82,52 @@ def test_revealed_bytes_stay_and_the_oracle_answer_is_written(masked_config):
     assert (drawn_from.argmax(dim=-1) == answer).all()  # every byte has the logits it was drawn from
 
 
-def test_the_same_seed_writes_the_same_bytes_and_temperature_varies_them(masked_config):
+@pytest.mark.parametrize("reveal", REVEAL_ORDERS)
+def test_the_same_seed_writes_the_same_bytes_and_temperature_varies_them(masked_config, reveal):
     torch.manual_seed(0)
     blocks = [build_block(masked_config, b).eval() for b in range(masked_config.n_blocks)]
     run_block = local_runner(lambda b: blocks[b], masked_config)
     prefix = torch.randint(0, 256, (4, masked_config.prefix_len))
-    run = lambda seed, t: generate_span(run_block, masked_config, prefix, 2, torch.Generator().manual_seed(seed), t)[0]  # noqa: E731
+
+    def run(seed: int, temperature: float) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        return generate_span(run_block, masked_config, prefix, 2, generator, Sampling(temperature, reveal))[0]
+
     assert torch.equal(run(5, 1.0), run(5, 1.0))
     hot = torch.stack([run(seed, 5.0) for seed in range(3)])
     assert not (hot == hot[0]).all()
+
+
+class Ranked(Recorder):
+    """A denoiser sure of `answer` at every position, surer the later the position."""
+
+    def forward(self, prefix, ids, t):
+        self.calls.append((float(t[0]), float((ids == MASK_ID).float().mean())))
+        sureness = torch.arange(1, self.config.gen_len + 1, dtype=torch.float32)[:, None] / self.config.gen_len
+        return nn.functional.one_hot(self.answer, 256).float() * sureness * 4.0
+
+
+def test_a_confident_step_reveals_the_bytes_the_block_is_surest_of_and_a_random_one_does_not(masked_config):
+    """From all hidden, one step from t = 1 to s = 0.5 reveals half the span: under confident
+    order exactly the later half (where this block is surest), under random order a draw."""
+    g = masked_config.gen_len
+    answer = torch.randint(0, 256, (g,), generator=torch.Generator().manual_seed(4))
+    block, prefix = Ranked(masked_config, answer), torch.zeros(2, masked_config.prefix_len, dtype=torch.long)
+    hidden, ts = torch.full((2, g), MASK_ID), torch.tensor([1.0, 0.5])
+    shown = {reveal: unmask_steps(block, prefix, hidden, ts, 3, Sampling(reveal=reveal))[0] != MASK_ID
+             for reveal in REVEAL_ORDERS}  # fmt: skip
+    later_half = torch.arange(g) >= g // 2
+    assert (shown["confident"] == later_half).all()
+    assert not (shown["random"] == later_half).all()
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(temperature=math.nan), dict(temperature=1e9),
+                                 dict(reveal="loudest")])  # fmt: skip
+def test_sampling_settings_out_of_bounds_are_refused_here_and_on_the_wire(bad):
+    with pytest.raises(ValueError):
+        Sampling(**bad)
+    with pytest.raises(MessageError):
+        DenoiseRequest.decode(msgpack.packb({"block": 0, "temperature": 0.0, "reveal": "confident", **bad}))
 
 
 @pytest.mark.parametrize("family", ["masked", "gaussian"])

@@ -9,6 +9,7 @@ from swarm.model.denoiser import ModelConfig, build_block
 from swarm.model.diffusion import NoisePartition, denoise_steps, make_codebook
 from swarm.model.families import generate_span, local_runner
 from swarm.model.generate import continue_text, prefix_tensor
+from swarm.model.steps import Sampling
 
 
 @pytest.fixture
@@ -59,7 +60,11 @@ def test_generation_is_deterministic_for_a_seed_and_samples_with_temperature(gau
     blocks = [build_block(gaussian_config, b).eval() for b in range(gaussian_config.n_blocks)]
     prefix = torch.randint(0, 256, (4, gaussian_config.prefix_len))
     run_block = local_runner(lambda b: blocks[b], gaussian_config)
-    run = lambda seed, t: generate_span(run_block, gaussian_config, prefix, 2, torch.Generator().manual_seed(seed), t)[0]  # noqa: E731
+
+    def run(seed: int, temperature: float) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        return generate_span(run_block, gaussian_config, prefix, 2, generator, Sampling(temperature))[0]
+
     assert torch.equal(run(5, 0.0), run(5, 0.0))
     assert torch.equal(run(5, 1.0), run(5, 1.0))
     hot = torch.stack([run(seed, 5.0) for seed in range(3)])

@@ -17,6 +17,7 @@ from swarm.model.checkpoint import load_model_folder
 from swarm.model.denoiser import MASK_ID
 from swarm.model.families import family_of, generate_span, local_runner
 from swarm.model.generate import continue_text, prefix_tensor
+from swarm.model.steps import Sampling
 from swarm.p2p.limits import MAX_REQUEST_BYTES
 from swarm.p2p.messages import DenoiseRequest, refusal
 from swarm.serving.remote import RemoteBlocks
@@ -50,6 +51,14 @@ def test_distributed_generation_equals_local_generation(served):
     here = generate_span(local_runner(model.denoiser_for_block, model.config), model.config, prefix, 3,
                          torch.Generator().manual_seed(5))
     assert torch.equal(remote[0], here[0])
+    # the reveal order travels in the request: asked for random order, the peers write what it writes here
+    randomly = Sampling(reveal="random")
+    remote_random = generate_span(remote_runner(served), model.config, prefix, 3, torch.Generator().manual_seed(5),
+                                  randomly)[0]  # fmt: skip
+    here_random = generate_span(local_runner(model.denoiser_for_block, model.config), model.config, prefix, 3,
+                                torch.Generator().manual_seed(5), randomly)[0]  # fmt: skip
+    assert not torch.equal(here_random, here[0])  # else this would not tell whether the order travelled
+    assert torch.equal(remote_random, here_random)
     # a remote pass asks only the last block for logits: those of the bytes it revealed
     from_last_block = remote[1].abs().sum(dim=-1) > 0
     assert from_last_block.any()

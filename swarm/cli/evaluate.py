@@ -9,11 +9,13 @@ import click
 import torch
 
 from swarm.cli.console import run_command
+from swarm.cli.options import reveal_option
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import load_model_folder
 from swarm.model.data import ByteWindows, load_corpus, load_text_bytes
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import evaluate_autoregressive, evaluate_denoiser
+from swarm.model.steps import Sampling
 from swarm.model.words import vocabulary
 
 
@@ -31,7 +33,8 @@ def evaluation_windows(text: str | None, data: str | None, config: ModelConfig, 
 @click.option("--judge", default=None, help="Autoregressive model folder that scores generated text (gen_nll).")
 @click.option("--windows", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--steps-per-block", type=click.IntRange(min=1), default=1, show_default=True)
-def eval_command(model_dir, text, data, judge, windows, steps_per_block):
+@reveal_option
+def eval_command(model_dir, text, data, judge, windows, steps_per_block, reveal):
     """Print the model's figures of quality as JSON."""
     model = load_model_folder(Path(model_dir))
     judge_model = load_model_folder(Path(judge)) if judge else None
@@ -43,7 +46,8 @@ def eval_command(model_dir, text, data, judge, windows, steps_per_block):
         figures = evaluate_autoregressive(model.modules[0], model.config, batch, known)
     else:
         judge_module = judge_model.modules[0] if judge_model else None
-        figures = evaluate_denoiser(model.denoiser_for_block, model.config, batch, steps_per_block, judge_module, known)
+        figures = evaluate_denoiser(model.denoiser_for_block, model.config, batch, steps_per_block, judge_module, known,
+                                    Sampling(reveal=reveal))
     click.echo(json.dumps({"model": model_dir, "kind": model.kind, "windows": windows, **figures}, indent=2))
 
 

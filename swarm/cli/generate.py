@@ -11,13 +11,13 @@ import click
 
 from swarm.checkpoints.choice import SpotCheck
 from swarm.cli.console import run_command
-from swarm.cli.options import member_options, swarm_client, swarm_options
+from swarm.cli.options import member_options, reveal_option, swarm_client, swarm_options
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import load_model_folder
 from swarm.model.denoiser import ModelConfig
 from swarm.model.families import local_runner
-from swarm.model.steps import BlockRunner
 from swarm.model.generate import continue_text
+from swarm.model.steps import MAX_TEMPERATURE, BlockRunner, Sampling
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import DHTUnavailable
 from swarm.p2p.ledger import Witness, publish
@@ -35,16 +35,19 @@ MODEL_TIMEOUT_S = 15.0
 @click.argument("prompt")
 @click.option("--max-bytes", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--steps-per-block", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0, max=MAX_TEMPERATURE), default=0.0, show_default=True,
+              help="0 takes the most likely byte.")
+@reveal_option
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--data", default=None,
               help="The swarm's training text (default: the built-in corpus): its held-out windows measure a block's "
                    "checkpoint before it is used when only one key serves it.")  # fmt: skip
-def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature, seed, data, **swarm_kwargs):
+def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature, reveal, seed, data, **swarm_kwargs):
     """Write the continuation of PROMPT, one span of G bytes per pass through the blocks."""
     if (model_dir is None) == (not swarm_kwargs["initial_peers"]):
         raise SwarmError("give either --model DIR (run here) or --initial-peers ... (run on the swarm's peers)")
-    settings = dict(max_bytes=max_bytes, steps_per_block=steps_per_block, temperature=temperature, seed=seed)
+    sampling = Sampling(temperature, reveal)
+    settings = dict(max_bytes=max_bytes, steps_per_block=steps_per_block, sampling=sampling, seed=seed)
     if model_dir is not None:
         model = load_model_folder(Path(model_dir))
         if model.kind == "autoregressive":

@@ -8,6 +8,7 @@ from typing import Callable
 import click
 
 from swarm.errors import SwarmError
+from swarm.model.steps import REVEAL_ORDERS, Sampling
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.members import Credentials, load_credentials
 from swarm.p2p.network import DHT_CALL_TIMEOUT_S, NetworkOptions
@@ -88,3 +89,12 @@ def swarm_client(kwargs: dict) -> SwarmClient:
     if not network.initial_peers:
         raise SwarmError("--initial-peers is required: the address printed by swarm-bootstrap")
     return SwarmClient(swarm, network, creator, credentials)
+
+
+reveal_option = click.option(
+    "--reveal",
+    type=click.Choice(REVEAL_ORDERS),
+    default=Sampling.reveal,
+    show_default=True,
+    help="Which hidden bytes each masked step shows: those the block is surest of, or a random draw.",
+)

@@ -48,6 +48,7 @@ from swarm.lab.hosting import InProcessNode
 from swarm.model.checkpoint import save_block
 from swarm.model.data import ByteWindows, Corpus, load_corpus
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block
+from swarm.model.steps import Sampling
 from swarm.model.train import TrainConfig, block_trainer
 from swarm.p2p.info import InfoServicer
 from swarm.p2p.messages import ChunkListReply, DownloadHeader, PayloadReply, PayloadRequest
@@ -289,11 +290,11 @@ class HonestThenWrong(Impersonating, DenoiseServicer):
         self.honest, self.answered = honest, 0
 
     def _run(self, denoiser: Denoiser, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor,
-             seed: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+             seed: int, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         self.answered += 1
         if self.answered > self.honest:
             denoiser = self.wrong
-        return super()._run(denoiser, prefix, state, schedule, seed, temperature)
+        return super()._run(denoiser, prefix, state, schedule, seed, sampling)
 
 
 class LyingSyncReplies(Impersonating, PayloadServicer):

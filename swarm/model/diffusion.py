@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from swarm.model.denoiser import VOCAB_SIZE, Denoiser, ModelConfig
-from swarm.model.steps import BlockRunner, DenoiserForBlock, LossFn, pick_bytes
+from swarm.model.steps import BlockRunner, DenoiserForBlock, LossFn, Sampling, pick_bytes
 
 
 def make_codebook(config: ModelConfig) -> torch.Tensor:
@@ -192,8 +192,8 @@ class GaussianFamily:
         return total
 
     def run_steps(self, denoiser: Denoiser, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor,
-                  seed: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """A block's Euler steps: deterministic, so the seed and temperature go unused."""
+                  seed: int, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """A block's Euler steps: deterministic, so the seed and the sampling settings go unused."""
         return denoise_steps(denoiser, self.codebook, prefix, z, sigmas)
 
     def schedule(self, block: int, steps: int) -> torch.Tensor:
@@ -201,7 +201,7 @@ class GaussianFamily:
 
     @torch.no_grad()
     def generate_span(self, run_block: BlockRunner, prefix: torch.Tensor, steps_per_block: int,
-                      generator: torch.Generator, temperature: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                      generator: torch.Generator, sampling: Sampling = Sampling()) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """One pass through the B blocks: G bytes for each prefix (N, P). Returns (bytes, final logits).
 
         The start noise and the byte choice come from `generator`, here, wherever the blocks run.
@@ -209,8 +209,8 @@ class GaussianFamily:
         config = self.config
         z = torch.randn((len(prefix), config.gen_len, config.d_model), generator=generator) * config.sigma_max
         for block in range(config.n_blocks):
-            z, logits = run_block(block, prefix, z, self.schedule(block, steps_per_block), 0, temperature)
-        return pick_bytes(logits, temperature, generator), logits
+            z, logits = run_block(block, prefix, z, self.schedule(block, steps_per_block), 0, sampling)
+        return pick_bytes(logits, sampling.temperature, generator), logits
 
     @torch.no_grad()
     def path_norms(self, denoiser_for_block: DenoiserForBlock, prefix: torch.Tensor, steps_per_block: int,

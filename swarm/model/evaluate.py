@@ -27,7 +27,7 @@ from torch import nn
 from swarm.model.autoregressive import ByteTransformer, continuation_nll, generate_bytes
 from swarm.model.denoiser import VOCAB_SIZE, ModelConfig
 from swarm.model.families import family_of, generate_span, local_runner
-from swarm.model.steps import DenoiserForBlock
+from swarm.model.steps import DenoiserForBlock, Sampling
 from swarm.model.words import real_word_share
 
 GRID_POINTS_PER_BLOCK = 3  # noise levels per block of denoise_ce (the spot check's figure)
@@ -81,12 +81,17 @@ def elbo_bits_per_byte(denoiser_for_block: DenoiserForBlock, config: ModelConfig
 
 @torch.no_grad()
 def generate_for_windows(
-    denoiser_for_block: DenoiserForBlock, config: ModelConfig, windows: torch.Tensor, steps_per_block: int
+    denoiser_for_block: DenoiserForBlock,
+    config: ModelConfig,
+    windows: torch.Tensor,
+    steps_per_block: int,
+    sampling: Sampling = Sampling(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Single-pass generation (argmax, fixed draws) after each window's prefix: (bytes, logits)."""
+    """Single-pass generation (fixed draws; argmax at the default temperature) after each window's
+    prefix: (bytes, logits)."""
     generator, run_block = torch.Generator().manual_seed(NOISE_SEED), local_runner(denoiser_for_block, config)
     outputs = [
-        generate_span(run_block, config, w[:, : config.prefix_len], steps_per_block, generator)
+        generate_span(run_block, config, w[:, : config.prefix_len], steps_per_block, generator, sampling)
         for w in _batches(windows)
     ]
     return torch.cat([o[0] for o in outputs]), torch.cat([o[1] for o in outputs])
@@ -122,12 +127,14 @@ def evaluate_denoiser(
     steps_per_block: int = 1,
     judge: ByteTransformer | None = None,
     known_words: frozenset[str] | None = None,
+    sampling: Sampling = Sampling(),
 ) -> dict:
     """All figures of a block model or the end-to-end model; gen_nll only with a judge, real_words
     only with the training text's words."""
-    generated, logits = generate_for_windows(denoiser_for_block, config, windows, steps_per_block)
+    generated, logits = generate_for_windows(denoiser_for_block, config, windows, steps_per_block, sampling)
     figures = {
         "family": config.family,
+        "reveal": sampling.reveal,
         "bits_per_byte": elbo_bits_per_byte(denoiser_for_block, config, windows),
         "denoise_ce": denoise_ce(denoiser_for_block, config, windows),
         "chain_ce": chain_ce(logits, windows, config),

@@ -24,7 +24,7 @@ import torch
 from swarm.model.denoiser import Denoiser, ModelConfig
 from swarm.model.diffusion import GaussianFamily
 from swarm.model.masked import MaskedFamily
-from swarm.model.steps import BlockRunner, DenoiserForBlock, LossFn
+from swarm.model.steps import BlockRunner, DenoiserForBlock, LossFn, Sampling
 
 
 class Family(Protocol):
@@ -39,10 +39,10 @@ class Family(Protocol):
     def schedule(self, block: int, steps: int) -> torch.Tensor: ...
 
     def run_steps(self, denoiser: Denoiser, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor,
-                  seed: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]: ...  # fmt: skip
+                  seed: int, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]: ...  # fmt: skip
 
     def generate_span(self, run_block: BlockRunner, prefix: torch.Tensor, steps_per_block: int,
-                      generator: torch.Generator, temperature: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]: ...  # fmt: skip
+                      generator: torch.Generator, sampling: Sampling = Sampling()) -> tuple[torch.Tensor, torch.Tensor]: ...  # fmt: skip
 
     def check_state(self, state: torch.Tensor, n: int) -> None: ...
 
@@ -63,8 +63,8 @@ def local_runner(denoiser_for_block: DenoiserForBlock, config: ModelConfig) -> B
     b's slice: block b itself, or the end-to-end model for every b."""
     family = family_of(config)
 
-    def run(block: int, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor, seed: int, temperature: float):
-        return family.run_steps(denoiser_for_block(block), prefix, state, schedule, seed, temperature)
+    def run(block: int, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor, seed: int, sampling: Sampling):
+        return family.run_steps(denoiser_for_block(block), prefix, state, schedule, seed, sampling)
 
     return run
 
@@ -75,12 +75,12 @@ def generate_span(
     prefix: torch.Tensor,
     steps_per_block: int,
     generator: torch.Generator,
-    temperature: float = 0.0,
+    sampling: Sampling = Sampling(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One pass through the B blocks: G bytes for each prefix (N, P), and the logits they came from.
 
     Every random draw comes from `generator` (or from seeds drawn from it), here, wherever the
     blocks run, so a remote pass gives the same bytes as a local one with the same weights and
-    seed. temperature 0 takes the argmax.
+    seed.
     """
-    return family_of(config).generate_span(run_block, prefix, steps_per_block, generator, temperature)
+    return family_of(config).generate_span(run_block, prefix, steps_per_block, generator, sampling)

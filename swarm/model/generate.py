@@ -8,7 +8,7 @@ import torch
 
 from swarm.model.denoiser import ModelConfig
 from swarm.model.families import generate_span
-from swarm.model.steps import BlockRunner
+from swarm.model.steps import BlockRunner, Sampling
 
 PAD_BYTE = ord(" ")  # a prompt shorter than P bytes is left-padded with spaces
 
@@ -25,7 +25,7 @@ def continue_text(
     prompt: bytes,
     max_bytes: int,
     steps_per_block: int = 4,
-    temperature: float = 0.0,
+    sampling: Sampling = Sampling(),
     seed: int = 0,
 ) -> Iterator[bytes]:
     """Yield the continuation of `prompt` span by span (G bytes per pass, the last one cut to max_bytes).
@@ -36,7 +36,7 @@ def continue_text(
     context, written = prompt, 0
     while written < max_bytes:
         span, _ = generate_span(
-            run_block, config, prefix_tensor(context, config), steps_per_block, generator, temperature
+            run_block, config, prefix_tensor(context, config), steps_per_block, generator, sampling
         )
         new = bytes(span[0].tolist())[: max_bytes - written]
         context, written = context + new, written + len(new)

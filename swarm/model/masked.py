@@ -15,14 +15,23 @@ meets spans from its neighbours' side of every edge; a widening of the same orde
 own t-conditioning and its loss cover its edges as densely as its middle, while one much
 wider would spend its budget on its neighbours' slices. Not measured here.
 
-Generation starts with every target byte hidden. Block b takes K ancestral steps down its own
-(not widened) slice: going from t to s, a hidden byte is revealed with probability (t - s) / t,
-drawn from the block's logits at t with a temperature; revealed bytes stay as they are. After
-each such step a byte is still hidden with probability s, exactly the training marginal, so the
-path never leaves the noise levels the blocks were trained on. The last block's slice ends at
-t = 0, where the reveal probability is 1: nothing stays hidden. Every draw of a block comes
-from a generator seeded with the seed it is given, so a remote peer that receives the same
-(prefix, ids, schedule, seed, temperature) writes the same bytes.
+Generation starts with every target byte hidden. Block b takes K steps down its own (not
+widened) slice: going from t to s, each hidden byte's value is drawn from the block's logits at
+t with a temperature, and some of them are revealed; revealed bytes stay as they are. Which ones
+is the sampler's `reveal` order (swarm/model/steps.py `Sampling`):
+- "random", the ancestral step: each hidden byte with probability (t - s) / t, so that after the
+  step a byte is still hidden with probability s, exactly the training marginal;
+- "confident": the same number on average, round(hidden * (t - s) / t), but the ones whose drawn
+  value the block gives the highest probability (the order of MaskGIT and of LLaDA's low-
+  confidence remasking). The hidden share follows the training path just as closely; which
+  bytes are hidden no longer does, and that is the point: a block's guess at a byte is best
+  once the bytes it is surest of are shown. Measured on the long run's blocks (8 steps per
+  block), it took the judge's NLL of the writing from 1.57x to 1.23x the true text's.
+Either way the path never leaves the noise levels the blocks were trained on, and the last
+block's slice ends at t = 0, where every hidden byte is revealed. Every draw of a block comes
+from a generator seeded with the seed it is given, and the confident ranking is made on the CPU
+with ties broken by position, so a remote peer that receives the same (prefix, ids, schedule,
+seed, sampling) writes the same bytes.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from swarm.model.denoiser import MASK_ID, VOCAB_SIZE, Denoiser, ModelConfig
-from swarm.model.steps import BlockRunner, LossFn, pick_bytes
+from swarm.model.steps import BlockRunner, LossFn, Sampling, pick_bytes
 
 SEED_BOUND = 2**62  # per-block seeds are drawn below this
 
@@ -72,15 +81,15 @@ def masked_loss(denoiser: Denoiser, window: torch.Tensor, t: torch.Tensor, draws
 
 @torch.no_grad()
 def unmask_steps(
-    denoiser: Denoiser, prefix: torch.Tensor, ids: torch.Tensor, ts: torch.Tensor, seed: int, temperature: float
+    denoiser: Denoiser, prefix: torch.Tensor, ids: torch.Tensor, ts: torch.Tensor, seed: int, sampling: Sampling
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One block's K ancestral steps along `ts` (K + 1 decreasing mask rates): what a peer runs.
+    """One block's K steps along `ts` (K + 1 decreasing mask rates): what a peer runs.
 
     All draws (which bytes to reveal, and their values) come from a CPU generator seeded with
-    `seed`, a fixed number of them per step, so the same inputs give the same bytes anywhere,
-    whatever device the block is on. The steps run on the block's device, in its dtype; returns
-    (ids, logits each newly revealed byte was drawn from, zeros where none was) on the device
-    `ids` came on, the logits in the block's dtype.
+    `seed`, a fixed number of them per step whatever the reveal order, so the same inputs give
+    the same bytes anywhere, whatever device the block is on. The steps run on the block's
+    device, in its dtype; returns (ids, logits each newly revealed byte was drawn from, zeros
+    where none was) on the device `ids` came on, the logits in the block's dtype.
     """
     weight, home = next(denoiser.parameters()), ids.device
     generator = torch.Generator().manual_seed(seed)
@@ -89,10 +98,30 @@ def unmask_steps(
     for t, s in zip(ts[:-1], ts[1:]):
         logits = denoiser(prefix, ids, t.expand(len(ids)).to(weight.device))
         draws = torch.rand(ids.shape, generator=generator, device=generator.device)
-        reveal = (ids == MASK_ID) & (draws < (t - s) / t).to(weight.device)
-        ids = torch.where(reveal, pick_bytes(logits, temperature, generator), ids)
+        picked = pick_bytes(logits, sampling.temperature, generator)
+        hidden = ids == MASK_ID
+        if sampling.reveal == "random":
+            reveal = hidden & (draws < (t - s) / t).to(weight.device)
+        else:
+            reveal = most_confident(hidden, logits, picked, float((t - s) / t))
+        ids = torch.where(reveal, picked, ids)
         drawn_from = torch.where(reveal[..., None], logits, drawn_from)
     return ids.to(home), drawn_from.to(home)
+
+
+def most_confident(hidden: torch.Tensor, logits: torch.Tensor, picked: torch.Tensor, share: float) -> torch.Tensor:
+    """The reveal mask of a confident step: in each row, round(share * hidden count) hidden
+    positions, those whose picked byte has the highest log-probability under `logits`.
+
+    Ranked on the CPU in float32 with a stable sort (ties go to the earlier position), so a
+    block on a GPU and a replica on a CPU reveal the same positions unless their numbers differ
+    by more than rounding would change the order.
+    """
+    confidence = logits.float().log_softmax(dim=-1).gather(-1, picked[..., None]).squeeze(-1).cpu()
+    confidence = confidence.masked_fill(~hidden.cpu(), -torch.inf)
+    count = torch.floor(hidden.sum(dim=1).cpu() * share + 0.5)
+    rank = confidence.argsort(dim=1, descending=True, stable=True).argsort(dim=1)
+    return (hidden.cpu() & (rank < count[:, None])).to(hidden.device)
 
 
 class MaskedFamily:
@@ -159,24 +188,24 @@ class MaskedFamily:
         return (hi - lo) * sum(ce / (t * per_byte) for t, ce, _ in rows) / len(rows)
 
     def run_steps(self, denoiser: Denoiser, prefix: torch.Tensor, ids: torch.Tensor, ts: torch.Tensor,
-                  seed: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        return unmask_steps(denoiser, prefix, ids, ts, seed, temperature)
+                  seed: int, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        return unmask_steps(denoiser, prefix, ids, ts, seed, sampling)
 
     @torch.no_grad()
     def generate_span(self, run_block: BlockRunner, prefix: torch.Tensor, steps_per_block: int,
-                      generator: torch.Generator, temperature: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                      generator: torch.Generator, sampling: Sampling = Sampling()) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """One pass through the B blocks: G bytes for each prefix (N, P), from all hidden to none.
 
         Returns (bytes, logits each byte was drawn from; zeros for a block whose runner returned
         none). Each block's seed is drawn here from
-        `generator`, wherever the blocks run. temperature 0 takes the argmax of each revealed byte.
+        `generator`, wherever the blocks run.
         """
         config = self.config
         ids = torch.full((len(prefix), config.gen_len), MASK_ID, dtype=torch.long)
         drawn_from = torch.zeros(len(prefix), config.gen_len, VOCAB_SIZE)
         for block in range(config.n_blocks):
             seed = int(torch.randint(SEED_BOUND, (1,), generator=generator))
-            new_ids, new_logits = run_block(block, prefix, ids, self.schedule(block, steps_per_block), seed, temperature)
+            new_ids, new_logits = run_block(block, prefix, ids, self.schedule(block, steps_per_block), seed, sampling)
             if new_logits is not None:  # a remote runner asks the last block's alone
                 revealed = (ids == MASK_ID) & (new_ids != MASK_ID)
                 drawn_from = torch.where(revealed[..., None], new_logits, drawn_from)

@@ -21,6 +21,7 @@ import msgpack
 from hivemind.proto import runtime_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from swarm.model.steps import MAX_TEMPERATURE, Reveal, Sampling
 from swarm.p2p.records import MAX_BLOCKS, BlockAnnouncement, MemberProof
 
 MAX_MESSAGE_BYTES = 4 * 1024**2  # hivemind's own cap on one message
@@ -135,21 +136,23 @@ class PayloadReply(Message):
     newest_step: int = Field(default=-1, ge=-1, le=MAX_STEP)
 
 
-MAX_TEMPERATURE = 100.0
-
-
 class DenoiseRequest(Message):
     """What goes beside the tensors (prefix, state, schedule) of a remote denoising request.
 
-    `seed` and `temperature` are the block's own draws (the masked family's reveals and bytes;
-    the gaussian family's steps draw nothing): replicas of one checkpoint given the same
-    request give the same answer, which is what a cross-check compares."""
+    `seed`, `temperature` and `reveal` are the block's own draws and how it makes them (the
+    masked family's reveals and bytes; the gaussian family's steps draw nothing): replicas of
+    one checkpoint given the same request give the same answer, which is what a cross-check
+    compares."""
 
     block: BlockIndex
     logits: bool = False  # also return the logits (gaussian: the last step's; masked: each revealed byte's)
     checkpoint: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")  # sha256 of the checkpoint to run ("": any)
     seed: int = Field(default=0, ge=0, lt=2**63)
     temperature: float = Field(default=0.0, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
+    reveal: Reveal = "confident"
+
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.reveal)
 
 
 class StageRequest(Message):

@@ -74,6 +74,7 @@ from swarm.checkpoints.transfer import TransferError
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
 from swarm.model.families import family_of
+from swarm.model.steps import Sampling
 from swarm.p2p.directory import Host, SwarmDirectory
 from swarm.p2p.info import owns_record
 from swarm.p2p.ledger import Witness
@@ -117,10 +118,10 @@ class RemoteBlocks:
         self.vetting = Vetting(self.p2p, self.loop, self.config, self.spot_check)
 
     def __call__(self, block: int, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor,
-                 seed: int = 0, temperature: float = 0.0) -> Answer:  # fmt: skip
+                 seed: int = 0, sampling: Sampling = Sampling()) -> Answer:  # fmt: skip
         """Run block `block`'s steps on some replica, confirmed (see the module docstring):
         (state, logits, only from the last block); SwarmError when none answers."""
-        request = Request(prefix, state, schedule, seed, temperature)
+        request = Request(prefix, state, schedule, seed, sampling)
         waited = False
         while True:
             chosen = self._chosen.get(block)  # while it answers, no directory read on this hot path
@@ -318,7 +319,7 @@ class RemoteBlocks:
         self.checks.computed_here += 1
         with torch.no_grad():
             state, logits = self.family.run_steps(denoiser, request.prefix, request.state, request.schedule,
-                                                  request.seed, request.temperature)  # fmt: skip
+                                                  request.seed, request.sampling)  # fmt: skip
         return state, (logits if block == self.config.n_blocks - 1 else None)
 
     def _ban(self, host: Host, why: str, seconds: float | None = None) -> None:
@@ -367,7 +368,7 @@ class RemoteBlocks:
         stub = DenoiseServicer.get_stub(self.p2p, PeerID.from_base58(host.peer_id))
         checkpoint = host.announcement.checkpoint.sha256 if host.announcement.checkpoint else ""
         options = DenoiseRequest(block=host.block, logits=want_logits, checkpoint=checkpoint, seed=request.seed,
-                                 temperature=request.temperature)  # fmt: skip
+                                 temperature=request.sampling.temperature, reveal=request.sampling.reveal)  # fmt: skip
         tensors = (request.prefix.long(), request.state, request.schedule.float())
         message = runtime_pb2.ExpertRequest(tensors=[serialize_torch_tensor(t) for t in tensors], metadata=options.encode())
         response = await stub.rpc_denoise(message, timeout=self.request_timeout)
@@ -394,7 +395,7 @@ class Request:
     state: torch.Tensor  # the family's: byte ids (masked) or noisy embeddings (gaussian)
     schedule: torch.Tensor
     seed: int
-    temperature: float
+    sampling: Sampling
 
 
 @dataclass(frozen=True)

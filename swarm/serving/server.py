@@ -32,6 +32,7 @@ from hivemind.proto import runtime_pb2
 
 from swarm.model.denoiser import VOCAB_SIZE, Denoiser, ModelConfig, build_block
 from swarm.model.families import Family, family_of
+from swarm.model.steps import Sampling
 from swarm.p2p.limits import MAX_REQUEST_BYTES, NOT_A_MEMBER, OPEN, Busy, CallerGate, PerPeerLimit
 from swarm.p2p.messages import DenoiseRequest, error_reply
 
@@ -129,14 +130,14 @@ class DenoiseServicer(ServicerBase):
         except Exception as error:  # anything malformed, whatever the library raised
             logger.info("refused a denoise request from %s: %s", context.remote_id, error)
             return error_reply(error)
-        run = functools.partial(self._run, denoiser, prefix, state, schedule, options.seed, options.temperature)
+        run = functools.partial(self._run, denoiser, prefix, state, schedule, options.seed, options.sampling())
         async with self._slots:
             state, logits = await asyncio.get_running_loop().run_in_executor(None, run)
         outputs = [state] + ([logits.float()] if options.logits else [])
         return runtime_pb2.ExpertResponse(tensors=[serialize_torch_tensor(t) for t in outputs])
 
     def _run(self, denoiser: Denoiser, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor,
-             seed: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+             seed: int, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """The block's steps on a checked request: on the block's device, answered on the request's."""
         with torch.no_grad():  # a served copy is never written: `swap_in` replaces it whole
-            return self.family.run_steps(denoiser, prefix, state, schedule, seed, temperature)
+            return self.family.run_steps(denoiser, prefix, state, schedule, seed, sampling)
