@@ -144,8 +144,8 @@ class RemoteBlocks:
                 return confirmed
 
     def choose(self, block: int) -> Host:
-        """The replica this runner asks for a block now (measuring checkpoints with one key first
-        where no other may be used)."""
+        """The replica this runner asks for a block now (measuring checkpoints first where `_pick`
+        must)."""
         chosen = self._chosen.get(block)
         if chosen is None or self._banned(chosen.host.peer_id):
             chosen = self._chosen[block] = self._pick(block)
