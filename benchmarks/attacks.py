@@ -25,8 +25,8 @@ Part 1, one trained swarm: block 0 with one honest host (b0), block 1 with two D
   measured better than the honest one, and a fetch and a joiner took it (docs/history.md);
 - sybil_keys_vouching_poisoned_block (issue 27): --sybils keys (20), each a node in this process with its own
   key and peer id, announcing and serving (for download and denoising) one poisoned block 0 a save ahead of b0,
-  its lone honest host. At the defaults an identity costs nothing, and a generation client uses a checkpoint two
-  keys serve without measuring it: this row is expected not met there (its generation uses the poisoned block);
+  its lone honest host. At the defaults an identity costs nothing, so a generation client counts no keys there:
+  it measures every checkpoint of a block before using any (`RemoteBlocks.keys_count`), as a fetch does;
 - sybil_keys_in_members_only_swarm, sybil_keys_in_identity_work_swarm: the same Sybils (no certificate, no
   work) in a swarm of the same model created with `--members-only`, or with `--identity-work` 6 (cheap for the
   honest peers here; its price at 12 bits is benchmarks/identity_cost.py's), whose blocks one honest peer each
@@ -110,6 +110,7 @@ from swarm.lab.attacks import (
     nan_weight_block,
     overflowing_block,
     plant_checkpoint,
+    sybil_nodes,
 )
 from swarm.lab.launch import LocalSwarm, Started
 from swarm.model.checkpoint import load_block, load_model_folder
@@ -125,9 +126,7 @@ from swarm.p2p.info import InfoServicer
 from swarm.p2p.records import CheckpointInfo
 from swarm.peer.announcer import RECORD_LIFETIME_PERIODS
 from swarm.peer.config import PeerConfig
-from swarm.serving.cross_check import Answer
-from swarm.serving.remote import Chosen, RemoteBlocks
-from swarm.serving.server import DenoiseServicer
+from swarm.serving.remote import RemoteBlocks
 from swarm.waiting import WaitTimeout, wait_for
 
 logger = logging.getLogger("benchmarks.attacks")
@@ -295,28 +294,14 @@ def joiner_start(local: LocalSwarm, client: SwarmClient, block: int, name: str, 
     return {"step": checkpoint.step if checkpoint else None, "sha256": sha256, "from_liar": sha256 == liar_sha256}
 
 
-@dataclasses.dataclass
-class RecordingBlocks(RemoteBlocks):
-    """A swarm runner that records, per block, the checkpoint (sha256) behind each answer it used.
-    Equal text is no proof that the client kept out of a poisoned checkpoint: a degraded block may
-    change no argmax. The runner's `_chosen` forgets a choice once its host is banned, so the record
-    is taken where an answer is accepted."""
-
-    used: dict[int, set[str]] = dataclasses.field(default_factory=dict)
-
-    def _confirmed(self, block: int, chosen: Chosen, *rest) -> Answer | None:
-        answer = super()._confirmed(block, chosen, *rest)
-        if answer is not None:
-            self.used.setdefault(block, set()).add(chosen.checkpoint.sha256)
-        return answer
-
-
 def generation(swarm: Swarm, liar: str | None = None, liar_sha256: str | None = None) -> dict:
     """Text through the swarm against the same text from the clean fetched model, here, and the
-    checkpoints it used: met only if every block used the clean fetch's checkpoint alone (not the
-    liar's) and the text is equal (a liar vouching for the honest checkpoint can only change answers)."""
+    checkpoints whose answers it used (`RemoteBlocks.used`): met only if every block used the clean
+    fetch's checkpoint alone (not the liar's) and the text is equal (a liar vouching for the honest
+    checkpoint can only change answers). Equal text alone proves nothing: a degraded block may
+    change no argmax."""
     config, client = swarm.config, swarm.client
-    runner = RecordingBlocks(client.directory, client.p2p, client.loop, config, request_timeout=20)
+    runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=20)
     if liar is not None:  # the worst case: the liar is the replica the client prefers
         for block in range(config.n_blocks):
             for host in client.directory.hosts(block):
@@ -390,12 +375,7 @@ def sybils(swarm: Swarm, block: int, keys: int) -> dict:
     newest = max(h.announcement.step for h in hosts_of(swarm.client, block))
     store = CheckpointStore(swarm.local.workdir / "sybils", swarm.config, block, swarm.local.swarm)
     info = store.save(poison, newest + swarm.args.save_every)
-    with contextlib.ExitStack() as stack:
-        nodes = [stack.enter_context(swarm.stranger(block)) for _ in range(keys)]
-        for node in nodes:
-            denoising = DenoiseServicer(swarm.config, block)
-            denoising.swap_in(poison, info.sha256)
-            node.serve_checkpoint(store, info, denoising)
+    with sybil_nodes(swarm.local.swarm, swarm.local.initial_peers, store, info, poison, swarm.config, keys) as nodes:
         sybil_ids = {node.peer_id for node in nodes}
 
         def read() -> tuple[int, int]:  # the Sybils' records a reader counts, and the records it ignores

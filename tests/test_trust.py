@@ -8,6 +8,7 @@ fetches, joiners and generation clients end up with.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ import torch
 from hivemind.utils import get_dht_time
 from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 
-from swarm.checkpoints.choice import Candidate, Measured, SpotCheck
+from swarm.checkpoints.choice import Candidate, Measured, SpotCheck, believable, rank
 from swarm.checkpoints.download import download_verified
 from swarm.checkpoints.store import CheckpointStore
 from swarm.errors import SwarmError
@@ -29,8 +30,10 @@ from swarm.lab.attacks import (
     TricklingDownloads,
     WrongAnswers,
     checkpoint_of,
+    degraded_block,
     garbage_block,
     plant_checkpoint,
+    sybil_nodes,
 )
 from swarm.model.checkpoint import load_model_folder
 from swarm.model.denoiser import ModelConfig
@@ -175,7 +178,38 @@ def test_a_stranger_one_save_ahead_of_a_lone_honest_host_is_measured_before_it_i
         text = b"".join(continue_text(runner, config, b"The quick brown", 24, steps_per_block=2, seed=5))
     assert text == honest_text(model, b"The quick brown", 24, seed=5)
     assert runner.vetting.failed[ahead] == math.inf and honest in runner.vetting.passed  # a bad file stays bad
-    assert runner.checks.checkpoints_measured == 2, runner.checks
+    assert runner.checks.checkpoints_measured == 3, runner.checks  # and block 1's: keys are free in this swarm
+
+
+def test_sybil_keys_serving_a_degraded_block_beside_a_lone_honest_host_are_measured_not_counted(swarm, tmp_path):
+    """Issue 27, the Sybil row of benchmarks/attacks.py in small, in this open swarm at the defaults:
+    strangers serve a copy of lone host a's block 0 made worse (`degraded_block`: finite, better than
+    a uniform guess), for download and for denoising. Three keys vouch for it stamped a step ahead of
+    a's, and one key each for it stamped two and three steps ahead, so that the three best-ranked
+    checkpoints are the Sybils' and fill a round of `Vetting.measure`: measured alone, they would
+    pass. Keys cost nothing here, so the client counts none: it measures every checkpoint first."""
+    local, client, model = swarm
+    config, honest = model.config, honest_of(client, 0)
+    runner = generation_client(local, client, config)
+    loss = lambda denoiser: runner.spot_check.measure(denoiser, config, 0)
+    worse_by = 5 * runner.spot_check.tolerance
+    poison = degraded_block(model.denoiser_for_block(0), loss, worse_by)
+    store = CheckpointStore(tmp_path, config, 0, SWARM, keep=3)
+    vouched, *ahead = sybils = [store.save(poison, honest.step + saves) for saves in (1, 2, 3)]
+    alone = Measured(Candidate(vouched, (), plausible=True), b"", record_of("sybil", vouched), loss(poison))
+    assert believable([alone], runner.spot_check.tolerance), alone  # nothing about it alone gives it away
+    assert alone.loss >= loss(model.denoiser_for_block(0)) + worse_by, alone
+    with contextlib.ExitStack() as stack:
+        for info, keys in [(vouched, 3), *((info, 1) for info in ahead)]:
+            stack.enter_context(sybil_nodes(SWARM, local.initial_peers, store, info, poison, config, keys))
+        served = lambda: [h.announcement.checkpoint for h in client.directory.hosts(0)]
+        wait_for(lambda: sorted(map(served().count, sybils)) == [1, 1, 3], 30, "the Sybils' records")
+        ranked = [c.checkpoint for c in rank(client.directory.hosts(0), config) if c.checkpoint in (*sybils, honest)]
+        assert ranked == [vouched, *ahead[::-1], honest], ranked  # the Sybils' three rank first
+        text = b"".join(continue_text(runner, config, b"Swarms of", 40, steps_per_block=2, seed=8))
+    assert runner.used[0] == {honest.sha256}, runner.used  # every answer of block 0 came from a's checkpoint
+    assert all(runner.vetting.failed[info] == math.inf for info in sybils), runner.vetting.failed  # measured, refused
+    assert text == honest_text(model, b"Swarms of", 40, seed=8)
 
 
 @pytest.mark.parametrize("block", [1, 0], ids=["beside two honest keys", "beside one honest key"])
@@ -233,7 +267,8 @@ def test_a_liar_gets_no_lie_through_when_its_only_fellow_replica_fails_once(swar
     assert liar.answered > liar.honest  # it did lie
     assert text == honest_text(model, b"Swarms of", 40, seed=7)
     assert runner.checks.disagreements == 1, runner.checks  # a, its witness again, contradicted it
-    assert [info for info, _ in runner.vetting._held.values()] == [honest_of(client, 0)]  # one file held
+    held = [info for info, _ in runner.vetting._held.values()]
+    assert held == [honest_of(client, 0), honest_of(client, 1)]  # one file a block (both measured: an open swarm)
     assert runner._banned_until[liar_host.peer_id] == math.inf  # shown wrong by the client's own computation
 
 
@@ -247,7 +282,7 @@ def test_a_liar_gets_no_lie_through_while_its_only_fellow_replica_is_banned(swar
         runner = generation_client(local, client, config)
         runner._ban(a, "failed once (the harness)", 600)
         text = b"".join(continue_text(runner, config, b"Swarms of", config.gen_len, steps_per_block=2, seed=7))
-    assert liar.answered == 1 and runner.checks.checkpoints_measured == 1, runner.checks
+    assert liar.answered == 1 and runner.checks.checkpoints_measured == 2, runner.checks  # a's, and block 1's
     assert text == honest_text(model, b"Swarms of", config.gen_len, seed=7)
     assert runner.checks.computed_here == runner.checks.banned == 1, runner.checks
     assert runner._banned_until[liar_host.peer_id] == math.inf
@@ -317,6 +352,17 @@ def test_a_checkpoint_only_one_key_serves_is_used_once_measured_here_and_not_bef
     assert checks.usable(candidate, [*lone, record_of("honest", info)])
     checks.passed[info] = Measured(candidate, b"", lone[0], loss=1.0)
     assert checks.usable(candidate, lone)
+
+
+def test_where_keys_are_free_a_checkpoint_two_keys_serve_is_used_only_once_measured_here():
+    """`Vetting.usable` alone, in an open swarm (`keys_count` false: remote.py says why)."""
+    checks = vetting.Vetting(None, None, ModelConfig())
+    info = CheckpointInfo(step=7, sha256="a" * 64, size=1)
+    two = [record_of("sybil", info), record_of("another sybil", info)]
+    candidate = Candidate(info, tuple(two), plausible=True)
+    assert checks.usable(candidate, two) and not checks.usable(candidate, two, keys_count=False)
+    checks.passed[info] = Measured(candidate, b"", two[0], loss=1.0)
+    assert checks.usable(candidate, two, keys_count=False)
 
 
 def test_a_checkpoint_no_host_served_in_time_is_due_for_another_measurement_once_the_delay_ends(monkeypatch):

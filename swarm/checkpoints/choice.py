@@ -17,7 +17,8 @@ What a host announces (a step, a size, a loss) is a claim. A checkpoint is chose
 
 `swarm-fetch`, a joining peer, the chaos monkey and the generation client all choose
 through here (the generation client ranks hosts with `rank`, and measures a checkpoint only
-one key serves with `measure_candidates` and `believable`: swarm/serving/vetting.py).
+one key serves, or in an open swarm every one, with `measure_candidates` and `believable`:
+swarm/serving/vetting.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ with the project's own code, or with a few lines around hivemind.
   choosing (`plant_checkpoint`); blocks that are not finite (`nan_weight_block`) or whose loss is not
   (`overflowing_block`), for a `HostileNode` to serve (`HostileNode.serve_checkpoint`);
 - `HostileNode`: a real DHT node in this process under its own key (swarm/lab/hosting.py), which
-  announces what it likes and answers P2P calls with the servicers below:
+  announces what it likes and answers P2P calls with the servicers below (`sybil_nodes`: many of
+  them, each under its own key, serving one checkpoint):
   - `TricklingDownloads`: checkpoint streams that announce a size and send a byte now and then;
   - `GiantReplies`: checkpoint streams whose reply announces a gigabyte and keeps coming;
   - `CorruptChunks`: a host of an honest checkpoint that changes a byte of every chunk it sends,
@@ -29,6 +30,7 @@ with the project's own code, or with a few lines around hivemind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import itertools
@@ -176,6 +178,23 @@ class HostileNode(InProcessNode):
         `info`, one of them, as the checkpoint it serves."""
         self.serve(InfoServicer(lambda: self.info(store.block)), BlockServicer(store.block, store), *servicers)
         self.announce(store.block, state="serving", **checkpoint_of(info))
+
+
+@contextlib.contextmanager
+def sybil_nodes(swarm: str, initial_peers: Sequence[str], store: CheckpointStore, info: CheckpointInfo,
+                denoiser: Denoiser, config: ModelConfig, keys: int) -> Iterator[list[HostileNode]]:  # fmt: skip
+    """`keys` nodes, each under a key (and peer id) of its own, that announce checkpoint `info` of
+    `store` and serve it, for download and for denoising with `denoiser` (so that their answers
+    agree): free identities vouching for one checkpoint (issue 27). When the `with` ends, each
+    record says its node left, so that the Sybils are in no later scenario's way."""
+    with contextlib.ExitStack() as stack:
+        nodes = [stack.enter_context(HostileNode(swarm, initial_peers)) for _ in range(keys)]
+        for node in nodes:
+            stack.callback(node.leave, store.block)  # before the node closes (the stack runs backwards)
+            denoising = DenoiseServicer(config, store.block)
+            denoising.swap_in(denoiser, info.sha256)
+            node.serve_checkpoint(store, info, denoising)
+        yield nodes
 
 
 class Impersonating:

@@ -37,7 +37,7 @@ class CrossCheckStats:
     banned: int = 0  # replicas outvoted (banned a while) or contradicted by the answer computed here (for good)
     unconfirmed: int = 0  # answers dropped: no witness, no other key announcing, and a checkpoint not measured here
     seconds: float = 0.0  # spent on the checks beyond the answers' own round trips
-    checkpoints_measured: int = 0  # checkpoints with one key downloaded and spot-checked
+    checkpoints_measured: int = 0  # downloaded and spot-checked: those with one key; in an open swarm, all
     measuring_seconds: float = 0.0
 
 

@@ -3,8 +3,9 @@
 `RemoteBlocks` is a block runner (see `swarm.model.steps.BlockRunner`) whose blocks live on
 other peers. For each block it takes the first checkpoint, in the order of
 `swarm.checkpoints.choice.rank` (plausibility, agreement among hosts, then freshness), that it
-may use (vetting.py: one that hosts under two keys or more serve, or one measured here), and
-among its hosts the one with the lowest measured round trip (pings are cached), hosts behind
+may use (vetting.py: one measured here, or one that hosts under two keys or more serve where keys
+cost something; in an open swarm every checkpoint of the block is measured first: `keys_count`),
+and among its hosts the one with the lowest measured round trip (pings are cached), hosts behind
 NAT last (they are reached by asking them to dial back: `swarm.p2p.reachability.ensure_direct`).
 Each request names that checkpoint. When a peer times out or refuses, it bans that peer for a
 while and retries the block on another replica. Where every host of a block is banned for a
@@ -47,8 +48,10 @@ against about 0.1 per such block per span, after the first, under the old fracti
 benchmarks/serve.py measured 0.083 extra requests per request). Sent at
 the same moment, the two requests cost the slower round trip of the two, not their sum. A block
 whose checkpoint has one key costs no request: one download and spot check per client, as
-swarm-fetch makes, then nothing. A disagreement costs up to `witnesses` more requests, or the
-block's steps computed here (and one download where the file is not held).
+swarm-fetch makes, then nothing; in an open swarm so does every checkpoint a block's answering
+hosts announce (`keys_count`), Sybils' included: a stranger with many keys can make a client
+download as many checkpoints, once each. A disagreement costs up to `witnesses` more requests,
+or the block's steps computed here (and one download where the file is not held).
 Left open: the lone host of a checkpoint that passed its measurement is believed. A stranger
 that serves a copy of an honest checkpoint stamped a step ahead (so that it measures as well)
 and answers with other weights is caught only once a second key serves its checkpoint; a
@@ -104,11 +107,12 @@ class RemoteBlocks:
     ping_timeout: float = 5.0
     ban_seconds: float = 60.0  # for a replica that fails or is outvoted; one shown here to lie is banned for good
     cross_check: CrossCheckPolicy = field(default_factory=CrossCheckPolicy)
-    spot_check: SpotCheck | None = None  # measures checkpoints with one key (None: on the built-in corpus)
+    spot_check: SpotCheck | None = None  # measures checkpoints (None: on the built-in corpus)
     checks: CrossCheckStats = field(default_factory=CrossCheckStats)
     witness: Witness | None = None  # credits each answer another key's confirms (swarm/p2p/ledger.py)
     round_trips: int = 0  # answers of the replicas asked first (a witness's are `checks.extra_requests`)
     hop_seconds: dict[int, list[float]] = field(default_factory=dict)  # per block, each answered request
+    used: dict[int, set[str]] = field(default_factory=dict)  # per block, the checkpoints (sha256) of answers used
     _banned_until: dict[str, float] = field(default_factory=dict)
     _rtt: dict[tuple[str, bytes], float] = field(default_factory=dict)
     _chosen: dict[int, Chosen] = field(default_factory=dict)
@@ -137,11 +141,12 @@ class RemoteBlocks:
                 self._ban(chosen.host, f"failed ({answer})")
                 continue
             if (confirmed := self._confirmed(block, chosen, answer, witness, confirmation, request)) is not None:
+                self.used.setdefault(block, set()).add(chosen.checkpoint.sha256)
                 return confirmed
 
     def choose(self, block: int) -> Host:
-        """The replica this runner asks for a block now (measuring checkpoints with one key first
-        where no other may be used)."""
+        """The replica this runner asks for a block now (measuring checkpoints first where `_pick`
+        must)."""
         chosen = self._chosen.get(block)
         if chosen is None or self._banned(chosen.host.peer_id):
             chosen = self._chosen[block] = self._pick(block)
@@ -156,29 +161,62 @@ class RemoteBlocks:
             return 0.0
         return min((until - now for until in bans if math.isfinite(until)), default=0.0)
 
+    def keys_count(self) -> bool:
+        """Whether two keys that serve one checkpoint are evidence enough to use it unmeasured: only
+        where a key costs something, in a swarm whose creator's model record makes it members-only
+        (swarm/p2p/members.py) or prices an identity with work (swarm/p2p/work.py). In an open swarm
+        at the defaults a key costs nothing: twenty Sybil keys that serve one degraded checkpoint
+        outrank its lone honest host in `rank` and confirm each other's answers (issue 27; the Sybil
+        row of benchmarks/attacks.py). There, every checkpoint of a block is measured before any is
+        used, and the first in rank order that `believable` keeps beside all the others is used, as
+        swarm-fetch chooses (so a liar gains at most the spot check's `tolerance`). A client that has
+        not read the model record takes the swarm as open: it measures more, never less."""
+        return self.directory.membership.members_only or self.directory.work.required
+
     def _pick(self, block: int) -> Chosen:
-        """The first checkpoint in rank order that may be used; one with a single key that was not
-        measured yet is measured on the way (with the next ones: `Vetting.measure`)."""
+        """The first checkpoint in rank order that may be used; one not measured yet that needs to
+        be is measured on the way (with the next ones: `Vetting.measure`), and in an open swarm every
+        one first (`keys_count`)."""
         announced = [h for h in self.directory.hosts(block) if h.announcement.checkpoint]
         hosts = [h for h in announced if not self._banned(h.peer_id)]
         if not hosts:
             raise SwarmError(f"no live peer serves block {block}")
+        if not (keys_count := self.keys_count()):
+            self._measure_every_checkpoint(block, hosts)
         while True:
             for candidate in rank(hosts, self.config):
-                answering = [h for h in candidate.hosts if self.round_trip(h) < math.inf]  # and own their record
-                if self.vetting.usable(candidate, answering):  # one behind NAT only if no direct one answers
+                answering = self._answering(candidate.hosts)
+                if self.vetting.usable(candidate, answering, keys_count):  # behind NAT only if no direct one answers
                     host = min(answering, key=lambda h: (h.announcement.reached == "relayed", self.round_trip(h)))
                     same = [h for h in announced if h.announcement.checkpoint == candidate.checkpoint]
                     return Chosen(candidate.checkpoint, host, answering, same)
                 if answering and not self.vetting.known(candidate.checkpoint):
-                    break  # one key, not measured yet
+                    break  # not measured yet, and not agreed on
             else:
                 raise SwarmError(f"block {block}: no live peer serves a checkpoint that two keys serve or that "
                                  "passes a measurement")  # fmt: skip
-            started = time.perf_counter()
-            answering = [h for h in hosts if self.round_trip(h) < math.inf]
-            self.checks.checkpoints_measured += self.vetting.measure(block, answering)
-            self.checks.measuring_seconds += time.perf_counter() - started
+            self._measure(block, self._answering(hosts))
+
+    def _measure_every_checkpoint(self, block: int, hosts: list[Host]) -> None:
+        """Measure each checkpoint that answering `hosts` serve and that was not measured yet, a
+        few at a time, best-ranked first. Each round settles one or more, so there are at most as
+        many rounds as hosts (a bound, should a flood of checkpoints push measured ones out of what
+        `Vetting` remembers)."""
+        answering = self._answering(hosts)
+        for _ in answering:
+            if all(self.vetting.known(c.checkpoint) for c in rank(answering, self.config)):
+                return
+            self._measure(block, answering)
+
+    def _measure(self, block: int, answering: list[Host]) -> None:
+        """`Vetting.measure`, its cost counted in `checks`."""
+        started = time.perf_counter()
+        self.checks.checkpoints_measured += self.vetting.measure(block, answering)
+        self.checks.measuring_seconds += time.perf_counter() - started
+
+    def _answering(self, hosts: list[Host] | tuple[Host, ...]) -> list[Host]:
+        """Those of `hosts` that answer a ping (`round_trip`) and own their record."""
+        return [h for h in hosts if self.round_trip(h) < math.inf]
 
     def _witness(self, chosen: Chosen, asked: tuple[str, ...] = ()) -> Host | None:
         """The fastest replica of the chosen checkpoint that answers now, under a key other than

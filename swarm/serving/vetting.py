@@ -2,8 +2,10 @@
 
 A checkpoint is *agreed on* when hosts under two or more independent keys (distinct keys:
 `swarm.checkpoints.download.independent`) announce it and answer: every answer one of them
-gives can then be confirmed by another's (remote.py). A checkpoint with a single key behind it
-is used only once this client has *measured* it: downloaded it through the verified download
+gives can then be confirmed by another's (remote.py). Agreement counts only where keys cost
+something (a members-only swarm, or one that prices an identity with work); in an open swarm
+at the defaults every checkpoint is measured (remote.py's `keys_count` says why). A checkpoint
+with a single key behind it is used only once this client has *measured* it: downloaded it through the verified download
 and spot-checked it beside the block's other candidates, as swarm-fetch does
 (`swarm.checkpoints.choice.measure_candidates`, `believable`). A stranger's record one step ahead of
 a lone honest host is thus never used on its word: its file must download, verify and measure
@@ -64,11 +66,12 @@ class Vetting:
     failed: dict[CheckpointInfo, float] = field(default_factory=dict)  # until when (monotonic; inf: for good)
     _held: dict[int, tuple[CheckpointInfo, Denoiser]] = field(default_factory=dict)  # one file per block
 
-    def usable(self, candidate: Candidate, answering: list[Host]) -> bool:
-        """Whether the client may use `candidate`, whose hosts `answering` answer: agreed on or measured."""
+    def usable(self, candidate: Candidate, answering: list[Host], keys_count: bool = True) -> bool:
+        """Whether the client may use `candidate`, whose hosts `answering` answer: measured, or agreed
+        on where `keys_count` (keys cost something: remote.py's `keys_count`)."""
         if self._failed(candidate.checkpoint) or not answering:
             return False
-        return independent(answering) >= 2 or candidate.checkpoint in self.passed
+        return (keys_count and independent(answering) >= 2) or candidate.checkpoint in self.passed
 
     def known(self, info: CheckpointInfo) -> bool:
         """Whether `info` was measured here (passed, or failed and not due for another try)."""
