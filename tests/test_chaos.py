@@ -20,7 +20,9 @@ def test_churn_loses_no_block_tears_no_checkpoint_and_hangs_nothing(tmp_path):
             runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, ping_timeout=2)
             # a fetch takes most of a minute on two busy cores: they run back to back, and the churn
             # goes on until two have finished
-            chaos = ChaosConfig(duration_s=60, kill_every_s=5, fetch_every_s=5, min_fetches=2, peer_extra=CHAOS_PEER, seed=1)
+            chaos = ChaosConfig(
+                duration_s=60, kill_every_s=5, fetch_every_s=5, min_fetches=2, peer_extra=CHAOS_PEER, seed=1
+            )
             monkey = ChaosMonkey(local, runner, chaos)
             monkey.start_peers()
             monkey.run()
@@ -33,4 +35,6 @@ def test_churn_loses_no_block_tears_no_checkpoint_and_hangs_nothing(tmp_path):
     assert report["samples_with_a_block_down"] == 0, report
     assert report["fetches_tried"] >= 2 and report["fetches_failed_otherwise"] == 0, report
     assert report["fetches_succeeded"] >= 1, report
-    assert all(last > first for first, last in zip(report["first_step_per_block"], report["last_step_per_block"])), report
+    assert all(last > first for first, last in zip(report["first_step_per_block"], report["last_step_per_block"])), (
+        report
+    )

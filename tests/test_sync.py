@@ -43,7 +43,9 @@ def test_two_replicas_that_get_every_payload_stay_identical(tmp_path):
         extra = [*SYNC, "--max-steps", "12", "--sync-deadline", "20", "--average-every", "4"]
         local.start_peer("r1", "0", [*extra, "--spare-batch-size", "2", "--sync-trace", str(trace)])
         local.start_peer("r2", "0", extra)
-        r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
+        r1, r2 = sorted(
+            wait_for(lambda: finished(directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name
+        )
         assert r1.sync_steps == r2.sync_steps == 12
         assert r1.drift is None and r2.drift is None  # they applied the same payloads: no round was needed
         assert r1.sync_bytes_received == r2.sync_bytes_sent > 0  # counted on both ends of the wire
@@ -98,7 +100,9 @@ def two_replicas(tmp_path, swarm: str, steps: int, options: list[str]):
         extra = [*SYNC, "--max-steps", str(steps), "--sync-deadline", "10", *options]
         local.start_peer("r1", "0", extra)
         local.start_peer("r2", "0", extra)
-        r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 150, "replicas to finish"), key=lambda a: a.public_name)
+        r1, r2 = sorted(
+            wait_for(lambda: finished(directory, 2), 150, "replicas to finish"), key=lambda a: a.public_name
+        )
         first, second = final_checkpoint(local, "r1", steps), final_checkpoint(local, "r2", steps)
     return r1, r2, max((first[k] - second[k]).abs().max().item() for k in first), first
 
@@ -181,7 +185,9 @@ def test_overlapped_replicas_stay_identical(tmp_path, sync, rounds):
                  "--sync-deadline", "20", "--average-every", "4"]  # fmt: skip
         local.start_peer("r1", "0", [*extra, "--sync-trace", str(trace)])
         local.start_peer("r2", "0", extra)
-        r1, r2 = sorted(wait_for(lambda: finished(client.directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
+        r1, r2 = sorted(
+            wait_for(lambda: finished(client.directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name
+        )
         assert r1.sync_steps == r2.sync_steps == rounds
         assert r1.drift is None and r2.drift is None  # they applied the same sets: no round was needed
         assert 0 < r1.compute_utilisation <= 1 and 0 < r2.compute_utilisation <= 1
@@ -272,7 +278,9 @@ def test_demo_overlap_applies_each_steps_set_that_many_steps_late_and_the_rest_b
         assert sync.update(trainer) is None
         trainer.step_count += 1
     assert sync.settle(trainer) is None
-    assert exchange.applied == [(step, step + late) for step in range(5 - late)] + [(step, 5) for step in range(5 - late, 5)]
+    assert exchange.applied == [(step, step + late) for step in range(5 - late)] + [
+        (step, 5) for step in range(5 - late, 5)
+    ]
 
 
 def test_outer_steps_of_two_replicas_take_where_their_changes_agree_and_keep_them_identical(tmp_path):
@@ -287,7 +295,9 @@ def test_outer_steps_of_two_replicas_take_where_their_changes_agree_and_keep_the
                  "--max-steps", str(steps), "--sync-deadline", "20", "--average-every", "0"]  # fmt: skip
         local.start_peer("r1", "0", extra)
         local.start_peer("r2", "0", extra)
-        records = sorted(wait_for(lambda: finished(client.directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
+        records = sorted(
+            wait_for(lambda: finished(client.directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name
+        )
         config = client.directory.read_model()
         peers = [final_checkpoint(local, name, steps) for name in ("r1", "r2")]
     assert [r.sync_steps for r in records] == [steps, steps]
