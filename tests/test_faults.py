@@ -20,38 +20,54 @@ from swarm.lab.launch import LocalSwarm
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import ModelConfig
 
-# a saver that resumes from its newest checkpoint and saves the next steps as fast as it can
+# a saver that resumes from its newest checkpoint and saves the next steps as fast as it can: one for
+# each line read, forked from this process (which imports torch once, not once a restart, and runs
+# no torch op itself: a forked saver starts clean); "ended" once the saver is dead and reaped
 SAVER = """
+import os
 import sys
 from swarm.model.denoiser import ModelConfig, build_block
 from swarm.checkpoints.store import CheckpointStore
 config = ModelConfig(d_model=256, n_heads=4, n_layers=8, n_blocks=4, prefix_len=64, gen_len=32)
-store = CheckpointStore(sys.argv[1], config, block=0, swarm="crash")
-latest = store.latest()
-step = latest[1].step if latest else 0
-block = build_block(config, 0)
-print(step, flush=True)
-while True:
-    step += 1
-    store.save(block, step)
+while sys.stdin.readline():
+    saver = os.fork()
+    if saver == 0:
+        store = CheckpointStore(sys.argv[1], config, block=0, swarm="crash")
+        latest = store.latest()
+        step = latest[1].step if latest else 0
+        block = build_block(config, 0)
+        print(os.getpid(), step, flush=True)
+        while True:
+            step += 1
+            store.save(block, step)
+    os.waitpid(saver, 0)
+    print("ended", flush=True)
 """
 
 
 def test_a_peer_killed_while_saving_leaves_a_whole_checkpoint_and_resumes_from_it(tmp_path):
     config = ModelConfig(d_model=256, n_heads=4, n_layers=8, n_blocks=4, prefix_len=64, gen_len=32)
     rng, resumed_at = random.Random(0), []
-    for _ in range(12):
-        saver = subprocess.Popen([sys.executable, "-c", SAVER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-        resumed_at.append(int(saver.stdout.readline()))
-        time.sleep(rng.uniform(0.05, 0.6))  # a save takes ~30 ms: kills land mid-write as often as not
-        saver.send_signal(signal.SIGKILL)
-        saver.wait()
-        store = CheckpointStore(tmp_path, config, block=0, swarm="crash")  # also clears cut-short temp files
-        files = sorted(p.name for p in tmp_path.iterdir())
-        assert not [f for f in files if f.endswith(".tmp")], files
-        path, info = store.latest()
-        _, step = decode_block(path.read_bytes(), config, 0)  # whole: loads, right block, right step
-        assert step == info.step
+    savers = subprocess.Popen([sys.executable, "-c", SAVER, str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        for _ in range(12):
+            savers.stdin.write("start\n")
+            savers.stdin.flush()
+            pid, step = map(int, savers.stdout.readline().split())
+            resumed_at.append(step)
+            time.sleep(rng.uniform(0.05, 0.6))  # a save takes ~30 ms: kills land mid-write as often as not
+            os.kill(pid, signal.SIGKILL)
+            assert savers.stdout.readline() == "ended\n"  # dead: nothing of it writes any more
+            store = CheckpointStore(tmp_path, config, block=0, swarm="crash")  # also clears cut-short temp files
+            files = sorted(p.name for p in tmp_path.iterdir())
+            assert not [f for f in files if f.endswith(".tmp")], files
+            path, info = store.latest()
+            _, step = decode_block(path.read_bytes(), config, 0)  # whole: loads, right block, right step
+            assert step == info.step
+    finally:
+        savers.kill()
+        savers.wait()
     assert resumed_at == sorted(resumed_at) and resumed_at[-1] > resumed_at[1]  # every restart went on from the last
 
 
