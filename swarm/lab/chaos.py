@@ -103,7 +103,7 @@ class ChaosMonkey:
                 next_kill = time.monotonic() + self.config.kill_every_s
             time.sleep(1.0)
         if self._fetches_finished() < self.config.min_fetches:
-            logger.warning("the chaos period ends with %d of %d fetches finished", self._fetches_finished(), self.config.min_fetches)
+            logger.warning("the chaos period ends with %d of %d fetches finished", self._fetches_finished(), self.config.min_fetches)  # fmt: skip
         self._stop_fetching.set()
         fetches.join(FETCH_TIMEOUT_S + 10)
         return self.figures
@@ -134,7 +134,7 @@ class ChaosMonkey:
     def _kill_and_replace(self) -> None:
         alive = [r for r in self.running if r.handle.process.poll() is None]
         announced = {h.announcement.public_name for hs in self.directory.all_hosts(self.model.n_blocks).values()
-                     for h in hs if h.announcement.state in ("training", "serving")}
+                     for h in hs if h.announcement.state in ("training", "serving")}  # fmt: skip
         up = [r for r in alive if r.handle.name in announced]  # joined and working, not still starting
         per_block = {b: sum(r.block == b for r in up) for b in range(self.model.n_blocks)}
         victims = [r for r in up if per_block[r.block] >= 2]
@@ -169,7 +169,7 @@ class ChaosMonkey:
             self.figures["fetches_tried"] += 1
             try:
                 result = self.local.run("swarm-fetch", "--out", f"chaos-fetch-{count}", timeout=FETCH_TIMEOUT_S)
-            except Exception:  # subprocess.TimeoutExpired: a fetch that hung
+            except Exception:  # noqa: BLE001 (subprocess.TimeoutExpired: a fetch that hung)
                 self.figures["hangs"] += 1
                 continue
             if result.returncode == 0:
@@ -191,7 +191,7 @@ class ChaosMonkey:
             self.figures["checkpoints_checked"] += 1
             try:
                 decode_block(data, self.model, block)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 (whatever it raises, the file is torn)
                 self.figures["torn_checkpoints"] += 1
                 logger.error("torn checkpoint %s: %s", path, error)
 
@@ -204,7 +204,7 @@ class ChaosMonkey:
             coro = choose_checkpoint(self.runner.p2p, hosts, self.model, block, spot_check, show_progress=False)
             try:
                 self.runner.loop.run(coro, FETCH_TIMEOUT_S)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 (whatever it raises, nobody serves the block)
                 logger.error("block %d is lost: %s", block, error)
                 lost.append(block)
         return lost
