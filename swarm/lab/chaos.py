@@ -6,8 +6,8 @@ recovery from churn, not a swarm we emptied ourselves), with SIGKILL or SIGTERM 
 replacements restart in the victim's folder (resuming from its own checkpoint), half start
 fresh in a new folder (starting from the freshest replica's checkpoint). Throughout it samples,
 every second, which blocks have a live host (a peer that answers a ping), the newest step of
-each block, and runs `swarm-fetch` every so often. At the end every checkpoint file left on
-disk must decode.
+each block, and (unless `fetch_every_s` is None) runs `swarm-fetch` every so often. At the end
+every checkpoint file left on disk must decode.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ FETCH_TIMEOUT_S = 180.0
 class ChaosConfig:
     duration_s: float = 60.0
     kill_every_s: float = 5.0
-    fetch_every_s: float = 15.0  # between the starts of two fetches (or at once, if one took longer)
+    fetch_every_s: float | None = 15.0  # between the starts of two fetches (or at once, if one took longer); None: none
     min_fetches: int = 0  # the churn goes on past duration_s until this many fetches have finished, up to 3x duration_s
     peers_per_block: int = 2
     peer_extra: list[str] = field(default_factory=list)  # swarm-peer options of every peer
@@ -162,6 +162,8 @@ class ChaosMonkey:
                 self.figures["steps_lost"] += max(0, a.step - a.checkpoint.step)
 
     def _fetch_now_and_then(self) -> None:
+        if self.config.fetch_every_s is None:
+            return
         count, next_start = 0, time.monotonic() + self.config.fetch_every_s
         while not self._stop_fetching.wait(max(0.0, next_start - time.monotonic())) and not self._chaos_over():
             count += 1
