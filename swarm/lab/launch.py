@@ -224,10 +224,14 @@ class LocalSwarm:
                 handle.process.wait()
         return handle.process.returncode
 
+    def end(self, handle: Started) -> None:
+        """Stop a process (see `stop`), then kill the children a killed one left behind (its DHT, p2pd)."""
+        self.stop(handle)
+        _kill_group(handle.process.pid)
+
     def close(self) -> None:
         for handle in reversed(self.started):
-            self.stop(handle)
-            _kill_group(handle.process.pid)  # children a killed process left behind (its DHT, p2pd)
+            self.end(handle)
 
 
 class _ClientOnNode(SwarmClient):
