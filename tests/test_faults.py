@@ -13,7 +13,7 @@ import conftest
 import psutil
 import pytest
 from helpers import assert_one_line_error
-from swarm_helpers import tiny_swarm, wait_for, write_tiny_setup
+from swarm_helpers import FAST_PEER, one_tests_peers, tiny_swarm, wait_for, write_tiny_setup
 
 from swarm.checkpoints.store import CheckpointStore
 from swarm.lab.launch import LocalSwarm
@@ -45,6 +45,19 @@ while sys.stdin.readline():
 """
 
 
+@pytest.fixture(scope="module")
+def bootstrap(tmp_path_factory):
+    with tiny_swarm(tmp_path_factory.mktemp("faults"), "faults", {}) as (local, _, client):
+        yield local, client
+
+
+@pytest.fixture
+def swarm(bootstrap, tmp_path):
+    """The module's bootstrap and client, for the tests whose faults stay inside their own peers."""
+    with one_tests_peers(*bootstrap, tmp_path) as lent:
+        yield lent
+
+
 def test_a_peer_killed_while_saving_leaves_a_whole_checkpoint_and_resumes_from_it(tmp_path):
     config = ModelConfig(d_model=256, n_heads=4, n_layers=8, n_blocks=4, prefix_len=64, gen_len=32)
     rng, resumed_at = random.Random(0), []
@@ -72,30 +85,32 @@ def test_a_peer_killed_while_saving_leaves_a_whole_checkpoint_and_resumes_from_i
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
-def test_a_full_disk_keeps_the_last_good_checkpoint_and_the_peer_running(tmp_path):
+def test_a_full_disk_keeps_the_last_good_checkpoint_and_the_peer_running(swarm, tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     # room for two tiny-model checkpoints and a little: the third save (step 9) runs out of space
     size = int(2.6 * _tiny_checkpoint_bytes(tmp_path))
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=True)
     try:
-        with tiny_swarm(tmp_path, "fulldisk", {"b": "1"}) as (local, _, client):
-            directory = client.directory
-            extra = ["--max-steps", "9", "--save-every", "3", "--announce-period", "1", "--sync", "none",
-                     "--checkpoint-dir", str(disk / "peer")]  # fmt: skip
-            peer = local.start_peer("full", "0", extra)
-            wait_for(lambda: "could not save" in peer.log(), 120, "the failed save's log line")
-            record = wait_for(lambda: [h.announcement for h in directory.hosts(0)
-                                       if h.announcement.public_name == "full" and h.announcement.state == "serving"],
-                              120, "the peer to finish its steps")[0]  # fmt: skip
-            fetched = local.run("swarm-fetch", "--out", "model")  # others can still fetch what it kept
-            assert fetched.returncode == 0, fetched.stderr
-            assert local.stop(peer) == 0
-            kept = [p.name for p in (disk / "peer").iterdir()]
-            assert all(name.startswith("block_0_step_") and name.endswith(".safetensors") for name in kept), kept
-            newest = max(kept, key=lambda name: int(name.split("_")[3].split(".")[0]))  # no temp file left, and
-            assert newest == f"block_0_step_{record.checkpoint.step}.safetensors", kept  # the newest is announced
-            assert record.checkpoint.step < 9  # it announces the last checkpoint it could write
+        local, client = swarm
+        local.start_peer("b", "1", FAST_PEER)  # the other block, for the fetch
+        wait_for(lambda: [h for h in client.directory.hosts(1) if h.announcement.state == "serving"], 90, "b serving")
+        directory = client.directory
+        extra = ["--max-steps", "9", "--save-every", "3", "--announce-period", "1", "--sync", "none",
+                 "--checkpoint-dir", str(disk / "peer")]  # fmt: skip
+        peer = local.start_peer("full", "0", extra)
+        wait_for(lambda: "could not save" in peer.log(), 120, "the failed save's log line")
+        record = wait_for(lambda: [h.announcement for h in directory.hosts(0)
+                                   if h.announcement.public_name == "full" and h.announcement.state == "serving"],
+                          120, "the peer to finish its steps")[0]  # fmt: skip
+        fetched = local.run("swarm-fetch", "--out", "model")  # others can still fetch what it kept
+        assert fetched.returncode == 0, fetched.stderr
+        assert local.stop(peer) == 0
+        kept = [p.name for p in (disk / "peer").iterdir()]
+        assert all(name.startswith("block_0_step_") and name.endswith(".safetensors") for name in kept), kept
+        newest = max(kept, key=lambda name: int(name.split("_")[3].split(".")[0]))  # no temp file left, and
+        assert newest == f"block_0_step_{record.checkpoint.step}.safetensors", kept  # the newest is announced
+        assert record.checkpoint.step < 9  # it announces the last checkpoint it could write
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
@@ -108,20 +123,18 @@ def _tiny_checkpoint_bytes(folder) -> int:
     return store.save(build_block(config, 0), 1).size
 
 
-def test_a_peer_refuses_a_swarm_that_trains_another_config(tmp_path):
-    with tiny_swarm(tmp_path, "confighash", {}) as (local, _, client):
-        directory = client.directory
-        real = directory.wait_for_model(10).hash()
-        wrong = ("0" if real[0] != "0" else "1") + real[1:16]
-        refused = subprocess.run(local.peer_args("picky", "0", ["--expect-config-hash", wrong]), check=False,
-                                 capture_output=True, text=True, timeout=120, cwd=local.workdir)  # fmt: skip
-        assert_one_line_error(refused, "not the expected")
-        accepted = local.start_peer("agreeing", "0", ["--expect-config-hash", real[:16], "--max-steps", "2",
-                                                      "--announce-period", "1"])  # fmt: skip
-        wait_for(
-            lambda: any(h.announcement.public_name == "agreeing" for h in directory.hosts(0)), 90, "the peer to join"
-        )
-        assert accepted.process.poll() is None
+def test_a_peer_refuses_a_swarm_that_trains_another_config(swarm):
+    local, client = swarm
+    directory = client.directory
+    real = directory.wait_for_model(10).hash()
+    wrong = ("0" if real[0] != "0" else "1") + real[1:16]
+    refused = subprocess.run(local.peer_args("picky", "0", ["--expect-config-hash", wrong]), check=False,
+                             capture_output=True, text=True, timeout=120, cwd=local.workdir)  # fmt: skip
+    assert_one_line_error(refused, "not the expected")
+    accepted = local.start_peer("agreeing", "0", ["--expect-config-hash", real[:16], "--max-steps", "2",
+                                                  "--announce-period", "1"])  # fmt: skip
+    wait_for(lambda: any(h.announcement.public_name == "agreeing" for h in directory.hosts(0)), 90, "the peer to join")
+    assert accepted.process.poll() is None
 
 
 def dht_child(pid: int) -> psutil.Process:
@@ -145,49 +158,53 @@ LONE = ["--sync", "none", "--average-every", "0", "--announce-period", "1", "--s
 
 
 def test_a_dht_that_stops_answering_kills_neither_a_peer_nor_the_bootstrap(tmp_path):
-    with tiny_swarm(tmp_path, "slowdht", {}) as (local, _, client):
-        # --sync demo: it reads its replicas from the DHT every announce period, from the training loop
-        peer = local.start_peer("lone", "0", [*LONE, "--sync", "demo", "--max-steps", "100000"])
-        wait_for(lambda: any(h.announcement.public_name == "lone" and h.announcement.step > 5
-                             for h in client.directory.hosts(0)), 90, "the peer training")  # fmt: skip
-        bootstrap = local.started[0]
-        stalled = [dht_child(peer.process.pid), dht_child(bootstrap.process.pid)]
-        for process in stalled:
-            process.suspend()  # their own DHT: every get and store of theirs now times out (2 s for the peer)
-        try:
-            wait_for(lambda: "on the DHT failed" in peer.log(), 60, "the peer to meet a DHT timeout")
-            wait_for(lambda: "refresh skipped" in bootstrap.log(), 60, "the bootstrap to meet one")
-        finally:
+    config_path, corpus_path = write_tiny_setup(tmp_path)
+    with LocalSwarm(tmp_path, swarm="slowdht", config_path=config_path, data=corpus_path) as local:
+        # its DHT calls time out after 2 s, not 20 s: it meets its first timeout within seconds
+        local.start_bootstrap(refresh_period=2, extra=["--dht-timeout", "2"])
+        with local.client() as client:
+            # --sync demo: it reads its replicas from the DHT every announce period, from the training loop
+            peer = local.start_peer("lone", "0", [*LONE, "--sync", "demo", "--max-steps", "100000"])
+            wait_for(lambda: any(h.announcement.public_name == "lone" and h.announcement.step > 5
+                                 for h in client.directory.hosts(0)), 90, "the peer training")  # fmt: skip
+            bootstrap = local.started[0]
+            stalled = [dht_child(peer.process.pid), dht_child(bootstrap.process.pid)]
             for process in stalled:
-                process.resume()
-        assert peer.process.poll() is None and bootstrap.process.poll() is None
-        before = wait_for(lambda: [h.announcement.step for h in client.directory.hosts(0)
-                                   if h.announcement.public_name == "lone"], 30, "the peer's record again")[0]  # fmt: skip
-        wait_for(lambda: any(h.announcement.public_name == "lone" and h.announcement.step > before + 5
-                             for h in client.directory.hosts(0)), 60, "the peer to train on")  # fmt: skip
+                process.suspend()  # their own DHT: every get and store of theirs now times out (after 2 s)
+            try:
+                wait_for(lambda: "on the DHT failed" in peer.log(), 60, "the peer to meet a DHT timeout")
+                wait_for(lambda: "refresh skipped" in bootstrap.log(), 60, "the bootstrap to meet one")
+            finally:
+                for process in stalled:
+                    process.resume()
+            assert peer.process.poll() is None and bootstrap.process.poll() is None
+            before = wait_for(lambda: [h.announcement.step for h in client.directory.hosts(0)
+                                       if h.announcement.public_name == "lone"], 30, "the peer's record again")[0]  # fmt: skip
+            wait_for(lambda: any(h.announcement.public_name == "lone" and h.announcement.step > before + 5
+                                 for h in client.directory.hosts(0)), 60, "the peer to train on")  # fmt: skip
 
 
-def test_a_stopped_peer_ends_every_process_it_started_whatever_its_dht_is_doing(tmp_path):
-    with tiny_swarm(tmp_path, "stopdht", {}) as (local, _, client):
-        peer = local.start_peer("lone", "0", [*LONE, "--max-steps", "100000"])
-        wait_for(lambda: any(h.announcement.public_name == "lone" and h.announcement.state == "training"
-                             for h in client.directory.hosts(0)), 90, "the peer training")  # fmt: skip
-        dht = dht_child(peer.process.pid)
-        family = [dht, *dht.children(recursive=True)]
-        dht.suspend()  # it cannot shut down gracefully, nor act on SIGTERM
-        assert local.stop(peer, signal.SIGTERM, timeout=40) == 0, peer.log()[-2000:]  # SIGKILLed (and failed) past 40 s
-        assert "peer stopped" in peer.log()
-        assert not [p for p in family if running(p)]
+def test_a_stopped_peer_ends_every_process_it_started_whatever_its_dht_is_doing(swarm):
+    local, client = swarm
+    peer = local.start_peer("lone", "0", [*LONE, "--max-steps", "100000"])
+    wait_for(lambda: any(h.announcement.public_name == "lone" and h.announcement.state == "training"
+                         for h in client.directory.hosts(0)), 90, "the peer training")  # fmt: skip
+    dht = dht_child(peer.process.pid)
+    family = [dht, *dht.children(recursive=True)]
+    dht.suspend()  # it cannot shut down gracefully, nor act on SIGTERM
+    assert local.stop(peer, signal.SIGTERM, timeout=40) == 0, peer.log()[-2000:]  # SIGKILLed (and failed) past 40 s
+    assert "peer stopped" in peer.log()
+    assert not [p for p in family if running(p)]
 
 
-def test_a_child_process_that_inherited_the_peers_signal_handler_still_dies_of_sigterm(tmp_path):
-    with tiny_swarm(tmp_path, "childsig", {}) as (local, _, client):
-        peer = local.start_peer("lone", "0", LONE)
-        wait_for(lambda: any(h.announcement.public_name == "lone" for h in client.directory.hosts(0)), 90, "the peer")
-        dht = dht_child(peer.process.pid)
-        dht.terminate()  # the peer's handler (stop after this step) must not make its DHT shrug this off
-        wait_for(lambda: not running(dht), 10, "the DHT process to die of SIGTERM")
-        local.stop(peer, signal.SIGKILL)
+def test_a_child_process_that_inherited_the_peers_signal_handler_still_dies_of_sigterm(swarm):
+    local, client = swarm
+    peer = local.start_peer("lone", "0", LONE)
+    wait_for(lambda: any(h.announcement.public_name == "lone" for h in client.directory.hosts(0)), 90, "the peer")
+    dht = dht_child(peer.process.pid)
+    dht.terminate()  # the peer's handler (stop after this step) must not make its DHT shrug this off
+    wait_for(lambda: not running(dht), 10, "the DHT process to die of SIGTERM")
+    local.stop(peer, signal.SIGKILL)
 
 
 def test_a_peer_behind_nat_that_no_relay_will_take_says_so_and_announces_nothing(tmp_path):
