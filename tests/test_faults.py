@@ -13,7 +13,7 @@ import conftest
 import psutil
 import pytest
 from helpers import assert_one_line_error
-from swarm_helpers import FAST_PEER, one_tests_peers, tiny_swarm, wait_for, write_tiny_setup
+from swarm_helpers import FAST_PEER, wait_for, write_tiny_setup
 
 from swarm.checkpoints.store import CheckpointStore
 from swarm.lab.launch import LocalSwarm
@@ -45,19 +45,6 @@ while sys.stdin.readline():
 """
 
 
-@pytest.fixture(scope="module")
-def bootstrap(tmp_path_factory):
-    with tiny_swarm(tmp_path_factory.mktemp("faults"), "faults", {}) as (local, _, client):
-        yield local, client
-
-
-@pytest.fixture
-def swarm(bootstrap, tmp_path):
-    """The module's bootstrap and client, for the tests whose faults stay inside their own peers."""
-    with one_tests_peers(*bootstrap, tmp_path) as lent:
-        yield lent
-
-
 def test_a_peer_killed_while_saving_leaves_a_whole_checkpoint_and_resumes_from_it(tmp_path):
     config = ModelConfig(d_model=256, n_heads=4, n_layers=8, n_blocks=4, prefix_len=64, gen_len=32)
     rng, resumed_at = random.Random(0), []
@@ -85,14 +72,14 @@ def test_a_peer_killed_while_saving_leaves_a_whole_checkpoint_and_resumes_from_i
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
-def test_a_full_disk_keeps_the_last_good_checkpoint_and_the_peer_running(swarm, tmp_path):
+def test_a_full_disk_keeps_the_last_good_checkpoint_and_the_peer_running(lent_swarm, tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     # room for two tiny-model checkpoints and a little: the third save (step 9) runs out of space
     size = int(2.6 * _tiny_checkpoint_bytes(tmp_path))
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=True)
     try:
-        local, client = swarm
+        local, client = lent_swarm
         local.start_peer("b", "1", FAST_PEER)  # the other block, for the fetch
         wait_for(lambda: [h for h in client.directory.hosts(1) if h.announcement.state == "serving"], 90, "b serving")
         directory = client.directory
@@ -123,8 +110,8 @@ def _tiny_checkpoint_bytes(folder) -> int:
     return store.save(build_block(config, 0), 1).size
 
 
-def test_a_peer_refuses_a_swarm_that_trains_another_config(swarm):
-    local, client = swarm
+def test_a_peer_refuses_a_swarm_that_trains_another_config(lent_swarm):
+    local, client = lent_swarm
     directory = client.directory
     real = directory.wait_for_model(10).hash()
     wrong = ("0" if real[0] != "0" else "1") + real[1:16]
@@ -184,8 +171,8 @@ def test_a_dht_that_stops_answering_kills_neither_a_peer_nor_the_bootstrap(tmp_p
                                  for h in client.directory.hosts(0)), 60, "the peer to train on")  # fmt: skip
 
 
-def test_a_stopped_peer_ends_every_process_it_started_whatever_its_dht_is_doing(swarm):
-    local, client = swarm
+def test_a_stopped_peer_ends_every_process_it_started_whatever_its_dht_is_doing(lent_swarm):
+    local, client = lent_swarm
     peer = local.start_peer("lone", "0", [*LONE, "--max-steps", "100000"])
     wait_for(lambda: any(h.announcement.public_name == "lone" and h.announcement.state == "training"
                          for h in client.directory.hosts(0)), 90, "the peer training")  # fmt: skip
@@ -197,8 +184,8 @@ def test_a_stopped_peer_ends_every_process_it_started_whatever_its_dht_is_doing(
     assert not [p for p in family if running(p)]
 
 
-def test_a_child_process_that_inherited_the_peers_signal_handler_still_dies_of_sigterm(swarm):
-    local, client = swarm
+def test_a_child_process_that_inherited_the_peers_signal_handler_still_dies_of_sigterm(lent_swarm):
+    local, client = lent_swarm
     peer = local.start_peer("lone", "0", LONE)
     wait_for(lambda: any(h.announcement.public_name == "lone" for h in client.directory.hosts(0)), 90, "the peer")
     dht = dht_child(peer.process.pid)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import load_file
-from swarm_helpers import one_tests_peers, tiny_swarm, wait_for
+from swarm_helpers import wait_for
 
 from swarm.errors import SwarmError
 from swarm.model.data import load_corpus
@@ -24,19 +24,6 @@ from swarm.sync.pseudo_gradient import agreeing_minimum
 SYNC = ["--sync", "demo", "--wait-for-replicas", "2", "--save-every", "50", "--announce-period", "1"]
 
 
-@pytest.fixture(scope="module")
-def bootstrap(tmp_path_factory):
-    with tiny_swarm(tmp_path_factory.mktemp("sync"), "synctest", {}) as (local, _, client):
-        yield local, client
-
-
-@pytest.fixture
-def swarm(bootstrap, tmp_path):
-    """The module's bootstrap and client; each test starts replicas of block 0 of its own."""
-    with one_tests_peers(*bootstrap, tmp_path) as lent:
-        yield lent
-
-
 def final_checkpoint(local, name: str, step: int):
     return load_file(local.workdir / name / f"block_0_step_{step}.safetensors")
 
@@ -47,11 +34,11 @@ def finished(directory, replicas: int) -> list:
     return found if len(found) == replicas else []
 
 
-def test_two_replicas_that_get_every_payload_stay_identical(swarm, tmp_path):
+def test_two_replicas_that_get_every_payload_stay_identical(lent_swarm, tmp_path):
     """Lockstep DeMo. r1 computes spare batches while it waits for r2's payloads (its trace shows
     them): they change what r1 sends, never its weights apart from the gathered sets."""
     trace = tmp_path / "r1.sync-trace.jsonl"
-    local, client = swarm
+    local, client = lent_swarm
     directory = client.directory
     extra = [*SYNC, "--max-steps", "12", "--sync-deadline", "20", "--average-every", "4"]
     local.start_peer("r1", "0", [*extra, "--spare-batch-size", "2", "--sync-trace", str(trace)])
@@ -85,8 +72,8 @@ def test_spare_batches_are_refused_where_they_cannot_apply(options, fragment):
 
 # enough steps that the kill lands mid-training (a dense step without its partner waits 2 s)
 @pytest.mark.parametrize("sync, steps", [("demo", 150), ("dense", 16)])
-def test_a_killed_replica_does_not_stop_the_others(swarm, sync, steps):
-    local, client = swarm
+def test_a_killed_replica_does_not_stop_the_others(lent_swarm, sync, steps):
+    local, client = lent_swarm
     directory = client.directory
     extra = [*SYNC, "--sync", sync, "--max-steps", str(steps), "--sync-deadline", "1", "--average-every", "0"]
     survivor = local.start_peer("r1", "0", extra)
@@ -103,10 +90,10 @@ def test_a_killed_replica_does_not_stop_the_others(swarm, sync, steps):
     assert final.step == steps and final.sync_steps < steps, final
 
 
-def two_replicas(swarm, steps: int, options: list[str]):
+def two_replicas(lent_swarm, steps: int, options: list[str]):
     """Replicas r1 and r2 of block 0 trained `steps` steps: their final records, and how far
     apart their final checkpoints are (largest absolute difference), and r1's checkpoint."""
-    local, client = swarm
+    local, client = lent_swarm
     directory = client.directory
     extra = [*SYNC, "--max-steps", str(steps), "--sync-deadline", "10", *options]
     local.start_peer("r1", "0", extra)
@@ -116,8 +103,8 @@ def two_replicas(swarm, steps: int, options: list[str]):
     return r1, r2, max((first[k] - second[k]).abs().max().item() for k in first), first
 
 
-def test_dense_replicas_average_gradients_and_count_the_all_reduce(swarm):
-    r1, r2, apart, weights = two_replicas(swarm, 8, ["--sync", "dense", "--average-every", "0"])
+def test_dense_replicas_average_gradients_and_count_the_all_reduce(lent_swarm):
+    r1, r2, apart, weights = two_replicas(lent_swarm, 8, ["--sync", "dense", "--average-every", "0"])
     assert r1.sync_steps == r2.sync_steps == 8
     params = sum(t.numel() for t in weights.values())
     # a ring or butterfly all-reduce of fp32 sends at least 2 (n-1)/n * 4 bytes per parameter per step
@@ -129,11 +116,11 @@ def replica_logs(local, names: list[str]) -> dict[str, str]:
     return {p.name: p.log() for p in local.started if p.name in names}
 
 
-def test_three_independent_replicas_merge_into_their_median(swarm):
+def test_three_independent_replicas_merge_into_their_median(lent_swarm):
     """--sync none: each replica trains alone on its own batches, so at the round's step all three
     checkpoints differ; each downloads the other two and takes the coordinate-wise median."""
     names = ["r1", "r2", "r3"]
-    local, client = swarm
+    local, client = lent_swarm
     extra = [*SYNC, "--sync", "none", "--wait-for-replicas", "3", "--max-steps", "5", "--save-every", "5",
              "--average-every", "5"]  # fmt: skip
     for name in names:
@@ -144,9 +131,9 @@ def test_three_independent_replicas_merge_into_their_median(swarm):
     assert all("merged the replicas' checkpoints" in log for log in logs.values()), logs
 
 
-def test_two_replicas_that_drifted_apart_keep_their_weights_and_say_so(swarm):
+def test_two_replicas_that_drifted_apart_keep_their_weights_and_say_so(lent_swarm):
     """Two voices cannot tell the liar from the honest replica: a round changes nothing."""
-    local, client = swarm
+    local, client = lent_swarm
     extra = [*SYNC, "--sync", "none", "--max-steps", "5", "--save-every", "5", "--average-every", "5"]
     for name in ("r1", "r2"):
         local.start_peer(name, "0", extra)
@@ -158,12 +145,12 @@ def test_two_replicas_that_drifted_apart_keep_their_weights_and_say_so(swarm):
     assert all("needed to judge): weights kept" in log for log in logs.values()), logs
 
 
-def test_a_replica_that_misses_steps_is_merged_back_in(swarm):
+def test_a_replica_that_misses_steps_is_merged_back_in(lent_swarm):
     """A laptop that dozes: r3 stops for longer than the deadline (r1 and r2 step on without it, but
     for less than its record lives), so the fingerprints differ and the next round merges the
     three: r1 and r2 applied the same sets, a majority of keys, and r3 takes their weights."""
     steps = 80
-    local, client = swarm
+    local, client = lent_swarm
     directory = client.directory
     extra = [*SYNC, "--wait-for-replicas", "3", "--sync-deadline", "1", "--max-steps", str(steps),
              "--average-every", "20"]  # fmt: skip
@@ -184,12 +171,12 @@ def test_a_replica_that_misses_steps_is_merged_back_in(swarm):
 
 
 @pytest.mark.parametrize("sync, rounds", [("demo-overlap", 12), ("outer-overlap", 4)])
-def test_overlapped_replicas_stay_identical(swarm, tmp_path, sync, rounds):
+def test_overlapped_replicas_stay_identical(lent_swarm, tmp_path, sync, rounds):
     """Each step's set (outer-overlap: each round's, H = 3) is applied late, the same on both; the
     one in flight is applied before each checkpoint, so checkpoints 6 and 12 are equal too. r1's
     sync trace holds each exchange's publish and wait, in time order."""
     trace = tmp_path / "r1.sync-trace.jsonl"
-    local, client = swarm
+    local, client = lent_swarm
     extra = [*SYNC, "--sync", sync, "--outer-steps", "3", "--max-steps", "12", "--save-every", "6",
              "--sync-deadline", "20", "--average-every", "4"]  # fmt: skip
     local.start_peer("r1", "0", [*extra, "--sync-trace", str(trace)])
@@ -292,14 +279,14 @@ def test_demo_overlap_applies_each_steps_set_that_many_steps_late_and_the_rest_b
     ]
 
 
-def test_outer_steps_of_two_replicas_take_where_their_changes_agree_and_keep_them_identical(swarm):
+def test_outer_steps_of_two_replicas_take_where_their_changes_agree_and_keep_them_identical(lent_swarm):
     """H = 1, float32 changes, two replicas: each outer step moves both from their common start by
     their changes where the two agree, by the smaller (`agreeing_minimum`), and nowhere else; the
     replicas end identical, bit for bit. Replayed here: the same trainers (same start, same
     batches, as the peers' ids seed them), combined after every step by that rule, and, to show
     that the check tells rules apart, by the plain mean (which outer steps of two once took)."""
     steps = 6
-    local, client = swarm
+    local, client = lent_swarm
     extra = [*SYNC, "--sync", "outer", "--outer-steps", "1", "--outer-compression", "none",
              "--max-steps", str(steps), "--sync-deadline", "20", "--average-every", "0"]  # fmt: skip
     local.start_peer("r1", "0", extra)
