@@ -48,9 +48,10 @@ def text_file(tmp_path) -> Path:
 def start(tmp_path, tiny_config):
     """`start(name, servicer=BlockServicer)`: a CheckpointHost of block 0 of `tiny_config` on
     127.0.0.1, in swarm_helpers.HOSTS_SWARM; all are closed after the test."""
+    from swarm_helpers import HOSTS_SWARM
+
     from swarm.checkpoints.transfer import BlockServicer  # hivemind only for the tests that use it
     from swarm.lab.hosting import CheckpointHost
-    from swarm_helpers import HOSTS_SWARM
 
     started = []
 
@@ -61,3 +62,23 @@ def start(tmp_path, tiny_config):
     yield start_host
     for host in started:
         host.close()
+
+
+@pytest.fixture(scope="module")
+def module_bootstrap(tmp_path_factory, request):
+    """A bootstrap node of a tiny model and a client in this process, for the tests of one module
+    to share (one per test costs seconds each): see `lent_swarm`."""
+    from swarm_helpers import tiny_swarm
+
+    name = request.module.__name__.rpartition(".")[2].removeprefix("test_")
+    with tiny_swarm(tmp_path_factory.mktemp(name), name, {}) as (local, _, client):
+        yield local, client
+
+
+@pytest.fixture
+def lent_swarm(module_bootstrap, tmp_path):
+    """The module's bootstrap and client, lent to one test (swarm_helpers.one_tests_peers)."""
+    from swarm_helpers import one_tests_peers
+
+    with one_tests_peers(*module_bootstrap, tmp_path) as lent:
+        yield lent

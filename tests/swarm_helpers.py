@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import conftest
 
@@ -18,7 +18,8 @@ from swarm.p2p.network import NetworkOptions
 from swarm.p2p.records import CheckpointInfo
 from swarm.waiting import wait_for
 
-__all__ = ["FAST_PEER", "HOSTS_SWARM", "client_of", "poisoned_host", "tiny_swarm", "wait_for", "write_tiny_setup"]
+__all__ = ["FAST_PEER", "HOSTS_SWARM", "client_of", "one_tests_peers", "poisoned_host", "tiny_swarm", "wait_for",
+           "write_tiny_setup"]  # fmt: skip
 
 HOSTS_SWARM = "transfer"  # the swarm of the checkpoint hosts that the `start` fixture (conftest.py) starts
 
@@ -37,7 +38,9 @@ FAST_PEER = ["--max-steps", "6", "--save-every", "3", "--announce-period", "1"]
 
 
 @contextmanager
-def tiny_swarm(workdir: Path, swarm: str, blocks: dict[str, str]) -> Iterator[tuple[LocalSwarm, dict[str, Started], SwarmClient]]:
+def tiny_swarm(
+    workdir: Path, swarm: str, blocks: dict[str, str]
+) -> Iterator[tuple[LocalSwarm, dict[str, Started], SwarmClient]]:
     """A bootstrap node and the named peers (name -> block) of a tiny model, each of their blocks served.
 
     Yields the swarm, the peer processes by name, and a client of the swarm in the test process.
@@ -49,9 +52,26 @@ def tiny_swarm(workdir: Path, swarm: str, blocks: dict[str, str]) -> Iterator[tu
         with local.client() as client:
             hosted = {int(block) for block in blocks.values()}
             directory = client.directory
-            served = lambda: all(any(h.announcement.state == "serving" for h in directory.hosts(b)) for b in hosted)  # noqa: E731
+            served = lambda: all(any(h.announcement.state == "serving" for h in directory.hosts(b)) for b in hosted)
             wait_for(served, 90, f"blocks {sorted(hosted)} served")
             yield local, peers, client
+
+
+@contextmanager
+def one_tests_peers(local: LocalSwarm, client: SwarmClient, folder: Path) -> Iterator[tuple[LocalSwarm, SwarmClient]]:
+    """A bootstrap and client that a module's tests share (`tiny_swarm` without peers, module-scoped:
+    one per test costs seconds each), lent to one test: the peers it starts keep their folders and
+    logs in `folder`; after it each is ended, and its record gone, so the next test finds no host."""
+    local.workdir, before = folder, len(local.started)
+    try:
+        yield local, client
+    finally:
+        ours = local.started[before:]
+        del local.started[before:]
+        for handle in ours:
+            local.end(handle)
+        listed = lambda: any(client.directory.all_hosts(conftest.TINY["n_blocks"]).values())
+        wait_for(lambda: not listed(), 30, "the test's peers gone from the records")
 
 
 def poisoned_host(local: LocalSwarm, config: ModelConfig, step: int) -> tuple[CheckpointHost, CheckpointInfo]:

@@ -1,4 +1,6 @@
-"""Churn on a real local swarm (short): peers killed and replaced every few seconds lose nothing."""
+"""Churn on a real local swarm, briefly: peers killed and replaced every few seconds lose nothing.
+The long soak, with `swarm-fetch` run during the churn and beside the same swarm left calm, is
+benchmarks/chaos.py (a fetch takes most of a minute on two busy cores)."""
 
 from __future__ import annotations
 
@@ -18,19 +20,17 @@ def test_churn_loses_no_block_tears_no_checkpoint_and_hangs_nothing(tmp_path):
         with local.client() as client:
             config = client.directory.wait_for_model(30)
             runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, ping_timeout=2)
-            # a fetch takes most of a minute on two busy cores: they run back to back, and the churn
-            # goes on until two have finished
-            chaos = ChaosConfig(duration_s=60, kill_every_s=5, fetch_every_s=5, min_fetches=2, peer_extra=CHAOS_PEER, seed=1)
+            chaos = ChaosConfig(duration_s=25, kill_every_s=4, fetch_every_s=None, peer_extra=CHAOS_PEER, seed=1)
             monkey = ChaosMonkey(local, runner, chaos)
             monkey.start_peers()
             monkey.run()
             monkey.check_checkpoints()
             report = monkey.report()
     # a replacement takes 10-20 s to start on 2 busy cores, and only a block with two replicas up loses one
-    assert report["killed_sigkill"] + report["killed_sigterm"] >= 4, report
+    assert report["killed_sigkill"] + report["killed_sigterm"] >= 2, report
     assert report["blocks_lost"] == [] and report["torn_checkpoints"] == 0 and report["hangs"] == 0, report
     assert report["checkpoints_checked"] > 0, report
     assert report["samples_with_a_block_down"] == 0, report
-    assert report["fetches_tried"] >= 2 and report["fetches_failed_otherwise"] == 0, report
-    assert report["fetches_succeeded"] >= 1, report
-    assert all(last > first for first, last in zip(report["first_step_per_block"], report["last_step_per_block"])), report
+    assert all(last > first for first, last in zip(report["first_step_per_block"], report["last_step_per_block"])), (
+        report
+    )

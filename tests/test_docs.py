@@ -33,7 +33,7 @@ CI_BLOCK = [
     "pip install torch==2.13.0 -e '.[test]'",
     'bash .ci/regions-setup || echo "emulated-region tests will be skipped: see the lines above"',
     'bash .ci/browser-setup || echo "the health page\'s browser test will be skipped: see the lines above"',
-    "python -m pytest -q",
+    "python -m pytest -q --durations=15",
 ]
 
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import load_file
-from swarm_helpers import tiny_swarm, wait_for
+from swarm_helpers import wait_for
 
 from swarm.errors import SwarmError
 from swarm.model.data import load_corpus
@@ -34,25 +34,25 @@ def finished(directory, replicas: int) -> list:
     return found if len(found) == replicas else []
 
 
-def test_two_replicas_that_get_every_payload_stay_identical(tmp_path):
+def test_two_replicas_that_get_every_payload_stay_identical(lent_swarm, tmp_path):
     """Lockstep DeMo. r1 computes spare batches while it waits for r2's payloads (its trace shows
     them): they change what r1 sends, never its weights apart from the gathered sets."""
     trace = tmp_path / "r1.sync-trace.jsonl"
-    with tiny_swarm(tmp_path, "synctest", {}) as (local, _, client):
-        directory = client.directory
-        extra = [*SYNC, "--max-steps", "12", "--sync-deadline", "20", "--average-every", "4"]
-        local.start_peer("r1", "0", [*extra, "--spare-batch-size", "2", "--sync-trace", str(trace)])
-        local.start_peer("r2", "0", extra)
-        r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
-        assert r1.sync_steps == r2.sync_steps == 12
-        assert r1.drift is None and r2.drift is None  # they applied the same payloads: no round was needed
-        assert r1.sync_bytes_received == r2.sync_bytes_sent > 0  # counted on both ends of the wire
-        assert r2.sync_bytes_received == r1.sync_bytes_sent > 0
-        first, second = final_checkpoint(local, "r1", 12), final_checkpoint(local, "r2", 12)
-        assert first.keys() == second.keys()
-        differing = [k for k in first if not (first[k] == second[k]).all()]
-        assert not differing, differing
-        assert "refused" not in local.started[-1].log() + local.started[-2].log()
+    local, client = lent_swarm
+    directory = client.directory
+    extra = [*SYNC, "--max-steps", "12", "--sync-deadline", "20", "--average-every", "4"]
+    local.start_peer("r1", "0", [*extra, "--spare-batch-size", "2", "--sync-trace", str(trace)])
+    local.start_peer("r2", "0", extra)
+    r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
+    assert r1.sync_steps == r2.sync_steps == 12
+    assert r1.drift is None and r2.drift is None  # they applied the same payloads: no round was needed
+    assert r1.sync_bytes_received == r2.sync_bytes_sent > 0  # counted on both ends of the wire
+    assert r2.sync_bytes_received == r1.sync_bytes_sent > 0
+    first, second = final_checkpoint(local, "r1", 12), final_checkpoint(local, "r2", 12)
+    assert first.keys() == second.keys()
+    differing = [k for k in first if not (first[k] == second[k]).all()]
+    assert not differing, differing
+    assert "refused" not in local.started[-1].log() + local.started[-2].log()
     waits = [json.loads(line) for line in trace.read_text().splitlines() if '"wait"' in line]
     assert len(waits) == 12 and sum(w["spare_windows"] for w in waits) > 0, waits
 
@@ -71,40 +71,40 @@ def test_spare_batches_are_refused_where_they_cannot_apply(options, fragment):
 
 
 # enough steps that the kill lands mid-training (a dense step without its partner waits 2 s)
-@pytest.mark.parametrize("sync, steps", [("demo", 300), ("dense", 36)])
-def test_a_killed_replica_does_not_stop_the_others(tmp_path, sync, steps):
-    with tiny_swarm(tmp_path, f"synckill{sync}", {}) as (local, _, client):
-        directory = client.directory
-        extra = [*SYNC, "--sync", sync, "--max-steps", str(steps), "--sync-deadline", "1", "--average-every", "0"]
-        survivor = local.start_peer("r1", "0", extra)
-        victim = local.start_peer("r2", "0", extra)
-        r1 = wait_for(lambda: [h.announcement for h in directory.hosts(0) if h.announcement.public_name == "r1"
-                               and h.announcement.step >= 5], 120, "replicas stepping")[0]  # fmt: skip
-        local.stop(victim, signal.SIGKILL)
-        assert r1.state == "training"  # killed while the survivor still had steps to take with it
-        # a step waits at most the deadline (DeMo) or twice it (dense) for the dead replica
-        final = wait_for(lambda: [h.announcement for h in directory.hosts(0) if h.announcement.state == "serving"
-                                  and h.announcement.public_name == "r1"], 120, "the survivor to finish its steps")[0]  # fmt: skip
-        assert survivor.process.poll() is None  # still up, serving
-        # the steps after the kill had nobody to exchange with: they trained alone, and are not counted as exchanged
-        assert final.step == steps and final.sync_steps < steps, final
+@pytest.mark.parametrize("sync, steps", [("demo", 150), ("dense", 16)])
+def test_a_killed_replica_does_not_stop_the_others(lent_swarm, sync, steps):
+    local, client = lent_swarm
+    directory = client.directory
+    extra = [*SYNC, "--sync", sync, "--max-steps", str(steps), "--sync-deadline", "1", "--average-every", "0"]
+    survivor = local.start_peer("r1", "0", extra)
+    victim = local.start_peer("r2", "0", extra)
+    r1 = wait_for(lambda: [h.announcement for h in directory.hosts(0) if h.announcement.public_name == "r1"
+                           and h.announcement.step >= 5], 120, "replicas stepping")[0]  # fmt: skip
+    local.stop(victim, signal.SIGKILL)
+    assert r1.state == "training"  # killed while the survivor still had steps to take with it
+    # a step waits at most the deadline (DeMo) or twice it (dense) for the dead replica
+    final = wait_for(lambda: [h.announcement for h in directory.hosts(0) if h.announcement.state == "serving"
+                              and h.announcement.public_name == "r1"], 120, "the survivor to finish its steps")[0]  # fmt: skip
+    assert survivor.process.poll() is None  # still up, serving
+    # the steps after the kill had nobody to exchange with: they trained alone, and are not counted as exchanged
+    assert final.step == steps and final.sync_steps < steps, final
 
 
-def two_replicas(tmp_path, swarm: str, steps: int, options: list[str]):
+def two_replicas(lent_swarm, steps: int, options: list[str]):
     """Replicas r1 and r2 of block 0 trained `steps` steps: their final records, and how far
     apart their final checkpoints are (largest absolute difference), and r1's checkpoint."""
-    with tiny_swarm(tmp_path, swarm, {}) as (local, _, client):
-        directory = client.directory
-        extra = [*SYNC, "--max-steps", str(steps), "--sync-deadline", "10", *options]
-        local.start_peer("r1", "0", extra)
-        local.start_peer("r2", "0", extra)
-        r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 150, "replicas to finish"), key=lambda a: a.public_name)
-        first, second = final_checkpoint(local, "r1", steps), final_checkpoint(local, "r2", steps)
+    local, client = lent_swarm
+    directory = client.directory
+    extra = [*SYNC, "--max-steps", str(steps), "--sync-deadline", "10", *options]
+    local.start_peer("r1", "0", extra)
+    local.start_peer("r2", "0", extra)
+    r1, r2 = sorted(wait_for(lambda: finished(directory, 2), 150, "replicas to finish"), key=lambda a: a.public_name)
+    first, second = final_checkpoint(local, "r1", steps), final_checkpoint(local, "r2", steps)
     return r1, r2, max((first[k] - second[k]).abs().max().item() for k in first), first
 
 
-def test_dense_replicas_average_gradients_and_count_the_all_reduce(tmp_path):
-    r1, r2, apart, weights = two_replicas(tmp_path, "syncdense", 8, ["--sync", "dense", "--average-every", "0"])
+def test_dense_replicas_average_gradients_and_count_the_all_reduce(lent_swarm):
+    r1, r2, apart, weights = two_replicas(lent_swarm, 8, ["--sync", "dense", "--average-every", "0"])
     assert r1.sync_steps == r2.sync_steps == 8
     params = sum(t.numel() for t in weights.values())
     # a ring or butterfly all-reduce of fp32 sends at least 2 (n-1)/n * 4 bytes per parameter per step
@@ -116,80 +116,82 @@ def replica_logs(local, names: list[str]) -> dict[str, str]:
     return {p.name: p.log() for p in local.started if p.name in names}
 
 
-def test_three_independent_replicas_merge_into_their_median(tmp_path):
+def test_three_independent_replicas_merge_into_their_median(lent_swarm):
     """--sync none: each replica trains alone on its own batches, so at the round's step all three
     checkpoints differ; each downloads the other two and takes the coordinate-wise median."""
     names = ["r1", "r2", "r3"]
-    with tiny_swarm(tmp_path, "syncmedian", {}) as (local, _, client):
-        extra = [*SYNC, "--sync", "none", "--wait-for-replicas", "3", "--max-steps", "5", "--save-every", "5",
-                 "--average-every", "5"]  # fmt: skip
-        for name in names:
-            local.start_peer(name, "0", extra)
-        done = wait_for(lambda: finished(client.directory, 3), 150, "the replicas to finish")
-        assert all(a.drift is not None and a.drift > 1e-4 for a in done), done
-        logs = replica_logs(local, names)
+    local, client = lent_swarm
+    extra = [*SYNC, "--sync", "none", "--wait-for-replicas", "3", "--max-steps", "5", "--save-every", "5",
+             "--average-every", "5"]  # fmt: skip
+    for name in names:
+        local.start_peer(name, "0", extra)
+    done = wait_for(lambda: finished(client.directory, 3), 150, "the replicas to finish")
+    assert all(a.drift is not None and a.drift > 1e-4 for a in done), done
+    logs = replica_logs(local, names)
     assert all("merged the replicas' checkpoints" in log for log in logs.values()), logs
 
 
-def test_two_replicas_that_drifted_apart_keep_their_weights_and_say_so(tmp_path):
+def test_two_replicas_that_drifted_apart_keep_their_weights_and_say_so(lent_swarm):
     """Two voices cannot tell the liar from the honest replica: a round changes nothing."""
-    with tiny_swarm(tmp_path, "synctwo", {}) as (local, _, client):
-        extra = [*SYNC, "--sync", "none", "--max-steps", "5", "--save-every", "5", "--average-every", "5"]
-        for name in ("r1", "r2"):
-            local.start_peer(name, "0", extra)
-        done = wait_for(lambda: finished(client.directory, 2), 150, "the replicas to finish")
-        assert all(a.drift is None for a in done), done
-        first, second = final_checkpoint(local, "r1", 5), final_checkpoint(local, "r2", 5)
-        logs = replica_logs(local, ["r1", "r2"])
+    local, client = lent_swarm
+    extra = [*SYNC, "--sync", "none", "--max-steps", "5", "--save-every", "5", "--average-every", "5"]
+    for name in ("r1", "r2"):
+        local.start_peer(name, "0", extra)
+    done = wait_for(lambda: finished(client.directory, 2), 150, "the replicas to finish")
+    assert all(a.drift is None for a in done), done
+    first, second = final_checkpoint(local, "r1", 5), final_checkpoint(local, "r2", 5)
+    logs = replica_logs(local, ["r1", "r2"])
     assert max((first[k] - second[k]).abs().max().item() for k in first) > 1e-4  # they had drifted apart
     assert all("needed to judge): weights kept" in log for log in logs.values()), logs
 
 
-def test_a_replica_that_misses_steps_is_merged_back_in(tmp_path):
+def test_a_replica_that_misses_steps_is_merged_back_in(lent_swarm):
     """A laptop that dozes: r3 stops for longer than the deadline (r1 and r2 step on without it, but
     for less than its record lives), so the fingerprints differ and the next round merges the
     three: r1 and r2 applied the same sets, a majority of keys, and r3 takes their weights."""
-    steps = 100
-    with tiny_swarm(tmp_path, "syncpause", {}) as (local, _, client):
-        directory = client.directory
-        extra = [*SYNC, "--wait-for-replicas", "3", "--sync-deadline", "1", "--max-steps", str(steps),
-                 "--average-every", "25"]  # fmt: skip
-        local.start_peer("r1", "0", extra)
-        local.start_peer("r2", "0", extra)
-        sleeper = local.start_peer("r3", "0", extra)
-        wait_for(lambda: any(h.announcement.sync_steps >= 1 for h in directory.hosts(0)), 120, "replicas exchanging")
-        sleeper.process.send_signal(signal.SIGSTOP)
-        time.sleep(1.5)
-        sleeper.process.send_signal(signal.SIGCONT)
-        done = wait_for(lambda: finished(directory, 3), 200, "the replicas to finish")
-        drift = max(a.drift or 0.0 for a in done)
-        assert drift > 1e-4  # measured at the round that merged them
-        # from there on all three applied the same sets to the same weights
-        final = [final_checkpoint(local, name, steps) for name in ("r1", "r2", "r3")]
-        for other in final[1:]:
-            assert max((final[0][k] - other[k]).abs().max().item() for k in other) < drift / 10
+    steps = 80
+    local, client = lent_swarm
+    directory = client.directory
+    extra = [*SYNC, "--wait-for-replicas", "3", "--sync-deadline", "1", "--max-steps", str(steps),
+             "--average-every", "20"]  # fmt: skip
+    local.start_peer("r1", "0", extra)
+    local.start_peer("r2", "0", extra)
+    sleeper = local.start_peer("r3", "0", extra)
+    wait_for(lambda: any(h.announcement.sync_steps >= 1 for h in directory.hosts(0)), 120, "replicas exchanging")
+    sleeper.process.send_signal(signal.SIGSTOP)
+    time.sleep(1.5)
+    sleeper.process.send_signal(signal.SIGCONT)
+    done = wait_for(lambda: finished(directory, 3), 200, "the replicas to finish")
+    drift = max(a.drift or 0.0 for a in done)
+    assert drift > 1e-4  # measured at the round that merged them
+    # from there on all three applied the same sets to the same weights
+    final = [final_checkpoint(local, name, steps) for name in ("r1", "r2", "r3")]
+    for other in final[1:]:
+        assert max((final[0][k] - other[k]).abs().max().item() for k in other) < drift / 10
 
 
 @pytest.mark.parametrize("sync, rounds", [("demo-overlap", 12), ("outer-overlap", 4)])
-def test_overlapped_replicas_stay_identical(tmp_path, sync, rounds):
+def test_overlapped_replicas_stay_identical(lent_swarm, tmp_path, sync, rounds):
     """Each step's set (outer-overlap: each round's, H = 3) is applied late, the same on both; the
     one in flight is applied before each checkpoint, so checkpoints 6 and 12 are equal too. r1's
     sync trace holds each exchange's publish and wait, in time order."""
     trace = tmp_path / "r1.sync-trace.jsonl"
-    with tiny_swarm(tmp_path, "syncoverlap", {}) as (local, _, client):
-        extra = [*SYNC, "--sync", sync, "--outer-steps", "3", "--max-steps", "12", "--save-every", "6",
-                 "--sync-deadline", "20", "--average-every", "4"]  # fmt: skip
-        local.start_peer("r1", "0", [*extra, "--sync-trace", str(trace)])
-        local.start_peer("r2", "0", extra)
-        r1, r2 = sorted(wait_for(lambda: finished(client.directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
-        assert r1.sync_steps == r2.sync_steps == rounds
-        assert r1.drift is None and r2.drift is None  # they applied the same sets: no round was needed
-        assert 0 < r1.compute_utilisation <= 1 and 0 < r2.compute_utilisation <= 1
-        for step in (6, 12):
-            first, second = final_checkpoint(local, "r1", step), final_checkpoint(local, "r2", step)
-            differing = [k for k in first if not torch.equal(first[k], second[k])]
-            assert not differing, (step, differing)
-        assert "refused" not in local.started[-1].log() + local.started[-2].log()
+    local, client = lent_swarm
+    extra = [*SYNC, "--sync", sync, "--outer-steps", "3", "--max-steps", "12", "--save-every", "6",
+             "--sync-deadline", "20", "--average-every", "4"]  # fmt: skip
+    local.start_peer("r1", "0", [*extra, "--sync-trace", str(trace)])
+    local.start_peer("r2", "0", extra)
+    r1, r2 = sorted(
+        wait_for(lambda: finished(client.directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name
+    )
+    assert r1.sync_steps == r2.sync_steps == rounds
+    assert r1.drift is None and r2.drift is None  # they applied the same sets: no round was needed
+    assert 0 < r1.compute_utilisation <= 1 and 0 < r2.compute_utilisation <= 1
+    for step in (6, 12):
+        first, second = final_checkpoint(local, "r1", step), final_checkpoint(local, "r2", step)
+        differing = [k for k in first if not torch.equal(first[k], second[k])]
+        assert not differing, (step, differing)
+    assert "refused" not in local.started[-1].log() + local.started[-2].log()
     events = [json.loads(line) for line in trace.read_text().splitlines()]
     published = [e["step"] for e in events if e["event"] == "publish"]
     waited = [e["step"] for e in events if e["event"] == "wait"]
@@ -272,24 +274,28 @@ def test_demo_overlap_applies_each_steps_set_that_many_steps_late_and_the_rest_b
         assert sync.update(trainer) is None
         trainer.step_count += 1
     assert sync.settle(trainer) is None
-    assert exchange.applied == [(step, step + late) for step in range(5 - late)] + [(step, 5) for step in range(5 - late, 5)]
+    assert exchange.applied == [(step, step + late) for step in range(5 - late)] + [
+        (step, 5) for step in range(5 - late, 5)
+    ]
 
 
-def test_outer_steps_of_two_replicas_take_where_their_changes_agree_and_keep_them_identical(tmp_path):
+def test_outer_steps_of_two_replicas_take_where_their_changes_agree_and_keep_them_identical(lent_swarm):
     """H = 1, float32 changes, two replicas: each outer step moves both from their common start by
     their changes where the two agree, by the smaller (`agreeing_minimum`), and nowhere else; the
     replicas end identical, bit for bit. Replayed here: the same trainers (same start, same
     batches, as the peers' ids seed them), combined after every step by that rule, and, to show
     that the check tells rules apart, by the plain mean (which outer steps of two once took)."""
     steps = 6
-    with tiny_swarm(tmp_path, "syncouter", {}) as (local, _, client):
-        extra = [*SYNC, "--sync", "outer", "--outer-steps", "1", "--outer-compression", "none",
-                 "--max-steps", str(steps), "--sync-deadline", "20", "--average-every", "0"]  # fmt: skip
-        local.start_peer("r1", "0", extra)
-        local.start_peer("r2", "0", extra)
-        records = sorted(wait_for(lambda: finished(client.directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name)
-        config = client.directory.read_model()
-        peers = [final_checkpoint(local, name, steps) for name in ("r1", "r2")]
+    local, client = lent_swarm
+    extra = [*SYNC, "--sync", "outer", "--outer-steps", "1", "--outer-compression", "none",
+             "--max-steps", str(steps), "--sync-deadline", "20", "--average-every", "0"]  # fmt: skip
+    local.start_peer("r1", "0", extra)
+    local.start_peer("r2", "0", extra)
+    records = sorted(
+        wait_for(lambda: finished(client.directory, 2), 120, "r1 and r2 to finish"), key=lambda a: a.public_name
+    )
+    config = client.directory.read_model()
+    peers = [final_checkpoint(local, name, steps) for name in ("r1", "r2")]
     assert [r.sync_steps for r in records] == [steps, steps]
     assert all(torch.equal(peers[0][k], peers[1][k]) for k in peers[0])
     windows = load_corpus(local.data).windows("train", config.seq_len)

@@ -6,8 +6,8 @@ recovery from churn, not a swarm we emptied ourselves), with SIGKILL or SIGTERM 
 replacements restart in the victim's folder (resuming from its own checkpoint), half start
 fresh in a new folder (starting from the freshest replica's checkpoint). Throughout it samples,
 every second, which blocks have a live host (a peer that answers a ping), the newest step of
-each block, and runs `swarm-fetch` every so often. At the end every checkpoint file left on
-disk must decode.
+each block, and (unless `fetch_every_s` is None) runs `swarm-fetch` every so often. At the end
+every checkpoint file left on disk must decode.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ FETCH_TIMEOUT_S = 180.0
 class ChaosConfig:
     duration_s: float = 60.0
     kill_every_s: float = 5.0
-    fetch_every_s: float = 15.0  # between the starts of two fetches (or at once, if one took longer)
+    fetch_every_s: float | None = 15.0  # between the starts of two fetches (or at once, if one took longer); None: none
     min_fetches: int = 0  # the churn goes on past duration_s until this many fetches have finished, up to 3x duration_s
     peers_per_block: int = 2
     peer_extra: list[str] = field(default_factory=list)  # swarm-peer options of every peer
@@ -103,7 +103,7 @@ class ChaosMonkey:
                 next_kill = time.monotonic() + self.config.kill_every_s
             time.sleep(1.0)
         if self._fetches_finished() < self.config.min_fetches:
-            logger.warning("the chaos period ends with %d of %d fetches finished", self._fetches_finished(), self.config.min_fetches)
+            logger.warning("the chaos period ends with %d of %d fetches finished", self._fetches_finished(), self.config.min_fetches)  # fmt: skip
         self._stop_fetching.set()
         fetches.join(FETCH_TIMEOUT_S + 10)
         return self.figures
@@ -134,7 +134,7 @@ class ChaosMonkey:
     def _kill_and_replace(self) -> None:
         alive = [r for r in self.running if r.handle.process.poll() is None]
         announced = {h.announcement.public_name for hs in self.directory.all_hosts(self.model.n_blocks).values()
-                     for h in hs if h.announcement.state in ("training", "serving")}
+                     for h in hs if h.announcement.state in ("training", "serving")}  # fmt: skip
         up = [r for r in alive if r.handle.name in announced]  # joined and working, not still starting
         per_block = {b: sum(r.block == b for r in up) for b in range(self.model.n_blocks)}
         victims = [r for r in up if per_block[r.block] >= 2]
@@ -162,6 +162,8 @@ class ChaosMonkey:
                 self.figures["steps_lost"] += max(0, a.step - a.checkpoint.step)
 
     def _fetch_now_and_then(self) -> None:
+        if self.config.fetch_every_s is None:
+            return
         count, next_start = 0, time.monotonic() + self.config.fetch_every_s
         while not self._stop_fetching.wait(max(0.0, next_start - time.monotonic())) and not self._chaos_over():
             count += 1
@@ -169,7 +171,7 @@ class ChaosMonkey:
             self.figures["fetches_tried"] += 1
             try:
                 result = self.local.run("swarm-fetch", "--out", f"chaos-fetch-{count}", timeout=FETCH_TIMEOUT_S)
-            except Exception:  # subprocess.TimeoutExpired: a fetch that hung
+            except Exception:  # noqa: BLE001 (subprocess.TimeoutExpired: a fetch that hung)
                 self.figures["hangs"] += 1
                 continue
             if result.returncode == 0:
@@ -191,7 +193,7 @@ class ChaosMonkey:
             self.figures["checkpoints_checked"] += 1
             try:
                 decode_block(data, self.model, block)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 (whatever it raises, the file is torn)
                 self.figures["torn_checkpoints"] += 1
                 logger.error("torn checkpoint %s: %s", path, error)
 
@@ -204,7 +206,7 @@ class ChaosMonkey:
             coro = choose_checkpoint(self.runner.p2p, hosts, self.model, block, spot_check, show_progress=False)
             try:
                 self.runner.loop.run(coro, FETCH_TIMEOUT_S)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 (whatever it raises, nobody serves the block)
                 logger.error("block %d is lost: %s", block, error)
                 lost.append(block)
         return lost

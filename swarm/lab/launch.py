@@ -8,6 +8,7 @@ on its own emulated host instead (a network namespace named after the process).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import psutil
 
@@ -86,7 +88,7 @@ class LocalSwarm:
     started: list[Started] = field(default_factory=list)
     lab: NetLab | None = None  # if set, each process runs on the lab's host of its name
 
-    def __enter__(self) -> "LocalSwarm":
+    def __enter__(self) -> Self:
         self.workdir.mkdir(parents=True, exist_ok=True)
         return self
 
@@ -111,7 +113,7 @@ class LocalSwarm:
             process = subprocess.Popen(
                 self._placed(name, args), stdout=stdout or log, stderr=log, cwd=self.workdir, env=self._env(),
                 start_new_session=True,
-            )
+            )  # fmt: skip
         handle = Started(name, process, log_path)
         self.started.append(handle)
         return handle
@@ -120,7 +122,7 @@ class LocalSwarm:
         """Start the bootstrap node (creating the swarm), keep the join line it prints
         (`--swarm S --creator F --initial-peers ...`) and return its initial peers."""
         args = [command_path("swarm-bootstrap"), "--swarm", self.swarm, "--new-swarm",
-                "--identity", str(self.workdir / "bootstrap.id"), "--refresh-period", str(refresh_period), *extra]
+                "--identity", str(self.workdir / "bootstrap.id"), "--refresh-period", str(refresh_period), *extra]  # fmt: skip
         if self.config_path:
             args += ["--config", self.config_path]
         handle = self._spawn("bootstrap", args, stdout=subprocess.PIPE)
@@ -129,7 +131,7 @@ class LocalSwarm:
         if not line.startswith("--swarm ") or "--initial-peers" not in args:
             raise SwarmError(f"bootstrap did not start: {line or handle.log()[-2000:]}")
         self.join_args = args
-        self.initial_peers = [value for option, value in zip(args, args[1:]) if option == "--initial-peers"]
+        self.initial_peers = [value for option, value in itertools.pairwise(args) if option == "--initial-peers"]
         self.creator = args[args.index("--creator") + 1] if "--creator" in args else None
         return self.initial_peers
 
@@ -155,7 +157,7 @@ class LocalSwarm:
         members.revoke(self.workdir / "revoked.json", members.certificate_id(certificate), name)
 
     def peer_args(self, name: str, block: str = "auto", extra: list[str] = ()) -> list[str]:
-        args = [command_path("swarm-peer"), *self.join_args, "--block", block, "--public-name", name, "--checkpoint-dir", str(self.workdir / name)]
+        args = [command_path("swarm-peer"), *self.join_args, "--block", block, "--public-name", name, "--checkpoint-dir", str(self.workdir / name)]  # fmt: skip
         if self.data:
             args += ["--data", self.data]
         return args + list(extra)
@@ -180,7 +182,9 @@ class LocalSwarm:
         swarm and wait for it; in a lab, on the host named `host`."""
         command = [command_path(name), *([subcommand] if subcommand else [])]
         argv = self._placed(host, [*command, *self.join_args, *args])
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.workdir, env=self._env())
+        return subprocess.run(
+            argv, check=False, capture_output=True, text=True, timeout=timeout, cwd=self.workdir, env=self._env()
+        )
 
     def client(self, host: str = "client", credentials: Credentials | None = None) -> SwarmClient:
         """A client of this swarm in this process (a member's, given `credentials`); in a lab, its
@@ -220,10 +224,14 @@ class LocalSwarm:
                 handle.process.wait()
         return handle.process.returncode
 
+    def end(self, handle: Started) -> None:
+        """Stop a process (see `stop`), then kill the children a killed one left behind (its DHT, p2pd)."""
+        self.stop(handle)
+        _kill_group(handle.process.pid)
+
     def close(self) -> None:
         for handle in reversed(self.started):
-            self.stop(handle)
-            _kill_group(handle.process.pid)  # children a killed process left behind (its DHT, p2pd)
+            self.end(handle)
 
 
 class _ClientOnNode(SwarmClient):
