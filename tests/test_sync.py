@@ -152,14 +152,16 @@ def test_a_replica_that_misses_steps_is_merged_back_in(lent_swarm):
     steps = 80
     local, client = lent_swarm
     directory = client.directory
-    extra = [*SYNC, "--wait-for-replicas", "3", "--sync-deadline", "1", "--max-steps", str(steps),
+    # a deadline of 2 s, not 1: a miss after the last merge round is never merged, and under a full
+    # suite's load a 1 s deadline was missed there once (the final weights one step apart)
+    extra = [*SYNC, "--wait-for-replicas", "3", "--sync-deadline", "2", "--max-steps", str(steps),
              "--average-every", "20"]  # fmt: skip
     local.start_peer("r1", "0", extra)
     local.start_peer("r2", "0", extra)
     sleeper = local.start_peer("r3", "0", extra)
     wait_for(lambda: any(h.announcement.sync_steps >= 1 for h in directory.hosts(0)), 120, "replicas exchanging")
     sleeper.process.send_signal(signal.SIGSTOP)
-    time.sleep(1.5)
+    time.sleep(3.0)
     sleeper.process.send_signal(signal.SIGCONT)
     done = wait_for(lambda: finished(directory, 3), 200, "the replicas to finish")
     drift = max(a.drift or 0.0 for a in done)
