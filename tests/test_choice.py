@@ -167,9 +167,9 @@ def test_free_keys_each_serving_another_degraded_checkpoint_cannot_keep_a_lone_h
                                                     keys_count=counting, show_progress=False)  # fmt: skip
         choice = client.run(choose(keys_count), 120)
         where_keys_count = client.run(choose(True), 120)
+    assert choice.checkpoint == good, choice.measured
     assert [m.candidate.checkpoint for m in choice.measured] == ranked, choice.measured  # every candidate measured
     sybils_measured = choice.measured[:3]
     assert believable(sybils_measured, spot_check.tolerance) == sybils_measured  # alone, each would pass
     assert all(m.loss >= choice.loss + 5 * spot_check.tolerance for m in sybils_measured), choice.measured
-    assert choice.checkpoint == good, choice.measured
     assert len(where_keys_count.measured) == MEASURED_WHERE_KEYS_COUNT  # where keys cost something: the top 3 only
