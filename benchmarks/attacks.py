@@ -26,7 +26,7 @@ Part 1, one trained swarm: block 0 with one honest host (b0), block 1 with two D
 - sybil_keys_vouching_poisoned_block (issue 27): --sybils keys (20), each a node in this process with its own
   key and peer id, announcing and serving (for download and denoising) one poisoned block 0 a save ahead of b0,
   its lone honest host. At the defaults an identity costs nothing, so a generation client counts no keys there:
-  it measures every checkpoint of a block before using any (`RemoteBlocks.keys_count`), as a fetch does;
+  it measures every checkpoint of a block before using any (`SwarmDirectory.keys_count`), as a fetch does;
 - sybil_keys_in_members_only_swarm, sybil_keys_in_identity_work_swarm: the same Sybils (no certificate, no
   work) in a swarm of the same model created with `--members-only`, or with `--identity-work` 6 (cheap for the
   honest peers here; its price at 12 bits is benchmarks/identity_cost.py's), whose blocks one honest peer each

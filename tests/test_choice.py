@@ -11,7 +11,16 @@ import math
 import pytest
 from swarm_helpers import HOSTS_SWARM, client_of
 
-from swarm.checkpoints.choice import UNIFORM_CE, Candidate, Measured, SpotCheck, believable, choose_checkpoint, rank
+from swarm.checkpoints.choice import (
+    MEASURED_WHERE_KEYS_COUNT,
+    UNIFORM_CE,
+    Candidate,
+    Measured,
+    SpotCheck,
+    believable,
+    choose_checkpoint,
+    rank,
+)
 from swarm.checkpoints.transfer import max_checkpoint_bytes
 from swarm.lab.attacks import degraded_block, overflowing_block
 from swarm.model.checkpoint import encode_block
@@ -125,3 +134,42 @@ def test_a_degraded_checkpoint_many_keys_vouch_for_loses_to_a_lone_honest_host(s
     assert losses[11] >= losses[10] + worse_by and losses[11] < UNIFORM_CE, losses
     assert believable(choice.measured[:1], spot_check.tolerance), losses  # alone, it would pass
     assert choice.checkpoint == good, losses
+
+
+@pytest.mark.parametrize(
+    "honest_step, sybil_steps",
+    [(10, (11, 12, 13)), (200, (3, 2, 1))],
+    ids=["a save or more ahead of it", "so far behind that its lead looks implausible"],
+)
+def test_free_keys_each_serving_another_degraded_checkpoint_cannot_keep_a_lone_honest_host_unmeasured(
+    start, tiny_config, tiny_windows, honest_step, sybil_steps
+):
+    """Issue 27 with distinct checkpoints: three keys, free in this open swarm, each serve another
+    copy of the honest block made worse (`degraded_block`, its own noise draw), ranked before the
+    lone honest host's. They would fill the `MEASURED_WHERE_KEYS_COUNT` candidates, and measured
+    only beside each other they pass. Chosen as swarm-fetch, a joiner and the chaos monkey choose
+    (with the client's `SwarmDirectory.keys_count`), every candidate is measured and the honest one wins."""
+    trained = block_trainer(tiny_config, 0, tiny_windows, TrainConfig(steps=60, warmup_steps=5))
+    train(trained, 60)
+    spot_check = SpotCheck(tiny_windows.fixed(8))
+    loss = lambda denoiser: spot_check.measure(denoiser, tiny_config, 0)
+    poisons = [degraded_block(trained.module, loss, 5 * spot_check.tolerance, seed=seed) for seed in range(3)]
+    honest, sybils = start("honest"), [start(f"sybil{i}") for i in range(3)]
+    good = honest.put(encode_block(trained.module, tiny_config, 0, honest_step, HOSTS_SWARM), honest_step)
+    hosts = [sybil.host(sybil.put(encode_block(poison, tiny_config, 0, step, HOSTS_SWARM), step))
+             for sybil, poison, step in zip(sybils, poisons, sybil_steps, strict=True)] + [honest.host(good)]  # fmt: skip
+    ranked = [c.checkpoint for c in rank(hosts, tiny_config)]
+    assert len(set(ranked)) == 4 and ranked[-1] == good, ranked  # three distinct checkpoints rank before the honest one
+    with client_of(honest, *sybils) as client:
+        keys_count = client.directory.keys_count
+        assert not keys_count  # an open swarm: no model record makes it members-only or prices a key
+        choose = lambda counting: choose_checkpoint(client.p2p, hosts, tiny_config, 0, spot_check,
+                                                    keys_count=counting, show_progress=False)  # fmt: skip
+        choice = client.run(choose(keys_count), 120)
+        where_keys_count = client.run(choose(True), 120)
+    assert choice.checkpoint == good, choice.measured
+    assert [m.candidate.checkpoint for m in choice.measured] == ranked, choice.measured  # every candidate measured
+    sybils_measured = choice.measured[:3]
+    assert believable(sybils_measured, spot_check.tolerance) == sybils_measured  # alone, each would pass
+    assert all(m.loss >= choice.loss + 5 * spot_check.tolerance for m in sybils_measured), choice.measured
+    assert len(where_keys_count.measured) == MEASURED_WHERE_KEYS_COUNT  # where keys cost something: the top 3 only

@@ -22,6 +22,7 @@ from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 from swarm.checkpoints.choice import Candidate, Measured, SpotCheck, believable, rank
 from swarm.checkpoints.download import download_verified
 from swarm.checkpoints.store import CheckpointStore
+from swarm.cli.fetch import choose_block
 from swarm.errors import SwarmError
 from swarm.lab.attacks import (
     STEP_LIE,
@@ -187,7 +188,9 @@ def test_sybil_keys_serving_a_degraded_block_beside_a_lone_honest_host_are_measu
     a uniform guess), for download and for denoising. Three keys vouch for it stamped a step ahead of
     a's, and one key each for it stamped two and three steps ahead, so that the three best-ranked
     checkpoints are the Sybils' and fill a round of `Vetting.measure`: measured alone, they would
-    pass. Keys cost nothing here, so the client counts none: it measures every checkpoint first."""
+    pass. Keys cost nothing here, so the client counts none: it measures every checkpoint first. So
+    does swarm-fetch's choice of the block (`choose_block`): three candidates measured, as where
+    keys count, would be the Sybils' three."""
     local, client, model = swarm
     config, honest = model.config, honest_of(client, 0)
     runner = generation_client(local, client, config)
@@ -207,6 +210,9 @@ def test_sybil_keys_serving_a_degraded_block_beside_a_lone_honest_host_are_measu
         ranked = [c.checkpoint for c in rank(client.directory.hosts(0), config) if c.checkpoint in (*sybils, honest)]
         assert ranked == [vouched, *ahead[::-1], honest], ranked  # the Sybils' three rank first
         text = b"".join(continue_text(runner, config, b"Swarms of", 40, steps_per_block=2, seed=8))
+        fetched = choose_block(client, config, 0, runner.spot_check)
+    assert fetched.checkpoint == honest, fetched.measured  # a fetch takes a's checkpoint too
+    assert {*sybils, honest} <= {m.candidate.checkpoint for m in fetched.measured}, fetched.measured
     assert runner.used[0] == {honest.sha256}, runner.used  # every answer of block 0 came from a's checkpoint
     assert all(runner.vetting.failed[info] == math.inf for info in sybils), runner.vetting.failed  # measured, refused
     assert text == honest_text(model, b"Swarms of", 40, seed=8)
@@ -355,7 +361,7 @@ def test_a_checkpoint_only_one_key_serves_is_used_once_measured_here_and_not_bef
 
 
 def test_where_keys_are_free_a_checkpoint_two_keys_serve_is_used_only_once_measured_here():
-    """`Vetting.usable` alone, in an open swarm (`keys_count` false: remote.py says why)."""
+    """`Vetting.usable` alone, in an open swarm (`keys_count` false: `SwarmDirectory.keys_count` says why)."""
     checks = vetting.Vetting(None, None, ModelConfig())
     info = CheckpointInfo(step=7, sha256="a" * 64, size=1)
     two = [record_of("sybil", info), record_of("another sybil", info)]

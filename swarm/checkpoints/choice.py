@@ -8,12 +8,27 @@ What a host announces (a step, a size, a loss) is a claim. A checkpoint is chose
 2. Plausibility. An announced size above what a block of this model weighs is never
    downloaded. A step far ahead of every other host's (more than twice theirs, plus
    `STEP_LEAD`) ranks after the plausible ones.
-3. Measurement. The best-ranked candidates (up to `max_candidates`) are downloaded, each from
-   all of its hosts at once (download.py: every chunk checked on arrival, a host that lies is
-   dropped), and verified (size, sha256, block, config), then spot-checked: their `denoise_ce` on held-out
-   windows at the block's own noise levels. A candidate is kept only if its loss is within
-   `tolerance` of the best measured candidate's, no worse than a uniform guess, and not far
-   worse than the loss its hosts announced; the first kept in rank order wins.
+3. Measurement. Candidates are downloaded in rank order, each from all of its hosts at once
+   (download.py: every chunk checked on arrival, a host that lies is dropped), and verified
+   (size, sha256, block, config), then spot-checked: their `denoise_ce` on held-out windows at
+   the block's own noise levels. A candidate is kept only if its loss is within `tolerance` of
+   the best measured candidate's, no worse than a uniform guess, and not far worse than the loss
+   its hosts announced; the first kept in rank order wins.
+
+How many are measured depends on what a key costs (`SwarmDirectory.keys_count`, which the
+callers pass on). Where keys cost something (members-only, or identity work), agreement is
+evidence and the best-ranked `MEASURED_WHERE_KEYS_COUNT` are measured. In an open swarm a key
+costs nothing: three Sybil keys, each announcing a different degraded copy of a block a save or
+two ahead of its lone honest host, would fill those three and the honest checkpoint would never
+be measured beside them (issue 27). There every candidate is measured, implausible ones too (free
+keys announcing low steps can make an honest lead look implausible; they still rank last), up to
+`MEASURED_AT_MOST`, and the first in rank order that passes beside all of them wins (a liar
+gains at most `tolerance`). What a flood of distinct checkpoints costs: one verified download and
+spot check each, at most `MEASURED_AT_MOST`, within the caller's overall time limit (swarm-fetch's
+`FETCH_TIMEOUT_S`, a joiner's `JOIN_FETCH_TIMEOUT_S`), past which the choice fails (a fetch ends
+with an error, a joiner starts fresh) rather than take a checkpoint unmeasured: a flood can delay
+a fetch, not poison it. Left open: more distinct plausible checkpoints ranked ahead of the honest
+one than the bound keep it unmeasured (`--members-only` or `--identity-work` close that).
 
 `swarm-fetch`, a joining peer, the chaos monkey and the generation client all choose
 through here (the generation client ranks hosts with `rank`, and measures a checkpoint only
@@ -46,6 +61,8 @@ logger = logging.getLogger(__name__)
 STEP_LEAD = 100  # a checkpoint step beyond 2 x (others' newest step) + this is implausible
 UNIFORM_CE = math.log(VOCAB_SIZE)  # the loss of a block that knows nothing
 SPOT_CHECK_WINDOWS = 32
+MEASURED_WHERE_KEYS_COUNT = 3  # candidates measured where keys cost something: agreement ranks them
+MEASURED_AT_MOST = 32  # where keys are free: every candidate, but a flood stops here
 
 
 @dataclass(frozen=True)
@@ -142,12 +159,15 @@ async def choose_checkpoint(
     block: int,
     spot_check: SpotCheck,
     own: tuple[bytes, CheckpointInfo] | None = None,
-    max_candidates: int = 3,
+    keys_count: bool = False,
     show_progress: bool = True,
 ) -> Choice:
     """The checkpoint of `block` to believe (see the module docstring); `own` is a checkpoint the
-    caller already trusts (its own file), measured beside the others. SwarmError if none passes."""
+    caller already trusts (its own file), measured beside the others; `keys_count`: the swarm's
+    `SwarmDirectory.keys_count` (false, the default, measures more, never less). SwarmError if
+    none passes."""
     candidates = rank(hosts, config)
+    max_candidates = MEASURED_WHERE_KEYS_COUNT if keys_count else MEASURED_AT_MOST
     logger.info("block %d: %d hosts announce %d checkpoints (steps %s); measuring up to %d", block, len(hosts),
                 len(candidates), [c.checkpoint.step for c in candidates], max_candidates)  # fmt: skip
     measured = await measure_candidates(p2p, candidates[:max_candidates], config, block, spot_check, show_progress)

@@ -56,7 +56,8 @@ def choose_block(client, config: ModelConfig, block: int, spot_check: SpotCheck)
 
     def choose() -> Choice:
         hosts = client.directory.hosts(block)
-        return client.run(choose_checkpoint(client.p2p, hosts, config, block, spot_check), FETCH_TIMEOUT_S)
+        coro = choose_checkpoint(client.p2p, hosts, config, block, spot_check, keys_count=client.directory.keys_count)
+        return client.run(coro, FETCH_TIMEOUT_S)
 
     try:
         return choose()

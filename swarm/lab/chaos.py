@@ -203,7 +203,8 @@ class ChaosMonkey:
         lost, spot_check = [], SpotCheck.from_source(self.local.data, self.model)
         for block in range(self.model.n_blocks):
             hosts = self.directory.hosts(block)
-            coro = choose_checkpoint(self.runner.p2p, hosts, self.model, block, spot_check, show_progress=False)
+            coro = choose_checkpoint(self.runner.p2p, hosts, self.model, block, spot_check,
+                                     keys_count=self.directory.keys_count, show_progress=False)  # fmt: skip
             try:
                 self.runner.loop.run(coro, FETCH_TIMEOUT_S)
             except Exception as error:  # noqa: BLE001 (whatever it raises, nobody serves the block)

@@ -112,6 +112,19 @@ class SwarmDirectory:
         """The fingerprint of this process's key: what a join line pins when this process creates a swarm."""
         return owner_fingerprint(self.owner_subkey)
 
+    @property
+    def keys_count(self) -> bool:
+        """Whether the number of keys that vouch for a record is evidence: only where a key costs
+        something, in a swarm whose creator's model record makes it members-only (members.py) or
+        prices an identity with work (work.py). In an open swarm at the defaults a key costs nothing:
+        one stranger can make twenty, and have them vouch for one degraded checkpoint (outranking its
+        lone honest host in `rank`) or each announce a different one (filling the candidates a fetch
+        measures): issue 27, the Sybil row of benchmarks/attacks.py. There, those who choose a
+        checkpoint measure every one first (`swarm.checkpoints.choice.choose_checkpoint`,
+        `swarm.serving.remote.RemoteBlocks`). A directory that has not read the model record takes
+        the swarm as open: its readers measure more, never less."""
+        return self.membership.members_only or self.work.required
+
     def publish_model(self, config: ModelConfig, lifetime_s: float, members_only: bool = False,
                       identity_work: IdentityWork | None = None) -> bool:  # fmt: skip
         """Store the model record under this process's key (the creator's)."""

@@ -358,7 +358,8 @@ class Peer:
         if not others and own is None:
             logger.info("block %d: no checkpoint anywhere, starting fresh", self.block)
             return
-        coro = choose_checkpoint(self.p2p, others, self.model_config, self.block, self.spot_check, own)
+        coro = choose_checkpoint(self.p2p, others, self.model_config, self.block, self.spot_check, own,
+                                 keys_count=self.directory.keys_count)  # fmt: skip
         try:
             choice = self.loop.run(coro, JOIN_FETCH_TIMEOUT_S)
         except (SwarmError, TimeoutError) as error:

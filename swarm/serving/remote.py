@@ -4,9 +4,10 @@
 other peers. For each block it takes the first checkpoint, in the order of
 `swarm.checkpoints.choice.rank` (plausibility, agreement among hosts, then freshness), that it
 may use (vetting.py: one measured here, or one that hosts under two keys or more serve where keys
-cost something; in an open swarm every checkpoint of the block is measured first: `keys_count`),
-and among its hosts the one with the lowest measured round trip (pings are cached), hosts behind
-NAT last (they are reached by asking them to dial back: `swarm.p2p.reachability.ensure_direct`).
+cost something; in an open swarm every checkpoint of the block is measured first, as a fetch
+does: `SwarmDirectory.keys_count`), and among its hosts the one with the lowest measured round
+trip (pings are cached), hosts behind NAT last (they are reached by asking them to dial back:
+`swarm.p2p.reachability.ensure_direct`).
 Each request names that checkpoint. When a peer times out or refuses, it bans that peer for a
 while and retries the block on another replica. Where every host of a block is banned for a
 while (a lone host that failed once, which a moment's load or a stranger can cause), a request
@@ -49,8 +50,8 @@ benchmarks/serve.py measured 0.083 extra requests per request). Sent at
 the same moment, the two requests cost the slower round trip of the two, not their sum. A block
 whose checkpoint has one key costs no request: one download and spot check per client, as
 swarm-fetch makes, then nothing; in an open swarm so does every checkpoint a block's answering
-hosts announce (`keys_count`), Sybils' included: a stranger with many keys can make a client
-download as many checkpoints, once each. A disagreement costs up to `witnesses` more requests,
+hosts announce (`SwarmDirectory.keys_count`), Sybils' included: a stranger with many keys can
+make a client download as many checkpoints, once each. A disagreement costs up to `witnesses` more requests,
 or the block's steps computed here (and one download where the file is not held).
 Left open: the lone host of a checkpoint that passed its measurement is believed. A stranger
 that serves a copy of an honest checkpoint stamped a step ahead (so that it measures as well)
@@ -161,27 +162,17 @@ class RemoteBlocks:
             return 0.0
         return min((until - now for until in bans if math.isfinite(until)), default=0.0)
 
-    def keys_count(self) -> bool:
-        """Whether two keys that serve one checkpoint are evidence enough to use it unmeasured: only
-        where a key costs something, in a swarm whose creator's model record makes it members-only
-        (swarm/p2p/members.py) or prices an identity with work (swarm/p2p/work.py). In an open swarm
-        at the defaults a key costs nothing: twenty Sybil keys that serve one degraded checkpoint
-        outrank its lone honest host in `rank` and confirm each other's answers (issue 27; the Sybil
-        row of benchmarks/attacks.py). There, every checkpoint of a block is measured before any is
-        used, and the first in rank order that `believable` keeps beside all the others is used, as
-        swarm-fetch chooses (so a liar gains at most the spot check's `tolerance`). A client that has
-        not read the model record takes the swarm as open: it measures more, never less."""
-        return self.directory.membership.members_only or self.directory.work.required
-
     def _pick(self, block: int) -> Chosen:
         """The first checkpoint in rank order that may be used; one not measured yet that needs to
-        be is measured on the way (with the next ones: `Vetting.measure`), and in an open swarm every
-        one first (`keys_count`)."""
+        be is measured on the way (with the next ones: `Vetting.measure`). In an open swarm
+        (`SwarmDirectory.keys_count` false) every one is measured first, and the first in rank order
+        that `believable` keeps beside all the others is used, as swarm-fetch chooses (so a liar
+        gains at most the spot check's `tolerance`)."""
         announced = [h for h in self.directory.hosts(block) if h.announcement.checkpoint]
         hosts = [h for h in announced if not self._banned(h.peer_id)]
         if not hosts:
             raise SwarmError(f"no live peer serves block {block}")
-        if not (keys_count := self.keys_count()):
+        if not (keys_count := self.directory.keys_count):
             self._measure_every_checkpoint(block, hosts)
         while True:
             for candidate in rank(hosts, self.config):

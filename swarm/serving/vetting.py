@@ -4,7 +4,7 @@ A checkpoint is *agreed on* when hosts under two or more independent keys (disti
 `swarm.checkpoints.download.independent`) announce it and answer: every answer one of them
 gives can then be confirmed by another's (remote.py). Agreement counts only where keys cost
 something (a members-only swarm, or one that prices an identity with work); in an open swarm
-at the defaults every checkpoint is measured (remote.py's `keys_count` says why). A checkpoint
+at the defaults every checkpoint is measured (`SwarmDirectory.keys_count` says why). A checkpoint
 with a single key behind it is used only once this client has *measured* it: downloaded it through the verified download
 and spot-checked it beside the block's other candidates, as swarm-fetch does
 (`swarm.checkpoints.choice.measure_candidates`, `believable`). A stranger's record one step ahead of
@@ -48,7 +48,7 @@ from swarm.p2p.records import CheckpointInfo
 
 logger = logging.getLogger(__name__)
 
-MEASURED_AT_ONCE = 3  # candidates downloaded and spot-checked in one go, as swarm-fetch does
+MEASURED_AT_ONCE = 3  # candidates downloaded and spot-checked in one go, as swarm-fetch does where keys count
 MEASURE_TIMEOUT_S = 300.0  # per candidate: one download and spot check, or one download for `weights`
 RETRY_AFTER_S = 120.0  # before a checkpoint that no host served (in time) is measured again
 REMEMBERED = 1024  # checkpoints kept in each of `passed` and `failed`
@@ -68,7 +68,7 @@ class Vetting:
 
     def usable(self, candidate: Candidate, answering: list[Host], keys_count: bool = True) -> bool:
         """Whether the client may use `candidate`, whose hosts `answering` answer: measured, or agreed
-        on where `keys_count` (keys cost something: remote.py's `keys_count`)."""
+        on where `keys_count` (keys cost something: `SwarmDirectory.keys_count`)."""
         if self._failed(candidate.checkpoint) or not answering:
             return False
         return (keys_count and independent(answering) >= 2) or candidate.checkpoint in self.passed
