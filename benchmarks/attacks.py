@@ -49,16 +49,19 @@ its text against local generation from the clean fetch (met if equal: a liar vou
 honest checkpoint can only change answers), and bans; the honest peers' peak RSS during the row
 over the clean row's; every honest peer alive with a recent record (met).
 
-Part 2, one hostile replica among three (block 0, all from the same start for the same steps):
-three honest (clean) and two honest alone, against two honest and a stranger that sends its own
-update negated, at the largest values allowed, or with random signs (at 16 and 1 bits), answers
-sync polls with garbage and a step of 10^12, sends payloads every replica refuses under a
-fingerprint that says they drifted (item 2: no merge is forced), or sends honest payloads and
-brings a poisoned checkpoint to the merge round at the merge step (item 1: reconcile.py). For each:
-the honest replicas' loss (block 0's share of the bound in bits per byte, validation windows)
-over the clean run's, met at <= 1.03 with every step done and none jumped; drift noticed, merges,
-refused payloads (counted in the honest logs); the largest honest weight; peak RSS over the clean
-run's; crashed or hung.
+Part 2, one hostile replica beside honest ones (block 0, all from the same start for the same
+steps), in two layouts, each against the clean run of the same honest replicas: three honest beside
+the stranger against three honest alone (the issue's figure: what the attack costs a block of three
+honest replicas), and two honest beside it against two honest alone (the hardest majority: one voice
+in three). The stranger sends its own update negated, at the largest values allowed, or with random
+signs (at 16 and 1 bits), answers sync polls with garbage and a step of 10^12, sends payloads every
+replica refuses under a fingerprint that says they drifted (item 2: no merge is forced), or sends
+honest payloads and brings a poisoned checkpoint to the merge round at the merge step (item 1:
+reconcile.py). For each: the honest replicas' loss (block 0's share of the bound in bits per byte,
+validation windows) over the clean run's, met at <= 1.03 with every step done and none jumped; drift
+noticed, merges, refused payloads (counted in the honest logs); the largest honest weight; peak RSS
+over the clean run's; crashed or hung. (Two honest beside a stranger against three clean measure a
+lost replica's batches, not the attack: 1.045x for two honest alone, docs/history.md.)
 
 Part 3, two-replica blocks (items 3, 4): one honest replica alone, and the same replica (same
 peer id, same batches) beside a stranger whose every sync reply claims step 10^12, or that sends
@@ -607,27 +610,29 @@ def trained_as_asked(run: dict) -> bool:
             and not run["hung"])  # fmt: skip
 
 
-PART_TWO = {16: ("alone", "negated", "max-values", "random-signs", "lying-replies", "refused-payloads", "merge-poison"),
-            1: ("alone", "negated", "max-values", "random-signs")}  # fmt: skip
+PART_TWO = {16: ("negated", "max-values", "random-signs", "lying-replies", "refused-payloads", "merge-poison"),
+            1: ("negated", "max-values", "random-signs")}  # fmt: skip
+HONEST_REPLICAS = (3, 2)  # the layouts of part 2: honest replicas beside the stranger (and in their clean run)
 
 
 def part_two(args, workdir: Path) -> dict:
     runs = {}
     for bits, attacks in PART_TWO.items():
-        for attack in (None, *attacks):
-            name = f"{attack or 'clean'}_{bits}bit"
-            honest = ["h0", "h1"] if attack else ["h0", "h1", "h2"]
-            stranger = None if attack in (None, "alone") else attack
-            options = peer_options(args, args.train_steps, len(honest) + bool(stranger), bits)
-            logger.info("training run: %s", name)
-            figures, _ = train_block(args, workdir / name, dict.fromkeys(honest, options), stranger, bits)
-            runs[name] = run = {"attack": {None: "none", "alone": "two honest alone"}.get(attack, attack), **figures}
-            clean = runs[f"clean_{bits}bit"]
-            beside_clean(run["honest_peers"], clean["honest_peers"])
-            if attack and run["validation_loss"] is not None and clean["validation_loss"]:
-                run["honest_loss_over_clean"] = run["validation_loss"] / clean["validation_loss"]
-            bounded = attack in (None, "alone") or run.get("honest_loss_over_clean", math.inf) <= LOSS_BOUND
-            run["met"] = trained_as_asked(run) and bounded
+        for replicas in HONEST_REPLICAS:
+            honest = [f"h{r}" for r in range(replicas)]
+            clean = None
+            for attack in (None, *attacks):
+                name = f"{attack or 'clean'}_{replicas}honest_{bits}bit"
+                options = peer_options(args, args.train_steps, replicas + bool(attack), bits)
+                logger.info("training run: %s", name)
+                figures, _ = train_block(args, workdir / name, dict.fromkeys(honest, options), attack, bits)
+                runs[name] = run = {"attack": attack or "none", **figures}
+                clean = clean or run
+                beside_clean(run["honest_peers"], clean["honest_peers"])
+                if attack and run["validation_loss"] is not None and clean["validation_loss"]:
+                    run["honest_loss_over_clean"] = run["validation_loss"] / clean["validation_loss"]
+                bounded = attack is None or run.get("honest_loss_over_clean", math.inf) <= LOSS_BOUND
+                run["met"] = trained_as_asked(run) and bounded
     runs["met"] = all(run["met"] for run in runs.values())
     return runs
 
@@ -671,7 +676,7 @@ def plot(result: dict, path: Path) -> None:
 
     panels = [(part, key, bound, title) for part, key, bound, title in (
         ("fetch_and_serve", "bits_per_byte_over_clean", QUALITY_BOUND, "fetched model's bits per byte / clean"),
-        ("training", "honest_loss_over_clean", LOSS_BOUND, "honest replicas' loss / clean 3 replicas"),
+        ("training", "honest_loss_over_clean", LOSS_BOUND, "honest replicas' loss / clean, same replicas"),
         ("two_replicas", "loss_over_lone", LOSS_BOUND, "honest replica's loss / alone")) if part in result]  # fmt: skip
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
     for ax, (part, key, bound, title) in zip(axes[0], panels, strict=True):

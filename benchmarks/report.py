@@ -655,9 +655,9 @@ def attacks(folder: Folder) -> list[str]:
         "attacks",
         "Runs each attack beside a clean run on a small model in separate processes on 127.0.0.1 (the attacks and "
         "their bounds: `benchmarks/attacks.py`). Part 1: a trained swarm of two blocks and one liar at a time, then a "
-        "fetch, a joiner and generation through the swarm. Part 2: one block, three replicas, one of them hostile; "
-        "the honest replicas' loss over a clean three-replica run. Part 3, where run: one honest replica beside a "
-        "stranger, over the same replica alone.",
+        "fetch, a joiner and generation through the swarm. Part 2: one block, one hostile replica beside three honest "
+        "ones, then beside two; the honest replicas' loss over a clean run of the same honest replicas. Part 3, "
+        "where run: one honest replica beside a stranger, over the same replica alone.",
         command("attacks.py", {"parts": config["parts"]}),
         settings(config, {"parts"}),
         settings(model, label="Model"),
