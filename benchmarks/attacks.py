@@ -69,7 +69,7 @@ its own DeMo update negated each step. Met when the honest replica does every st
 and its loss is within 1.03x of the lone run's (neither frozen nor moved); beside it, the distance
 of its weights from the lone run's over the lone run's distance from the start weights.
 
-    python benchmarks/attacks.py            # about 27 minutes on 2 cores (part 1 about 9)
+    python benchmarks/attacks.py            # about 19 minutes on 2 cores (part 1 about 7)
     python benchmarks/attacks.py --steps 20 --train-steps 20 --save-every 10 --average-every 10 \\
         --out /tmp/attacks-smoke            # a smoke run of every row (its figures mean little)
 """
