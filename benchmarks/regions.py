@@ -27,21 +27,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from swarm.cli.console import setup_logging
 from swarm.lab import netlab
 from swarm.lab.launch import LocalSwarm
 from swarm.p2p.pings import timed_info
 from swarm.waiting import wait_for
-
-logger = logging.getLogger("benchmarks.regions")
 
 
 def run(args, regions: dict, one_way_s, workdir: Path) -> dict:
@@ -59,10 +56,7 @@ def run(args, regions: dict, one_way_s, workdir: Path) -> dict:
             lab.add_node(name, region, behind=routers.get(region))
         for region in regions:
             lab.add_node(f"client-{region}", region, behind=routers.get(region))
-        for node in lab.nodes.values():
-            if node not in routers.values():  # a home router only passes its hosts' capped traffic on
-                caps = regions[node.region]
-                lab.cap(node, caps.get("up_mbit"), caps.get("down_mbit"))
+        lab.cap_by_region(regions, skip=list(routers.values()))
         lab.start_delays(one_way_s)
         with LocalSwarm(workdir, swarm="regions", lab=lab) as local:
             local.start_bootstrap(refresh_period=5)
@@ -76,7 +70,9 @@ def run(args, regions: dict, one_way_s, workdir: Path) -> dict:
                 for name, (block, _) in twins.items():
                     started[name] = local.start_peer(name, str(block), extra)
                 reachable = time_to_reachable(local, f"client-{args.nat_client}", twins, args.timeout)
-                wait_for(lambda: local.serving(list(twins), host=client), args.timeout, "the NAT twins serving", interval=3)
+                wait_for(
+                    lambda: local.serving(list(twins), host=client), args.timeout, "the NAT twins serving", interval=3
+                )
             results = {}
             for region in regions:
                 bench = ["--autoregressive"] if region == args.ar_region else []
@@ -90,19 +86,19 @@ def nat_twins(args, regions: dict) -> dict[str, tuple[int, str]]:
     """Two hosts of block 0 at the same place, one behind the NAT region's router and one not."""
     if args.nat_region not in regions:
         return {}
-    if not regions[args.nat_region].get("behind_nat") or args.twin_region not in regions or regions[args.twin_region].get("behind_nat"):
+    if (
+        not regions[args.nat_region].get("behind_nat")
+        or args.twin_region not in regions
+        or regions[args.twin_region].get("behind_nat")
+    ):
         raise SystemExit(f"regions.py: error: --nat-region {args.nat_region} must be behind_nat, --twin-region "
                          f"{args.twin_region} a region that is not")  # fmt: skip
     return {f"p0-{args.twin_region}": (0, args.twin_region), f"p0-{args.nat_region}": (0, args.nat_region)}
 
 
 def latency(local: LocalSwarm, args, host: str, out: Path, extra: list[str] = ()) -> dict:
-    bench = ["--samples", str(args.samples), "--gen-bytes", str(args.gen_bytes), "--out", str(out), *extra]
-    done = local.run("swarm-bench", *bench, subcommand="latency", host=host, timeout=args.timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"swarm-bench on {host} failed: {done.stderr[-2000:]}")
-    logger.info("from %s:\n%s", host, done.stdout)
-    return json.loads((out / "latency.json").read_text())
+    options = ["--samples", str(args.samples), "--gen-bytes", str(args.gen_bytes), *extra]
+    return local.latency(host, out, options, args.timeout)
 
 
 def time_to_reachable(local: LocalSwarm, host: str, twins: dict, timeout: float) -> dict:
@@ -121,7 +117,9 @@ def time_to_reachable(local: LocalSwarm, host: str, twins: dict, timeout: float)
     return found
 
 
-def compare_nat(local: LocalSwarm, args, lab: netlab.NetLab, twins: dict, peers: dict, started: dict, workdir: Path) -> dict:
+def compare_nat(
+    local: LocalSwarm, args, lab: netlab.NetLab, twins: dict, peers: dict, started: dict, workdir: Path
+) -> dict:
     """From one client: block 0 served by the direct twin (every other host of block 0 gone),
     then by the NATed twin alone; the bootstrap (the only relay) counts its bytes meanwhile."""
     direct_twin, nat_twin = twins
@@ -176,7 +174,9 @@ def summarize(runs: dict, regions: dict, one_way_s) -> dict:
             "single_pass_seconds": result["single_pass"]["seconds"],
             "single_pass_bytes": result["single_pass"]["bytes"],
             "autoregressive_seconds": result.get("autoregressive", {}).get("seconds"),
-            "latency_ratio_autoregressive_over_single_pass": result.get("latency_ratio_autoregressive_over_single_pass"),
+            "latency_ratio_autoregressive_over_single_pass": result.get(
+                "latency_ratio_autoregressive_over_single_pass"
+            ),
             "sync_round_s_by_peer": syncs,
         }
     between = [c for c in rtt_checks if "within_10_percent" in c]
@@ -196,7 +196,7 @@ def summarize_nat(nat: dict, from_behind_nat: dict | None) -> dict:
     rtt = {name: both[name]["rtt_ms"]["median"] for name in (direct, behind)}
     rate = {name: both[name].get("download", {}).get("mbit_per_s") for name in (direct, behind)}
     single = {"direct": nat["via_direct"]["single_pass"], "relayed": nat["via_nat"]["single_pass"]}
-    ratio = lambda a, b: a / b if a and b else None  # noqa: E731
+    ratio = lambda a, b: a / b if a and b else None
     return {
         "from": nat["from"],
         "seconds_until_reachable": {name: found["seconds"] for name, found in nat["reachable_s"].items()},
@@ -252,7 +252,9 @@ def plot(runs: dict, summary: dict, path: Path) -> None:
     for client, figures in per_client.items():
         rate.scatter([client] * len(figures["download_mbit_per_s"]), figures["download_mbit_per_s"])
         if figures["download_cap_mbit"]:
-            rate.hlines(figures["download_cap_mbit"], clients.index(client) - 0.3, clients.index(client) + 0.3, colors="r")
+            rate.hlines(
+                figures["download_cap_mbit"], clients.index(client) - 0.3, clients.index(client) + 0.3, colors="r"
+            )
     rate.set(title="checkpoint download rate per host (red: cap)", ylabel="Mbit/s")
     gen.bar(clients, [per_client[c]["single_pass_seconds"] for c in clients], label="single pass")
     ar = [per_client[c]["autoregressive_seconds"] or 0 for c in clients]
@@ -279,7 +281,9 @@ def main() -> None:
     parser.add_argument("--gen-bytes", type=int, default=256)
     parser.add_argument("--samples", type=int, default=7)
     parser.add_argument("--peer-steps", type=int, default=12)
-    parser.add_argument("--nat-region", default="home-nat", help="a behind_nat region: block 0 hosted there and in --twin-region")
+    parser.add_argument(
+        "--nat-region", default="home-nat", help="a behind_nat region: block 0 hosted there and in --twin-region"
+    )
     parser.add_argument("--twin-region", default="home", help="where the NATed host's direct twin sits")
     parser.add_argument("--nat-client", default="us-east", help="client region of the relayed vs direct comparison")
     parser.add_argument("--timeout", type=float, default=900.0)

@@ -28,7 +28,8 @@ NOT_SETTINGS = {"out", "from_json", "model_path", "regions"}  # where files went
 DASH = "–"
 TITLES = {  # the heading of each results folder's section, in the page's order
     "quality": "Quality", "long_run": "A long run through the swarm", "serve": "Serving", "sync": "Replica sync", "outer_gap": "The outer mode's loss gap",
-    "scale": "Cost as a block grows", "transfer": "Checkpoint transfer", "regions": "Emulated regions", "discovery": "Discovery",
+    "scale": "Cost as a block grows", "transfer": "Checkpoint transfer", "regions": "Emulated regions",
+    "blocks_latency": "Generation latency as B grows", "discovery": "Discovery",
     "chaos": "Chaos", "attacks": "Attacks", "identity_cost": "Identity cost", "health": "Health page",
 }  # fmt: skip
 
@@ -598,6 +599,34 @@ def nat(n: Node) -> list[str]:
          "through the relay."), ""]  # fmt: skip
 
 
+def blocks_latency(folder: Folder) -> list[str]:
+    r = folder.json("blocks_latency.json")
+    summary, config = r["summary"], r["config"]
+    rows = [[plain(place), plain(b), fixed(row.num("rtt_ms_median"), 1), fixed(row.num("single_pass_seconds"), 2),
+             plain(row["single_pass_hops"]), fixed(row.num("autoregressive_seconds"), 1), plain(row["autoregressive_hops"]),
+             times(row.num("ratio_autoregressive_over_single_pass")), fixed(row.num("fetch_seconds"), 1),
+             size(row.num("model_bytes"))]
+            for place, per_b in summary["places"].items() for b, row in per_b.items()]  # fmt: skip
+    header = ["place", "B", "round trip ms", "single-pass s", "hops", "autoregressive s", "hops",
+              "autoregressive / single-pass", "swarm-fetch s", "model"]  # fmt: skip
+    return section(
+        "blocks_latency",
+        "The default model's layers split into B blocks, each B its own swarm: the bootstrap and one peer per block in "
+        f"{plain(config['peer_region'])}, a client in {plain(config['client_region'])} (emulated regions as above), and "
+        "again on 127.0.0.1 where `loopback` rows are shown. From the client: `swarm-bench latency --autoregressive` "
+        "(single-pass generation at the steps per block given, B requests a span, against the autoregressive pipeline "
+        "with B stages, B requests a byte) and the wall time of `swarm-fetch` assembling the model (its start, "
+        "downloads and spot checks included).",
+        command("blocks_latency.py", {}, root=True),
+        settings(config),
+        settings(r["models"][r["models"].names()[0]], {"n_blocks"}, label="Model, each B alike but for `n_blocks`"),
+        table(header, rows),
+        targets_table(summary["targets"]),
+        f"The whole run took {fixed(r.num('seconds') / 60, 1)} minutes.",
+        folder.pictures(),
+    )
+
+
 def discovery(folder: Folder) -> list[str]:
     d = folder.json("discovery.json")
     rows = [[plain(s["nodes"]), fixed(s["lookup_rpcs"].num("median"), 0), fixed(s["lookup_rpcs"].num("p95"), 0),
@@ -767,7 +796,7 @@ Renderer = Callable[[Folder], list[str]]
 RENDERERS: dict[str, Renderer] = {
     "quality": quality, "long_run": long_run, "serve": serve, "sync": sync, "outer_gap": outer_gap, "scale": scale,
     "transfer": transfer,
-    "regions": regions, "discovery": discovery, "chaos": chaos, "attacks": attacks, "identity_cost": identity_cost,
+    "regions": regions, "blocks_latency": blocks_latency, "discovery": discovery, "chaos": chaos, "attacks": attacks, "identity_cost": identity_cost,
     "health": health,
 }  # fmt: skip
 

@@ -16,7 +16,7 @@ from swarm.errors import SwarmError
 from swarm.model.checkpoint import load_model_folder
 from swarm.model.denoiser import ModelConfig
 from swarm.model.families import local_runner
-from swarm.model.generate import continue_text
+from swarm.model.generate import STEPS_PER_BLOCK, continue_text
 from swarm.model.steps import MAX_TEMPERATURE, BlockRunner, Sampling
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import DHTUnavailable
@@ -31,12 +31,19 @@ MODEL_TIMEOUT_S = 15.0
 @click.command("swarm-generate")
 @swarm_options
 @member_options
-@click.option("--model", "model_dir", default=None, help="Model folder; or --initial-peers to run on the swarm's peers.")
+@click.option(
+    "--model", "model_dir", default=None, help="Model folder; or --initial-peers to run on the swarm's peers."
+)
 @click.argument("prompt")
 @click.option("--max-bytes", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--steps-per-block", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0, max=MAX_TEMPERATURE), default=0.0, show_default=True,
-              help="0 takes the most likely byte.")
+@click.option("--steps-per-block", type=click.IntRange(min=1), default=STEPS_PER_BLOCK, show_default=True)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0, max=MAX_TEMPERATURE),
+    default=0.0,
+    show_default=True,
+    help="0 takes the most likely byte.",
+)
 @reveal_option
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--data", default=None,
@@ -47,7 +54,7 @@ def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature,
     if (model_dir is None) == (not swarm_kwargs["initial_peers"]):
         raise SwarmError("give either --model DIR (run here) or --initial-peers ... (run on the swarm's peers)")
     sampling = Sampling(temperature, reveal)
-    settings = dict(max_bytes=max_bytes, steps_per_block=steps_per_block, sampling=sampling, seed=seed)
+    settings = {"max_bytes": max_bytes, "steps_per_block": steps_per_block, "sampling": sampling, "seed": seed}
     if model_dir is not None:
         model = load_model_folder(Path(model_dir))
         if model.kind == "autoregressive":

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
@@ -185,6 +186,15 @@ class LocalSwarm:
         return subprocess.run(
             argv, check=False, capture_output=True, text=True, timeout=timeout, cwd=self.workdir, env=self._env()
         )
+
+    def latency(self, host: str, out: Path, options: Sequence[str] = (), timeout: float = 300.0) -> dict:
+        """Run `swarm-bench latency` with `options` on `host` (see `run`) and return the latency.json it
+        wrote in `out`; SwarmError with the end of its stderr if it failed."""
+        done = self.run("swarm-bench", *options, "--out", str(out), subcommand="latency", host=host, timeout=timeout)
+        if done.returncode != 0:
+            raise SwarmError(f"swarm-bench latency on {host} failed: {done.stderr[-2000:]}")
+        logger.info("swarm-bench latency from %s:\n%s", host, done.stdout)
+        return json.loads((out / "latency.json").read_text())
 
     def client(self, host: str = "client", credentials: Credentials | None = None) -> SwarmClient:
         """A client of this swarm in this process (a member's, given `credentials`); in a lab, its

@@ -42,9 +42,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Self
 
 import psutil
 
@@ -67,12 +68,14 @@ def available(delays: bool = False, nat: bool = False) -> str | None:
         if not shutil.which(command):
             return f"emulated networks need the '{command}' command"
     if delays and importlib.util.find_spec("netfilterqueue") is None:
-        return "emulated delays need the NetfilterQueue package (pip install NetfilterQueue; needs libnetfilter-queue-dev)"
+        return (
+            "emulated delays need the NetfilterQueue package (pip install NetfilterQueue; needs libnetfilter-queue-dev)"
+        )
     return None
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(args, check=False, capture_output=True, text=True, timeout=30)
     if check and result.returncode != 0:
         raise SwarmError(f"{' '.join(args)}: {result.stderr.strip()}")
     return result
@@ -146,13 +149,14 @@ class NetLab:
     prefix: str = "bsw"
     subnet: str = SUBNET  # the "internet" side; PUBLIC_SUBNET where some region sits behind NAT
     nodes: dict[str, Node] = field(default_factory=dict)
-    congestion: str | None = None  # TCP congestion control of every node; None: the kernel's default (see set_congestion)
+    # TCP congestion control of every node; None: the kernel's default (see set_congestion)
+    congestion: str | None = None
 
     @property
     def router(self) -> str:
         return f"{self.prefix}-router"
 
-    def __enter__(self) -> "NetLab":
+    def __enter__(self) -> Self:
         if reason := available():
             raise SwarmError(reason)
         self.teardown()  # whatever a killed run with this prefix left
@@ -174,12 +178,16 @@ class NetLab:
         gateway = behind.namespace if behind else self.router
         network = f"{HOME_SUBNET}.{self._homes(behind) + 1}" if behind else f"{self.subnet}.{index}"
         sh("ip", "netns", "add", namespace)
-        sh("ip", "link", "add", router_link, "netns", gateway, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+        sh("ip", "link", "add", router_link, "netns", gateway, "type", "veth", "peer", "name", "eth0", "netns", namespace)  # fmt: skip
         node = Node(namespace, f"{network}.2", router_link, region, behind.namespace if behind else None)
         for args in (["addr", "add", f"{network}.1/24", "dev", router_link], ["link", "set", router_link, "up"]):
             sh("ip", "netns", "exec", gateway, "ip", *args)
-        for args in (["link", "set", "lo", "up"], ["addr", "add", f"{node.address}/24", "dev", "eth0"],
-                     ["link", "set", "eth0", "up"], ["route", "add", "default", "via", f"{network}.1"]):
+        for args in (
+            ["link", "set", "lo", "up"],
+            ["addr", "add", f"{node.address}/24", "dev", "eth0"],
+            ["link", "set", "eth0", "up"],
+            ["route", "add", "default", "via", f"{network}.1"],
+        ):
             sh(*node.exec_prefix(), "ip", *args)
         if self.congestion:
             sh(*node.exec_prefix(), "sysctl", "-qw", f"net.ipv4.tcp_congestion_control={self.congestion}")
@@ -215,7 +223,9 @@ class NetLab:
         if reason := available(nat=True):
             raise SwarmError(reason)
         if ipaddress.ip_address(f"{self.subnet}.0.1").is_private:
-            raise SwarmError(f"a lab with NAT needs public-looking addresses: NetLab(subnet=PUBLIC_SUBNET), not {self.subnet}")
+            raise SwarmError(
+                f"a lab with NAT needs public-looking addresses: NetLab(subnet=PUBLIC_SUBNET), not {self.subnet}"
+            )
         nat = self.add_node(f"nat-{region}", region)
         masquerade = ["--random-fully"] if symmetric else []
         for args in (["sysctl", "-qw", "net.ipv4.ip_forward=1"],
@@ -228,12 +238,23 @@ class NetLab:
 
     def cap(self, node: Node, up_mbit: float | None, down_mbit: float | None) -> None:
         """Limit what `node` sends (its eth0) and receives (the router's link to it) with tbf."""
-        for rate, where in ((up_mbit, node.exec_prefix()), (down_mbit, ["ip", "netns", "exec", node.gateway or self.router])):
+        for rate, where in (
+            (up_mbit, node.exec_prefix()),
+            (down_mbit, ["ip", "netns", "exec", node.gateway or self.router]),
+        ):
             if rate:
                 device = "eth0" if where == node.exec_prefix() else node.router_link
                 burst = max(32_000, int(rate * 1e6 / 8 / 250))  # 4 ms of traffic, at least 32 kB
                 sh(*where, "tc", "qdisc", "replace", "dev", device, "root", "tbf",
                    "rate", f"{rate}mbit", "burst", str(burst), "latency", "400ms")  # fmt: skip
+
+    def cap_by_region(self, regions: dict, skip: Collection[Node] = ()) -> None:
+        """Cap every node's links (`cap`) at its region's `up_mbit` and `down_mbit`, as `load_regions`
+        reads them, except the nodes in `skip` (a home router only passes its hosts' capped traffic on)."""
+        for node in self.nodes.values():
+            if node not in skip:
+                caps = regions[node.region]
+                self.cap(node, caps.get("up_mbit"), caps.get("down_mbit"))
 
     def start_delays(self, one_way_s: Callable[[str, str], float], queue: int = 0) -> None:
         """Delay every forwarded packet by `one_way_s(from region, to region)`: the delay daemon
@@ -260,7 +281,11 @@ class NetLab:
 
     def pids(self) -> list[int]:
         """Every process that runs in one of the lab's namespaces."""
-        return [int(pid) for namespace in self.namespaces() for pid in sh("ip", "netns", "pids", namespace, check=False).stdout.split()]
+        return [
+            int(pid)
+            for namespace in self.namespaces()
+            for pid in sh("ip", "netns", "pids", namespace, check=False).stdout.split()
+        ]
 
     def teardown(self) -> None:
         """Kill every process in the lab's namespaces, then delete them (their links, addresses

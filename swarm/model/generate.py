@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -11,6 +11,7 @@ from swarm.model.families import generate_span
 from swarm.model.steps import BlockRunner, Sampling
 
 PAD_BYTE = ord(" ")  # a prompt shorter than P bytes is left-padded with spaces
+STEPS_PER_BLOCK = 4  # denoising steps of each block per span unless told (swarm-generate, swarm-bench)
 
 
 def prefix_tensor(context: bytes, config: ModelConfig) -> torch.Tensor:
@@ -24,8 +25,8 @@ def continue_text(
     config: ModelConfig,
     prompt: bytes,
     max_bytes: int,
-    steps_per_block: int = 4,
-    sampling: Sampling = Sampling(),
+    steps_per_block: int = STEPS_PER_BLOCK,
+    sampling: Sampling = Sampling(),  # noqa: B008 (a frozen dataclass: one shared default is safe)
     seed: int = 0,
 ) -> Iterator[bytes]:
     """Yield the continuation of `prompt` span by span (G bytes per pass, the last one cut to max_bytes).
@@ -35,9 +36,7 @@ def continue_text(
     generator = torch.Generator().manual_seed(seed)
     context, written = prompt, 0
     while written < max_bytes:
-        span, _ = generate_span(
-            run_block, config, prefix_tensor(context, config), steps_per_block, generator, sampling
-        )
+        span, _ = generate_span(run_block, config, prefix_tensor(context, config), steps_per_block, generator, sampling)
         new = bytes(span[0].tolist())[: max_bytes - written]
         context, written = context + new, written + len(new)
         yield new
