@@ -28,6 +28,7 @@ NOT_SETTINGS = {"out", "from_json", "model_path", "regions"}  # where files went
 DASH = "–"
 TITLES = {  # the heading of each results folder's section, in the page's order
     "quality": "Quality", "long_run": "A long run through the swarm", "serve": "Serving", "sync": "Replica sync", "outer_gap": "The outer mode's loss gap",
+    "time_to_loss": "Time to a loss across regions",
     "scale": "Cost as a block grows", "transfer": "Checkpoint transfer", "regions": "Emulated regions",
     "blocks_latency": "Generation latency as B grows", "discovery": "Discovery",
     "chaos": "Chaos", "attacks": "Attacks", "identity_cost": "Identity cost", "health": "Health page",
@@ -478,6 +479,47 @@ def outer_gap_run(folder: Folder, title: str) -> list[str]:
     )
 
 
+TIME_TO_LOSS_OPTIONS = ("modes", "replicas", "steps", "save_every")
+
+
+def time_to_loss(folder: Folder) -> list[str]:
+    """time_to_loss.json: each mode's efficiency (no-delay seconds to its final loss / regions seconds to it)."""
+    r = folder.json("time_to_loss.json")
+    config, s = r["config"], r["summary"]
+    rows = []
+    for mode, m in r["modes"].items():
+        if m.get("error") is not None:
+            rows.append([mode, *[DASH] * 7, f"failed: {plain(m['error'])}"])
+            continue
+        runs = m["runs"]
+        took = fixed(m.num("regions_seconds"), 1) if m["reached"] else "not reached"
+        first = " / ".join(fixed(runs[p]["curve"][1].num("seconds"), 1) for p in ("no-delay", "regions"))
+        rows.append([mode, fixed(m.num("target_loss")), fixed(m.num("no_delay_seconds"), 1), took,
+                     fixed(m.num("efficiency")), times(m.num("final_loss_over_target")), first,
+                     fixed(runs["regions"]["run"].num("compute_utilisation_min")),
+                     fixed(runs["regions"]["run"].num("step_seconds"))])  # fmt: skip
+    best = s["best_mode"]
+    headline = (f"Best mode: `{best}`, efficiency {fixed(s.num('best_efficiency'))}; at least {s.num('target')}: "
+                f"{yes(s['met'])}." if best else "No mode's regions run reached its no-delay run's final loss.")  # fmt: skip
+    header = ["mode", "target loss", "no-delay s", "regions s", "efficiency", "regions final / target",
+              "first save s (no-delay / regions)", "regions util. min", "regions step s"]  # fmt: skip
+    return section(
+        "time_to_loss",
+        "For each sync mode, the same replicas of one block run twice from the same start weights with the same batches "
+        "(each replica keeps one peer id): in the emulated regions, and in the same lab with no delay and no cap. "
+        "The target is the no-delay run's final validation loss (mean replica; the same validation windows for "
+        "every checkpoint); efficiency is the no-delay run's wall seconds to it over the regions run's, each "
+        "from the run's first step to the first time its curve reaches the target, linear between saves (1.0: "
+        "the internet cost nothing). This is the headline sync figure; utilisation (lowest replica) and step "
+        "time of the regions run are diagnostics, and so is each run's time to its first save. As root.",
+        command("time_to_loss.py", {k: config[k] for k in TIME_TO_LOSS_OPTIONS}, root=True),
+        settings(config, set(TIME_TO_LOSS_OPTIONS)),
+        headline,
+        table(header, rows),
+        folder.pictures(),
+    )
+
+
 TRANSFER_COLUMNS = ["case", "MB", "hosts", "seconds", "Mbit/s", "over cap", "cpu_steal"]
 
 
@@ -795,6 +837,7 @@ def health(folder: Folder) -> list[str]:
 Renderer = Callable[[Folder], list[str]]
 RENDERERS: dict[str, Renderer] = {
     "quality": quality, "long_run": long_run, "serve": serve, "sync": sync, "outer_gap": outer_gap, "scale": scale,
+    "time_to_loss": time_to_loss,
     "transfer": transfer,
     "regions": regions, "blocks_latency": blocks_latency, "discovery": discovery, "chaos": chaos, "attacks": attacks, "identity_cost": identity_cost,
     "health": health,

@@ -9,9 +9,9 @@ exchange; the peer's defaults, see swarm/sync/pseudo_gradient.py `OuterConfig`),
 `outer-k128`, the same with 128 values kept per 64 x 64 tile instead of the default (what
 the extra bytes buy in loss). `demo1` (lockstep, 1-bit values) and `demo-overlap2` / `demo-overlap3`
 (each set applied two / three steps late: `--overlap-steps`) can be added with --modes or
---region-modes, and so can `demo-overlap2-spare` and `outer-overlap-spare`: the same, but a
-replica that would wait for the others computes spare batches of an eighth of its batch
-instead, which its next step averages in (`--spare-batch-size`).
+--region-modes, and so can `demo-spare`, `demo-overlap-spare`, `demo-overlap2-spare` and
+`outer-overlap-spare`: the same, but a replica that would wait for the others computes spare
+batches of an eighth of its batch instead, which its next step averages in (`--spare-batch-size`).
 
 For each replica count of --replicas (with the matching --steps) and each mode: one swarm of
 separate processes on 127.0.0.1, a bootstrap node and N peers that all host the same block of
@@ -46,14 +46,17 @@ the kernel counted leaving each namespace.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from swarm.cli.console import setup_logging
@@ -79,10 +82,11 @@ MODES = {
     "outer-overlap": ["--sync", "outer-overlap"],  # the same, each round's exchange overlapped with the next round
     "outer-k128": ["--sync", "outer", "--outer-top-k", "128"],  # less compressed: what the bytes buy in loss
     "demo1": ["--sync", "demo", "--value-bits", "1", "--top-k", "4"],
-}
+}  # fmt: skip
 # the same as their namesakes, but a replica computes spare batches instead of waiting (--spare-batch-size, in run_mode)
-MODES |= {f"{mode}-spare": MODES[mode] for mode in ("demo-overlap2", "outer-overlap")}
-SPARE_BATCHES_PER_BATCH = 8  # a -spare mode's spare batches hold an eighth of a step's batch: a wait ends at most that late
+MODES |= {f"{mode}-spare": MODES[mode] for mode in ("demo", "demo-overlap", "demo-overlap2", "outer-overlap")}
+# a -spare mode's spare batches hold an eighth of a step's batch: a wait ends at most that late
+SPARE_BATCHES_PER_BATCH = 8
 DEFAULT_MODES = ["dense", "demo", "demo-overlap", "outer", "outer-overlap", "outer-k128"]
 SMALL_MODEL = {"d_model": 128, "n_layers": 4, "n_blocks": 4, "n_heads": 4}  # a block of 0.38 M parameters
 REGION_ORDER = ("us-east", "eu-west", "ap-southeast")  # replica i goes to REGION_ORDER[i % 3]
@@ -95,20 +99,40 @@ LOSS_RATIO_TARGET = 1.02
 
 
 def peer_extra(
-    args, sync: list[str], replicas: int, steps: int, batch_size: int | None = None, announce_period: float = 2
+    args,
+    sync: list[str],
+    replicas: int,
+    steps: int,
+    batch_size: int | None = None,
+    announce_period: float = 2,
+    save_every: int | None = None,
 ) -> list[str]:
     return [*sync, "--wait-for-replicas", str(replicas), "--max-steps", str(steps),
-            "--save-every", str(steps), "--batch-size", str(batch_size or args.batch_size),
+            "--save-every", str(save_every or steps), "--batch-size", str(batch_size or args.batch_size),
             "--announce-period", str(announce_period),
             "--sync-deadline", str(args.deadline), "--average-every", str(args.average_every)]  # fmt: skip
 
 
-def run_mode(args, mode: str, replicas: int, steps: int, workdir: Path, lab: netlab.NetLab | None = None) -> dict:
+def run_mode(
+    args,
+    mode: str,
+    replicas: int,
+    steps: int,
+    workdir: Path,
+    lab: netlab.NetLab | None = None,
+    placement: str | None = None,
+    save_every: int | None = None,
+    identities: Path | None = None,
+) -> dict:
     """One swarm of `replicas` peers of block `args.block` in `mode` (on 127.0.0.1, or in `lab`'s
-    regions); its figures and loss curve."""
-    placement = "regions" if lab else "local"
+    regions); its figures and loss curve. `placement` names the run (default "regions" in a lab,
+    else "local"); `save_every` is the peers' --save-every (default: the last step only);
+    `identities` is a folder of one libp2p identity file per replica name, made by the first run
+    that uses it: a replica keeps its peer id across runs, and with it its batches (a replica's
+    stream of batches is seeded by its peer id), so that two runs differ only in what they vary."""
+    placement = placement or ("regions" if lab else "local")
     batch_size = args.region_batch_size if lab else args.batch_size
-    swarm = f"sync{mode.replace('-', '')}{replicas}{placement}"
+    swarm = f"sync{mode.replace('-', '')}{replicas}{placement.replace('-', '')}"
     names = [f"r{r}" for r in range(replicas)]
     with LocalSwarm(workdir, swarm=swarm, config_path=args.model_path, threads_per_process=1, lab=lab) as local:
         local.start_bootstrap()
@@ -117,10 +141,17 @@ def run_mode(args, mode: str, replicas: int, steps: int, workdir: Path, lab: net
             traces = {name: local.workdir / f"{name}.sync-trace.jsonl" for name in names}
             for path in traces.values():
                 path.unlink(missing_ok=True)  # a peer appends to its trace: no events of an earlier run
-            spare = ["--spare-batch-size", str(max(1, batch_size // SPARE_BATCHES_PER_BATCH))] if mode.endswith("-spare") else []
+            spare = (
+                ["--spare-batch-size", str(max(1, batch_size // SPARE_BATCHES_PER_BATCH))]
+                if mode.endswith("-spare")
+                else []
+            )
             for name in names:
-                extra = peer_extra(args, [*MODES[mode], *spare], replicas, steps, batch_size, 1 if lab else 2)
-                local.start_peer(name, str(args.block), [*extra, "--sync-trace", str(traces[name])])
+                extra = peer_extra(
+                    args, [*MODES[mode], *spare], replicas, steps, batch_size, 1 if lab else 2, save_every
+                )
+                identity = ["--identity", str(identities / f"{name}.id")] if identities else []
+                local.start_peer(name, str(args.block), [*extra, *identity, "--sync-trace", str(traces[name])])
             curve, records = follow(
                 local, client.directory, args, replicas, steps, f"{mode}, {replicas} replicas, {placement}"
             )
@@ -163,8 +194,14 @@ def follow(
     return curve, records
 
 
+def validation_windows(config: ModelConfig) -> torch.Tensor:
+    """The windows every checkpoint is scored on: the same ones (and, in `block_denoise_ce`, the same
+    noise) for every run, mode and benchmark that compares validation losses with this one's."""
+    return load_corpus(None).windows("validation", config.seq_len).fixed(VALIDATION_WINDOWS)
+
+
 def summarize(args, config: ModelConfig, mode, replicas, steps, records, curve, checkpoints: list[Path]) -> dict:
-    windows = load_corpus(None).windows("validation", config.seq_len).fixed(VALIDATION_WINDOWS)
+    windows = validation_windows(config)
     blocks = [load_block(path, config, args.block)[0] for path in checkpoints]
     losses = [block_denoise_ce(block, config, args.block, windows) for block in blocks]
     states = [block.state_dict() for block in blocks]
@@ -187,7 +224,8 @@ def summarize(args, config: ModelConfig, mode, replicas, steps, records, curve, 
         "compute_utilisation_mean": statistics.mean(known) if known else None,
         "compute_utilisation_min": min(known) if known else None,
         "step_seconds": statistics.median(1 / a.throughput for a in records if a.throughput > 0),
-        "step_seconds_per_replica": {a.public_name: 1 / a.throughput for a in records if a.throughput > 0},  # over its last steps
+        # over its last steps
+        "step_seconds_per_replica": {a.public_name: 1 / a.throughput for a in records if a.throughput > 0},
         "last_sync_round_seconds": {a.public_name: a.sync_round_s for a in records},
         "drift_between_final_checkpoints": pairwise,
         "largest_drift_at_averaging": max((a.drift for a in records if a.drift is not None), default=None),
@@ -207,7 +245,11 @@ def wait_split(traces: dict[str, Path]) -> dict | None:
     is reported beside them (`spare_s`, `spare_fraction`, `spare_windows`): it is compute, not a wait.
     In those modes a wait begins only once the gather is done, so both kinds of wait are near 0
     by construction: the spare fraction is what the others would have been."""
-    events = {name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in traces.items() if path.exists()}
+    events = {
+        name: [json.loads(line) for line in path.read_text().splitlines()]
+        for name, path in traces.items()
+        if path.exists()
+    }
     published = {name: {e["step"]: e["t"] for e in evs if e["event"] == "publish"} for name, evs in events.items()}
     published = {name: steps for name, steps in published.items() if steps}  # a peer that died before its first step
     if not published:
@@ -225,7 +267,7 @@ def wait_split(traces: dict[str, Path]) -> dict | None:
             network += network_part
             slower += wait["seconds"] - network_part
         span = max(e["t"] for e in events[name]) - min(published[name].values())
-        share = lambda seconds: seconds / span if span > 0 else None  # noqa: E731
+        share = lambda seconds, span=span: seconds / span if span > 0 else None
         split[name] = {"network_s": network, "slower_replicas_s": slower, "traced_s": span,
                        "network_fraction": share(network), "slower_replicas_fraction": share(slower),
                        "spare_s": spare, "spare_fraction": share(spare), "spare_windows": windows}  # fmt: skip
@@ -241,20 +283,36 @@ def region_runs(args, workdir: Path) -> dict:
     runs = []
     for mode in args.region_modes:
         logger.info("regions, %d replicas, %s: %d steps", args.region_replicas, mode, args.region_steps)
-        with netlab.NetLab("bswsync") as lab:
-            lab.add_node("bootstrap", HUB_REGION)
-            lab.add_node("client", HUB_REGION)
-            for r in range(args.region_replicas):
-                lab.add_node(f"r{r}", REGION_ORDER[r % len(REGION_ORDER)])
-            for node in lab.nodes.values():
-                caps = regions[node.region]
-                lab.cap(node, caps.get("up_mbit"), caps.get("down_mbit"))
-            lab.start_delays(one_way_s)
+        with region_lab(args.region_replicas, regions, one_way_s) as lab:
             runs.append(run_mode(args, mode, args.region_replicas, args.region_steps, workdir / f"regions-{mode}", lab))
+    return {**region_facts(regions, one_way_s), "runs": runs}
+
+
+def region_facts(regions: dict, one_way_s: Callable[[str, str], float]) -> dict:
+    """What the regions runs' network was: the round trips between the replicas' regions and their link caps."""
     rtts = {
         f"{a}-{b}": round(2000 * one_way_s(a, b)) for i, a in enumerate(REGION_ORDER) for b in REGION_ORDER[i + 1 :]
     }
-    return {"round_trip_ms": rtts, "link_caps_mbit": {r: regions[r] for r in REGION_ORDER}, "runs": runs}
+    return {"round_trip_ms": rtts, "link_caps_mbit": {r: regions[r] for r in REGION_ORDER}}
+
+
+@contextlib.contextmanager
+def region_lab(
+    replicas: int, regions: dict | None, one_way_s: Callable[[str, str], float], prefix: str = "bswsync"
+) -> Iterator[netlab.NetLab]:
+    """The lab of a regions run: the bootstrap node and the benchmark's client in HUB_REGION,
+    replica i (`r<i>`) in REGION_ORDER[i % 3], each node's link caps (`regions`, as
+    `netlab.load_regions` reads them; None: no caps) and the delay line (`one_way_s`)."""
+    with netlab.NetLab(prefix) as lab:
+        lab.add_node("bootstrap", HUB_REGION)
+        lab.add_node("client", HUB_REGION)
+        for r in range(replicas):
+            lab.add_node(f"r{r}", REGION_ORDER[r % len(REGION_ORDER)])
+        for node in lab.nodes.values():
+            caps = regions[node.region] if regions else {}
+            lab.cap(node, caps.get("up_mbit"), caps.get("down_mbit"))
+        lab.start_delays(one_way_s)
+        yield lab
 
 
 def os_check(args, workdir: Path) -> dict:
@@ -321,7 +379,9 @@ def side_by_side(runs: list[dict], dense_runs: list[dict]) -> dict:
         }
         if run.get("waits"):  # the most any replica lost to each kind of wait
             row["network_wait_fraction_max"] = max(w["network_fraction"] or 0.0 for w in run["waits"].values())
-            row["slower_replica_wait_fraction_max"] = max(w["slower_replicas_fraction"] or 0.0 for w in run["waits"].values())
+            row["slower_replica_wait_fraction_max"] = max(
+                w["slower_replicas_fraction"] or 0.0 for w in run["waits"].values()
+            )
             row["spare_batch_fraction_max"] = max(w["spare_fraction"] or 0.0 for w in run["waits"].values())
         if dense is not None:
             row["dense_run"] = f"{dense['placement']}, {dense['replicas']} replicas, {dense['steps']} steps"
@@ -441,7 +501,9 @@ def main() -> None:
     parser.add_argument("--region-steps", type=int, default=120)
     parser.add_argument("--region-batch-size", type=int, default=96, help="batch of the regions runs: a step that "
                         "takes about as long as a round trip between regions, as a real model's step does")  # fmt: skip
-    parser.add_argument("--region-modes", nargs="+", choices=list(MODES), default=["demo", "demo-overlap", "outer", "outer-overlap"])
+    parser.add_argument(
+        "--region-modes", nargs="+", choices=list(MODES), default=["demo", "demo-overlap", "outer", "outer-overlap"]
+    )
     parser.add_argument("--regions", default=str(Path(__file__).with_name("regions.yaml")))
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds one run may take")
     parser.add_argument("--os-check", action="store_true", help="also compare byte counts with the kernel's")
@@ -458,7 +520,8 @@ def main() -> None:
     if len(args.steps) != len(args.replicas):
         parser.error("give one --steps value, or one per --replicas value")
     outer_steps = OuterConfig().steps
-    if {"outer", "outer-overlap"} & {*args.modes, *args.region_modes} and any(s % outer_steps for s in [*args.steps, args.region_steps]):
+    outer_modes = {"outer", "outer-overlap"} & {*args.modes, *args.region_modes}
+    if outer_modes and any(s % outer_steps for s in [*args.steps, args.region_steps]):
         parser.error(f"every --steps and --region-steps must be a multiple of the outer steps' H ({outer_steps})")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run every teardown on SIGTERM too
     out = Path(args.out)

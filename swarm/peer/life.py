@@ -33,9 +33,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from hivemind.p2p import ServicerBase
 from hivemind.utils.crypto import RSAPrivateKey
@@ -197,7 +198,9 @@ class Peer:
         self.model_config = self.directory.wait_for_model(self.config.join_timeout)
         expected, found = self.config.expect_config_hash, self.model_config.hash()
         if expected and not found.startswith(expected.lower()):
-            raise SwarmError(f"swarm {self.config.swarm!r} trains model config {found[:16]}, not the expected {expected[:16]}")
+            raise SwarmError(
+                f"swarm {self.config.swarm!r} trains model config {found[:16]}, not the expected {expected[:16]}"
+            )
         if self.credentials is not None:
             self.membership = self.credentials.proof(self.peer_id)
         if self.directory.membership.members_only:
@@ -262,7 +265,9 @@ class Peer:
         self.spot_check = SpotCheck.from_corpus(corpus, self.model_config)
         train_config = TrainConfig(steps=self.config.max_steps or 100_000, batch_size=self.config.batch_size,
                                    lr=self.config.lr)  # fmt: skip
-        self.trainer = replica_trainer(self.model_config, self.block, windows, train_config, self.peer_id, self.config.device)
+        self.trainer = replica_trainer(
+            self.model_config, self.block, windows, train_config, self.peer_id, self.config.device
+        )
         self.denoise_service = DenoiseServicer(self.model_config, self.block, self.gate)
 
     def _serve_block(self) -> None:
@@ -294,7 +299,9 @@ class Peer:
         if mode.averages_gradients:
             prefix = f"{self.config.swarm}_block{self.block}"  # hivemind: no dots in a prefix
             group = max(2, self.config.wait_for_replicas)
-            self.averager = block_averager(self.dht, prefix, trainable(self.trainer.module), group, self.config.sync_deadline)
+            self.averager = block_averager(
+                self.dht, prefix, trainable(self.trainer.module), group, self.config.sync_deadline
+            )
         if self.config.average_every:
             self.reconcile = ReconcileRound(self.p2p, self.loop, self.model_config, self.block, self.directory.owner_subkey,
                                             lambda: self.directory.hosts(self.block), RECONCILE_DEADLINE_S)  # fmt: skip
@@ -344,7 +351,9 @@ class Peer:
             return least_hosted_block(hosts)
         block = int(self.config.block)
         if block >= config.n_blocks:
-            raise SwarmError(f"block index {block} is out of range: swarm {self.config.swarm!r} has blocks 0..{config.n_blocks - 1}")
+            raise SwarmError(
+                f"block index {block} is out of range: swarm {self.config.swarm!r} has blocks 0..{config.n_blocks - 1}"
+            )
         return block
 
     def _load_start_state(self) -> None:
@@ -377,7 +386,9 @@ class Peer:
         self.trainer.module.load_state_dict(denoiser.state_dict())
         self.trainer.step_count = step
         self.checkpoint_time = time.time()
-        logger.info("block %d: starting at step %d from %s (spot-check loss %.3f)", self.block, step, origin, choice.loss)
+        logger.info(
+            "block %d: starting at step %d from %s (spot-check loss %.3f)", self.block, step, origin, choice.loss
+        )
 
     # training
 
@@ -395,6 +406,8 @@ class Peer:
         each save the sync applies what it still has in flight (an overlapped strategy is an update
         behind): a checkpoint holds every update up to its step, and replicas that applied the
         same ones save the same bytes."""
+        # the moment the first step starts (benchmarks/time_to_loss.py times each save from it)
+        logger.info("block %d: training from step %d", self.block, self.trainer.step_count)
         while not self.stopping.is_set():
             if self.config.max_steps is not None and self.trainer.step_count >= self.config.max_steps:
                 break
@@ -460,7 +473,7 @@ class Peer:
                 self._save()
                 self.state = "leaving"
                 self.announcer.announce(wait=True)
-        except Exception as error:  # leaving must not hang or fail: the record expires anyway
+        except Exception as error:  # noqa: BLE001 (leaving must not hang or fail: the record expires anyway)
             logger.warning("could not announce leaving: %s", error)
         if self.averager is not None:
             stop_child(self.averager, self.averager.shutdown)
