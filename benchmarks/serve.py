@@ -114,7 +114,7 @@ def main() -> None:
     setup_logging()
     with (
         tempfile.TemporaryDirectory() as tmp,
-        LocalSwarm(Path(tmp), swarm=args.swarm, config_path=args.config) as local,
+        LocalSwarm(Path(tmp), swarm=args.swarm, config_path=args.config and str(Path(args.config).resolve())) as local,
     ):
         initial_peers = args.initial_peers or local.start_bootstrap()
         result = run_client(args, local, initial_peers, start_peers=not args.initial_peers)
