@@ -173,6 +173,8 @@ def test_a_blocks_steps_over_the_cached_prefix_write_what_the_full_forward_write
     assert rows == [config.gen_len] * 4
     full, full_logits = steps.run_steps(FullForward(block), prefix, start, schedule, 7, sampling)
     assert rows[4:] == [config.seq_len] * 4
+    steps.run_steps(block, prefix, start, schedule[-2:], 7, sampling)  # one step: the full forward, no encoding
+    assert rows[8:] == [config.seq_len]
     if family == "masked":
         assert torch.equal(cached, full) and (cached != MASK_ID).any()
     else:

@@ -403,10 +403,14 @@ class PrefixCache:
     keys_values: list[KeysValues]
 
 
-def over_prefix(denoiser: Denoiser, prefix: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """D(target, level) for one request's prefix: what a block's K steps call. With the config's
-    `prefix_cache` the prefix is encoded here, once, and each step runs the target rows alone."""
-    if not denoiser.config.prefix_cache:
+def over_prefix(
+    denoiser: Denoiser, prefix: torch.Tensor, steps: int
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """D(target, level) for one request's prefix: what a block's `steps` steps call. With the
+    config's `prefix_cache` and more than one step, the prefix is encoded here, once, and each step
+    runs the target rows alone. One step has nothing to share: an encoding and a target-only pass
+    cost a little more than the full forward (P + G rows against P, then G)."""
+    if not denoiser.config.prefix_cache or steps < 2:
         return lambda target, level: denoiser(prefix, target, level)
     cache = denoiser.encode_prefix(prefix)
     return lambda target, level: denoiser(prefix, target, level, cache)

@@ -108,7 +108,7 @@ def denoise_steps(
     """
     weight, start, logits = next(denoiser.parameters()), z, None
     codebook, prefix, z, sigmas = codebook.to(weight), prefix.to(weight.device), z.to(weight), sigmas.to(weight)
-    step = over_prefix(denoiser, prefix)
+    step = over_prefix(denoiser, prefix, len(sigmas) - 1)
     for sigma, sigma_next in pairwise(sigmas):
         logits = step(z, sigma.expand(len(z)))
         clean = logits.softmax(dim=-1) @ codebook

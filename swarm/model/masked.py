@@ -98,7 +98,7 @@ def unmask_steps(
     generator = torch.Generator().manual_seed(seed)
     prefix, ids = prefix.to(weight.device), ids.to(weight.device)
     drawn_from = torch.zeros(*ids.shape, VOCAB_SIZE, device=weight.device, dtype=weight.dtype)
-    step = over_prefix(denoiser, prefix)
+    step = over_prefix(denoiser, prefix, len(ts) - 1)
     for t, s in pairwise(ts):
         logits = step(ids, t.expand(len(ids)).to(weight.device))
         draws = torch.rand(ids.shape, generator=generator, device=generator.device)
