@@ -10,6 +10,7 @@ separate processes, each training a couple of steps and then only serving). With
 started with --serve-ar-stage for the autoregressive side).
 
     python benchmarks/serve.py --lengths 64 256
+    python benchmarks/serve.py --steps-per-block 4 --config hop.json   # hop.json: {"prefix_cache": true}
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def measure(client: SwarmClient, lengths: list[int], repeats: int, steps_per_blo
         "n_blocks": config.n_blocks,
         "gen_len": config.gen_len,
         "steps_per_block": steps_per_block,
+        "prefix_cache": config.prefix_cache,
         "ping_ms": {f"block {b}": 1000 * pings[peer] for b, peer in enumerate(stage_peers)},
         "lengths": {},
     }
@@ -101,7 +103,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--initial-peers", nargs="*", default=None, help="measure this running swarm instead")
     parser.add_argument("--swarm", default="servebench")
-    parser.add_argument("--config", default=None, help="model config JSON for the local swarm")
+    parser.add_argument("--config", default=None, help="model config JSON for the local swarm; "
+                        '{"prefix_cache": true} times the cheap hop (swarm/model/denoiser.py ModelConfig)')  # fmt: skip
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps-per-block", type=int, default=1)
@@ -109,7 +112,10 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/serve")
     args = parser.parse_args()
     setup_logging()
-    with tempfile.TemporaryDirectory() as tmp, LocalSwarm(Path(tmp), swarm=args.swarm, config_path=args.config) as local:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalSwarm(Path(tmp), swarm=args.swarm, config_path=args.config and str(Path(args.config).resolve())) as local,
+    ):
         initial_peers = args.initial_peers or local.start_bootstrap()
         result = run_client(args, local, initial_peers, start_peers=not args.initial_peers)
     out = Path(args.out)
@@ -127,7 +133,7 @@ def start_replicas(args, local: LocalSwarm, client: SwarmClient) -> None:
         for block in range(n_blocks):
             local.start_peer(f"peer{block}r{replica}", str(block), extra)
 
-        def served() -> bool:
+        def served(replica: int = replica) -> bool:  # this round's count, bound now
             hosts = client.directory.all_hosts(n_blocks)
             return all(sum(h.announcement.state == "serving" for h in hs) > replica for hs in hosts.values())
 

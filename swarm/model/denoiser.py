@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from swarm.errors import SwarmError
 VOCAB_SIZE = 256  # raw UTF-8 bytes, no tokenizer
 MASK_ID = VOCAB_SIZE  # the masked family's extra input id: "this byte is hidden"
 FAMILIES = ("masked", "gaussian")  # swarm/model/families.py; the first is the default
+LATER_FIELDS = {"prefix_cache": False}  # config fields added after the first checkpoints, with their defaults
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,16 @@ class ModelConfig:
     RMS `sigma_data` in `d_model` dimensions (row norm `sigma_data * sqrt(d_model)`), the
     defaults are [norm / 8, 2.5 * norm] with `p_mean = log(norm / 2)`. For d_model=256 that
     is [1, 20] and p_mean = ln 4. Leave them as None to derive them from d_model.
+
+    `prefix_cache` makes a generation hop cheap. A block runs K steps per request over the same
+    clean prefix, and by default every step recomputes the prefix rows through every layer,
+    because they attend to the target rows and every layer's adaptive norms modulate them by the
+    noise level, which changes each step. With it on, prefix rows attend to prefix rows alone
+    and their norms are plain (zero scale and shift, what a new layer computes), so their keys
+    and values depend on the prefix alone: a request encodes them once (`Denoiser.encode_prefix`)
+    and each step runs only the G target rows. Target rows still read everything. The cost is
+    what the prefix can no longer express: nothing of it is computed in the light of the noisy
+    target (docs/decisions.md has the measured price).
     """
 
     prefix_len: int = 64  # P: clean bytes the model conditions on
@@ -60,6 +72,7 @@ class ModelConfig:
     block_overlap: float = 0.05  # mass by which each block's training interval is widened on each side
     codebook_seed: int = 0  # the codebook is derived from this, never trained
     family: str = FAMILIES[0]  # "masked" (absorbing-state) or "gaussian" (EDM in embedding space)
+    prefix_cache: bool = False  # prefix rows blind to the target and the noise level: a request encodes them once
 
     def __post_init__(self) -> None:
         norm = self.sigma_data * math.sqrt(self.d_model)
@@ -98,7 +111,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
+    def from_dict(cls, data: dict) -> ModelConfig:
         if not isinstance(data, dict):
             raise SwarmError("model config must be a mapping of fields")
         known = {f.name for f in fields(cls)}
@@ -111,7 +124,7 @@ class ModelConfig:
             raise SwarmError(f"invalid model config: {error}") from None
 
     @classmethod
-    def from_json_file(cls, path: str | Path | None) -> "ModelConfig":
+    def from_json_file(cls, path: str | Path | None) -> ModelConfig:
         """The config in a JSON file, or the built-in default when no file is given; SwarmError
         (one line) if the file cannot be read or does not hold a valid config."""
         if path is None:
@@ -127,8 +140,13 @@ class ModelConfig:
         return cls.from_dict(data)
 
     def hash(self) -> str:
-        """A stable hash of the config (its family included): peers compare it before they train together."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """A stable hash of the config (its family included): peers compare it before they train together.
+
+        A field added since checkpoints were first written counts only when it is set away from
+        its default, so every config written before it keeps its hash (and its checkpoints load).
+        """
+        data = {k: v for k, v in self.to_dict().items() if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def block_slice(self, block: int, widened: bool = False) -> tuple[float, float]:
@@ -139,6 +157,9 @@ class ModelConfig:
         if widened:
             lo, hi = max(0.0, lo - self.block_overlap), min(1.0, hi + self.block_overlap)
         return lo, hi
+
+
+KeysValues = tuple[torch.Tensor, torch.Tensor]  # one layer's keys (rotated) and values, (N, heads, rows, head dim)
 
 
 class TransformerLayer(nn.Module):
@@ -163,23 +184,68 @@ class TransformerLayer(nn.Module):
             nn.init.zeros_(self.modulation.weight)
             nn.init.zeros_(self.modulation.bias)
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
-        if self.modulation is None:
-            x = x + self._attend(self.norm1(x))
-            return x + self.mlp(self.norm2(x))
-        scale1, shift1, scale2, shift2 = self.modulation(cond).unsqueeze(1).chunk(4, dim=-1)
-        x = x + self._attend(self.norm1(x) * (1 + scale1) + shift1)
-        return x + self.mlp(self.norm2(x) * (1 + scale2) + shift2)
+    def forward(
+        self,
+        x: torch.Tensor,
+        cond: torch.Tensor | None = None,
+        plain_rows: int = 0,
+        mask: torch.Tensor | None = None,
+        past: KeysValues | None = None,
+    ) -> torch.Tensor:
+        """The layer over rows x (N, T, d); see `run`."""
+        return self.run(x, cond, plain_rows, mask, past)[0]
 
-    def _attend(self, x: torch.Tensor) -> torch.Tensor:
+    def run(
+        self,
+        x: torch.Tensor,
+        cond: torch.Tensor | None = None,
+        plain_rows: int = 0,
+        mask: torch.Tensor | None = None,
+        past: KeysValues | None = None,
+    ) -> tuple[torch.Tensor, KeysValues]:
+        """(x after the layer, the keys and values of x's rows).
+
+        Args:
+            cond: the noise embedding (N, d) the adaptive norms read; None gives plain norms.
+            plain_rows: how many leading rows get plain norms all the same (a cacheable prefix).
+            mask: boolean attention mask (T, T), True where a row may attend.
+            past: keys and values of earlier rows that x's rows attend to as well; x's positions
+                start after theirs.
+        """
+        scale1, shift1, scale2, shift2 = self._modulation(cond, x.shape[1], plain_rows)
+        attended, keys_values = self._attend(modulate(self.norm1(x), scale1, shift1), mask, past)
+        x = x + attended
+        return x + self.mlp(modulate(self.norm2(x), scale2, shift2)), keys_values
+
+    def _modulation(self, cond: torch.Tensor | None, rows: int, plain_rows: int) -> tuple:
+        """(scale1, shift1, scale2, shift2), each (N, 1 or T, d), or four Nones for plain norms."""
+        if self.modulation is None or cond is None:
+            return None, None, None, None
+        modulation = self.modulation(cond).unsqueeze(1)
+        if plain_rows:
+            modulation = modulation * (torch.arange(rows, device=cond.device) >= plain_rows)[:, None]
+        return modulation.chunk(4, dim=-1)
+
+    def _attend(
+        self, x: torch.Tensor, mask: torch.Tensor | None, past: KeysValues | None
+    ) -> tuple[torch.Tensor, KeysValues]:
         n, t, d = x.shape
         q, k, v = self.qkv(x).view(n, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(rotate(q), rotate(k), v, is_causal=self.causal)
-        return self.proj(out.transpose(1, 2).reshape(n, t, d))
+        start = 0 if past is None else past[0].shape[2]
+        q, k = rotate(q, start), rotate(k, start)
+        keys, values = (k, v) if past is None else (torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2))
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=self.causal)
+        return self.proj(out.transpose(1, 2).reshape(n, t, d)), (k, v)
 
 
-def rotate(x: torch.Tensor, base: float = 10_000.0) -> torch.Tensor:
-    """Rotary position embedding (RoPE) of queries or keys (N, heads, T, head dim).
+def modulate(x: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None) -> torch.Tensor:
+    """adaLN: x * (1 + scale) + shift, or x as it is where there is no modulation."""
+    return x if scale is None else x * (1 + scale) + shift
+
+
+def rotate(x: torch.Tensor, start: int = 0, base: float = 10_000.0) -> torch.Tensor:
+    """Rotary position embedding (RoPE) of queries or keys (N, heads, T, head dim) at positions
+    start, start + 1, ...
 
     Why: with learned absolute positions alone, a bidirectional stack must learn from random
     position vectors which position is a byte's neighbour. Measured on 2 cores (d=128, one
@@ -192,7 +258,8 @@ def rotate(x: torch.Tensor, base: float = 10_000.0) -> torch.Tensor:
     """
     half = x.shape[-1] // 2
     frequencies = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32)[:, None] * frequencies
+    positions = torch.arange(start, start + x.shape[-2], device=x.device, dtype=torch.float32)
+    angles = positions[:, None] * frequencies
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     first, second = x[..., :half], x[..., half:]
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
@@ -287,18 +354,66 @@ class Denoiser(nn.Module):
         if isinstance(self.input_proj, nn.Embedding):
             nn.init.normal_(self.input_proj.weight, std=0.02)
 
-    def forward(self, prefix: torch.Tensor, target: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, prefix: torch.Tensor, target: torch.Tensor, level: torch.Tensor, cache: PrefixCache | None = None
+    ) -> torch.Tensor:
         """prefix: (N, P) int64 bytes; target: (N, G, d) noisy embeddings or (N, G) int64 ids; level: (N,).
 
-        Noise levels and embeddings are drawn in float32 wherever the block runs; they are taken
-        into the block's own dtype here, so a block in another dtype needs nothing of its callers.
+        With `cache` (`encode_prefix(prefix)`) only the target rows run, over the cached prefix's
+        keys and values: the same logits as without it, to rounding. Noise levels and embeddings
+        are drawn in float32 wherever the block runs; they are taken into the block's own dtype
+        here, so a block in another dtype needs nothing of its callers.
         """
         level = level.to(self.head.weight.dtype)
         cond = self.noise_embed(self.input_proj.c_noise(level))
-        x = torch.cat([self.prefix_embed(prefix), self.input_proj(target, level)], dim=1)
+        x = self.input_proj(target, level)
+        if cache is not None:
+            for layer, past in zip(self.layers, cache.keys_values):
+                x = layer(x, cond, past=past)
+            return self.head(self.norm_out(x))
+        x = torch.cat([self.prefix_embed(prefix), x], dim=1)
+        plain_rows, mask = (self.config.prefix_len, self._prefix_mask(x.device)) if self.config.prefix_cache else (0, None)  # fmt: skip
         for layer in self.layers:
-            x = layer(x, cond)
+            x = layer(x, cond, plain_rows, mask)
         return self.head(self.norm_out(x[:, self.config.prefix_len :]))
+
+    def encode_prefix(self, prefix: torch.Tensor) -> PrefixCache:
+        """Every layer's keys and values of the prefix rows (N, P): what a request's K steps share.
+
+        Only a config with `prefix_cache` has them: elsewhere the prefix rows read the target.
+        """
+        if not self.config.prefix_cache:
+            raise ValueError("this model's prefix rows read the target: its config has no prefix_cache")
+        x, keys_values = self.prefix_embed(prefix), []
+        for layer in self.layers:
+            x, layer_keys_values = layer.run(x)
+            keys_values.append(layer_keys_values)
+        return PrefixCache(keys_values)
+
+    def _prefix_mask(self, device: torch.device) -> torch.Tensor:
+        """(T, T), True where a row may attend: a prefix row to prefix rows, a target row to all."""
+        position = torch.arange(self.config.seq_len, device=device)
+        return (position[:, None] >= self.config.prefix_len) | (position[None, :] < self.config.prefix_len)
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """One request's clean prefix, encoded once (`Denoiser.encode_prefix`): each layer's keys and values."""
+
+    keys_values: list[KeysValues]
+
+
+def over_prefix(
+    denoiser: Denoiser, prefix: torch.Tensor, steps: int
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """D(target, level) for one request's prefix: what a block's `steps` steps call. With the
+    config's `prefix_cache` and more than one step, the prefix is encoded here, once, and each step
+    runs the target rows alone. One step has nothing to share: an encoding and a target-only pass
+    cost a little more than the full forward (P + G rows against P, then G)."""
+    if not denoiser.config.prefix_cache or steps < 2:
+        return lambda target, level: denoiser(prefix, target, level)
+    cache = denoiser.encode_prefix(prefix)
+    return lambda target, level: denoiser(prefix, target, level, cache)
 
 
 def build_block(config: ModelConfig, block: int) -> Denoiser:

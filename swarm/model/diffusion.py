@@ -19,11 +19,12 @@ has no such gap: its path is the training marginal at every step (masked.py).
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
 
-from swarm.model.denoiser import VOCAB_SIZE, Denoiser, ModelConfig
+from swarm.model.denoiser import VOCAB_SIZE, Denoiser, ModelConfig, over_prefix
 from swarm.model.steps import BlockRunner, DenoiserForBlock, LossFn, Sampling, pick_bytes
 
 
@@ -103,11 +104,13 @@ def denoise_steps(
 
     The clean estimate of each step is softmax(logits) @ T. The steps run on the block's device,
     in its dtype; z comes back where and as it came, the logits on its device in the block's dtype.
+    With the config's `prefix_cache` the prefix is encoded once for the K steps (`over_prefix`).
     """
     weight, start, logits = next(denoiser.parameters()), z, None
     codebook, prefix, z, sigmas = codebook.to(weight), prefix.to(weight.device), z.to(weight), sigmas.to(weight)
-    for sigma, sigma_next in zip(sigmas[:-1], sigmas[1:]):
-        logits = denoiser(prefix, z, sigma.expand(len(z)))
+    step = over_prefix(denoiser, prefix, len(sigmas) - 1)
+    for sigma, sigma_next in pairwise(sigmas):
+        logits = step(z, sigma.expand(len(z)))
         clean = logits.softmax(dim=-1) @ codebook
         z = z + (sigma_next - sigma) * (z - clean) / sigma
     return z.to(start), logits.to(start.device)

@@ -36,10 +36,12 @@ seed, sampling) writes the same bytes.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 import torch.nn.functional as F
 
-from swarm.model.denoiser import MASK_ID, VOCAB_SIZE, Denoiser, ModelConfig
+from swarm.model.denoiser import MASK_ID, VOCAB_SIZE, Denoiser, ModelConfig, over_prefix
 from swarm.model.steps import BlockRunner, LossFn, Sampling, pick_bytes
 
 SEED_BOUND = 2**62  # per-block seeds are drawn below this
@@ -89,14 +91,16 @@ def unmask_steps(
     `seed`, a fixed number of them per step whatever the reveal order, so the same inputs give
     the same bytes anywhere, whatever device the block is on. The steps run on the block's
     device, in its dtype; returns (ids, logits each newly revealed byte was drawn from, zeros
-    where none was) on the device `ids` came on, the logits in the block's dtype.
+    where none was) on the device `ids` came on, the logits in the block's dtype. With the
+    config's `prefix_cache` the prefix is encoded once for the K steps (`over_prefix`).
     """
     weight, home = next(denoiser.parameters()), ids.device
     generator = torch.Generator().manual_seed(seed)
     prefix, ids = prefix.to(weight.device), ids.to(weight.device)
     drawn_from = torch.zeros(*ids.shape, VOCAB_SIZE, device=weight.device, dtype=weight.dtype)
-    for t, s in zip(ts[:-1], ts[1:]):
-        logits = denoiser(prefix, ids, t.expand(len(ids)).to(weight.device))
+    step = over_prefix(denoiser, prefix, len(ts) - 1)
+    for t, s in pairwise(ts):
+        logits = step(ids, t.expand(len(ids)).to(weight.device))
         draws = torch.rand(ids.shape, generator=generator, device=generator.device)
         picked = pick_bytes(logits, sampling.temperature, generator)
         hidden = ids == MASK_ID
