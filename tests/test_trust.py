@@ -408,3 +408,30 @@ def test_a_client_waits_once_for_a_ban_to_end_where_every_host_of_a_block_failed
         runner._ban(host, "shown to lie (the harness)", math.inf)
     with pytest.raises(SwarmError, match="no live peer serves block 0"):
         next(continue_text(runner, model.config, b"Swarms of", model.config.gen_len, steps_per_block=2, seed=7))
+
+
+def test_a_replica_that_fails_is_banned_and_the_request_goes_to_another():
+    """`RemoteBlocks.__call__` alone, over two fake replicas of one measured checkpoint under one key
+    (so no witness, no swarm): the fastest fails once (killed, or a timeout). The request goes to
+    the other and the failed one is asked nothing more: unbanned, it would stay the chosen replica
+    and be asked again for ever (the fake ends the test at its second request instead)."""
+    info = CheckpointInfo(step=7, sha256="a" * 64, size=1)
+    dead, alive = record_of("key", info, peer_id="dead"), record_of("key", info, peer_id="alive")
+    directory = SimpleNamespace(hosts=lambda block: [dead, alive], keys_count=True)
+    loop = SimpleNamespace(run=lambda coro, timeout: asyncio.run(coro))
+    runner = RemoteBlocks(directory, None, loop, ModelConfig())
+    runner._rtt.update({(dead.peer_id, dead.owner): 0.0, (alive.peer_id, alive.owner): 1.0})  # dead is fastest
+    runner.vetting.passed[info] = Measured(Candidate(info, (dead, alive), plausible=True), b"", alive, loss=1.0)
+    asked, answer = [], (torch.zeros(1), None)
+
+    async def denoise(host: Host, request) -> tuple:
+        asked.append(host.peer_id)
+        if host is alive:
+            return answer
+        if asked.count("dead") > 1:
+            pytest.fail(f"the replica that failed was asked again: {asked}")  # not an Exception: __call__ lets it out
+        raise ConnectionError("the peer is gone")
+
+    runner._denoise = denoise
+    assert runner(0, torch.zeros(1), torch.zeros(1), torch.zeros(2)) is answer
+    assert asked == ["dead", "alive"] and runner.choose(0) is alive
