@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import signal
@@ -19,6 +20,7 @@ from swarm.checkpoints.store import CheckpointStore
 from swarm.lab.launch import LocalSwarm
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import ModelConfig
+from swarm.p2p.network import stop_child
 
 # a saver that resumes from its newest checkpoint and saves the next steps as fast as it can: one for
 # each line read, forked from this process (which imports torch once, not once a restart, and runs
@@ -192,6 +194,30 @@ def test_a_child_process_that_inherited_the_peers_signal_handler_still_dies_of_s
     dht.terminate()  # the peer's handler (stop after this step) must not make its DHT shrug this off
     wait_for(lambda: not running(dht), 10, "the DHT process to die of SIGTERM")
     local.stop(peer, signal.SIGKILL)
+
+
+def _start_a_grandchild_and_wait(pids) -> None:
+    """A forked child's life: start a process of its own (as a DHT starts its libp2p daemon), say
+    its pid, and ignore everything after (as a hung DHT ignores its shutdown)."""
+    pids.put(subprocess.Popen(["sleep", "600"]).pid)
+    time.sleep(600)
+
+
+def test_stopping_a_child_that_ignores_its_shutdown_kills_it_and_every_process_it_started():
+    """`stop_child` alone, on real processes: a forked child that ignores its graceful shutdown
+    is killed, and so is the process it started, which its death alone would leave running."""
+    context = multiprocessing.get_context("fork")  # as hivemind's DHT is started
+    pids = context.SimpleQueue()
+    child = context.Process(target=_start_a_grandchild_and_wait, args=(pids,), daemon=True)
+    child.start()
+    grandchild = psutil.Process(pids.get())
+    try:
+        stop_child(child, graceful=lambda: None, timeout=1.0)
+        assert not child.is_alive()
+        wait_for(lambda: not running(grandchild), 10, "the process it started to die")  # SIGKILL is not instant
+    finally:
+        if running(grandchild):
+            grandchild.kill()
 
 
 def test_a_peer_behind_nat_that_no_relay_will_take_says_so_and_announces_nothing(tmp_path):

@@ -410,28 +410,58 @@ def test_a_client_waits_once_for_a_ban_to_end_where_every_host_of_a_block_failed
         next(continue_text(runner, model.config, b"Swarms of", model.config.gen_len, steps_per_block=2, seed=7))
 
 
-def test_a_replica_that_fails_is_banned_and_the_request_goes_to_another():
-    """`RemoteBlocks.__call__` alone, over two fake replicas of one measured checkpoint under one key
-    (so no witness, no swarm): the fastest fails once (killed, or a timeout). The request goes to
-    the other and the failed one is asked nothing more: unbanned, it would stay the chosen replica
-    and be asked again for ever (the fake ends the test at its second request instead)."""
+def over_two_fake_replicas(answer_of, **options) -> tuple[RemoteBlocks, Host, Host]:
+    """A `RemoteBlocks` whose block 0 has two replicas, "first" (the fastest) and "second", of one
+    checkpoint measured here, under one key (so no witness is asked); `answer_of(host)` (async) is
+    what a request to a replica gets. No swarm: its loop runs each call with the call's deadline,
+    as `EventLoopThread.run` does."""
     info = CheckpointInfo(step=7, sha256="a" * 64, size=1)
-    dead, alive = record_of("key", info, peer_id="dead"), record_of("key", info, peer_id="alive")
-    directory = SimpleNamespace(hosts=lambda block: [dead, alive], keys_count=True)
-    loop = SimpleNamespace(run=lambda coro, timeout: asyncio.run(coro))
-    runner = RemoteBlocks(directory, None, loop, ModelConfig())
-    runner._rtt.update({(dead.peer_id, dead.owner): 0.0, (alive.peer_id, alive.owner): 1.0})  # dead is fastest
-    runner.vetting.passed[info] = Measured(Candidate(info, (dead, alive), plausible=True), b"", alive, loss=1.0)
+    first, second = record_of("key", info, peer_id="first"), record_of("key", info, peer_id="second")
+    directory = SimpleNamespace(hosts=lambda block: [first, second], keys_count=True)
+    loop = SimpleNamespace(run=lambda coro, timeout: asyncio.run(asyncio.wait_for(coro, timeout)))
+    runner = RemoteBlocks(directory, None, loop, ModelConfig(), **options)
+    runner._rtt.update({(first.peer_id, first.owner): 0.0, (second.peer_id, second.owner): 1.0})
+    runner.vetting.passed[info] = Measured(Candidate(info, (first, second), plausible=True), b"", second, loss=1.0)
+    runner._denoise = lambda host, request: answer_of(host)
+    return runner, first, second
+
+
+def ask_block_0(runner: RemoteBlocks):
+    return runner(0, torch.zeros(1), torch.zeros(1), torch.zeros(2))
+
+
+def test_a_replica_that_fails_is_banned_and_the_request_goes_to_another():
+    """`RemoteBlocks.__call__` alone: the fastest replica fails once (killed, or refusing). The
+    request goes to the other and the failed one is asked nothing more: unbanned, it would stay
+    the chosen replica and be asked again for ever (the fake ends the test at its second request
+    instead)."""
     asked, answer = [], (torch.zeros(1), None)
 
-    async def denoise(host: Host, request) -> tuple:
+    async def answer_of(host: Host) -> tuple:
         asked.append(host.peer_id)
-        if host is alive:
+        if host.peer_id == "second":
             return answer
-        if asked.count("dead") > 1:
+        if asked.count("first") > 1:
             pytest.fail(f"the replica that failed was asked again: {asked}")  # not an Exception: __call__ lets it out
         raise ConnectionError("the peer is gone")
 
-    runner._denoise = denoise
-    assert runner(0, torch.zeros(1), torch.zeros(1), torch.zeros(2)) is answer
-    assert asked == ["dead", "alive"] and runner.choose(0) is alive
+    runner, _, second = over_two_fake_replicas(answer_of)
+    assert ask_block_0(runner) is answer
+    assert asked == ["first", "second"] and runner.choose(0) is second
+
+
+def test_a_replica_that_never_answers_is_given_up_at_the_request_deadline_and_another_is_asked():
+    """`RemoteBlocks.__call__` alone: the fastest replica takes the request and never answers (a
+    stopped peer, or a stranger holding requests open). At `request_timeout` it is given up and
+    banned, and the other answers; without that deadline the whole call would run out of time."""
+    asked, answer = [], (torch.zeros(1), None)
+
+    async def answer_of(host: Host) -> tuple:
+        asked.append(host.peer_id)
+        if host.peer_id == "first":
+            await asyncio.Event().wait()  # silent for ever
+        return answer
+
+    runner, first, _ = over_two_fake_replicas(answer_of, request_timeout=0.5)
+    assert ask_block_0(runner) is answer
+    assert asked == ["first", "second"] and runner._banned(first.peer_id)
