@@ -211,6 +211,7 @@ class OneStepLatePeer:
 
     def __init__(self, max_steps: int, save_every: int):
         self.config = SimpleNamespace(max_steps=max_steps, save_every=save_every)
+        self.block = 0  # the loop names its block in its log lines
         self.stopping = threading.Event()
         self.trainer = SimpleNamespace(step_count=0, compute_gradients=lambda: None, end_step=self._end_step)
         self.sync = SimpleNamespace(update=self._update, settle=self._settle_sync)
