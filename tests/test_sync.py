@@ -71,7 +71,7 @@ def test_spare_batches_are_refused_where_they_cannot_apply(options, fragment):
 
 
 # enough steps that the kill lands mid-training (a dense step without its partner waits 2 s)
-@pytest.mark.parametrize("sync, steps", [("demo", 150), ("dense", 16)])
+@pytest.mark.parametrize("sync, steps", [("demo", 150), ("dense", 24)])
 def test_a_killed_replica_does_not_stop_the_others(lent_swarm, sync, steps):
     local, client = lent_swarm
     directory = client.directory
