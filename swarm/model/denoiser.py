@@ -184,16 +184,9 @@ class TransformerLayer(nn.Module):
             nn.init.zeros_(self.modulation.weight)
             nn.init.zeros_(self.modulation.bias)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cond: torch.Tensor | None = None,
-        plain_rows: int = 0,
-        mask: torch.Tensor | None = None,
-        past: KeysValues | None = None,
-    ) -> torch.Tensor:
-        """The layer over rows x (N, T, d); see `run`."""
-        return self.run(x, cond, plain_rows, mask, past)[0]
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        """The layer over rows x (N, T, d): `run`'s rows alone (its arguments, the same)."""
+        return self.run(x, *args, **kwargs)[0]
 
     def run(
         self,
