@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from swarm.cli.console import setup_logging
+from swarm.errors import SwarmError
 from swarm.lab.trainjobs import run_jobs
 from swarm.model.autoregressive import generate_bytes
 from swarm.model.checkpoint import load_block, load_model_folder
@@ -38,7 +39,7 @@ from swarm.model.diffusion import GaussianFamily
 from swarm.model.evaluate import NOISE_SEED, evaluate_autoregressive, evaluate_denoiser
 from swarm.model.families import generate_span, local_runner
 from swarm.model.steps import REVEAL_ORDERS, Sampling
-from swarm.model.train import default_lr
+from swarm.model.train import checked_device, default_lr
 from swarm.model.words import vocabulary
 
 logger = logging.getLogger("benchmarks.quality")
@@ -57,6 +58,7 @@ def make_jobs(configs: dict[str, ModelConfig], corpus, args, workdir: Path) -> l
         "validation": corpus.validation,
         "train_config": {"steps": args.steps, "batch_size": args.batch_size, "seed": 0},
         "threads": args.threads,
+        "device": args.device,
         "curve_every": max(1, args.steps // args.curve_points),
     }
     jobs = []
@@ -190,6 +192,7 @@ def main() -> None:
     parser.add_argument("--curve-points", type=int, default=6, help="validation points on each training curve")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--config", default=None, help="model config JSON (default: the built-in config)")
+    parser.add_argument("--device", default="cpu", help="where each model trains (cpu, cuda); every figure is computed on the host")
     parser.add_argument("--out", default="benchmarks/results/quality", help="folder for quality.json and quality.png")
     args = parser.parse_args()
     setup_logging()
@@ -197,6 +200,10 @@ def main() -> None:
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     if not families or any(f not in FAMILIES for f in families):
         parser.error(f"--families takes names among {', '.join(FAMILIES)}")
+    try:
+        checked_device(args.device)
+    except SwarmError as error:
+        parser.error(str(error))
     configs = {family: family_config(config, family) for family in families}
     corpus = load_corpus()
     started = time.time()

@@ -524,8 +524,27 @@ TRANSFER_COLUMNS = ["case", "MB", "hosts", "seconds", "Mbit/s", "over cap", "cpu
 
 
 def scale(folder: Folder) -> list[str]:
+    parts = scale_run(folder, "")
+    for sub in folder.subfolders():
+        parts += scale_run(sub, f"Later run, `{sub.rel}/`")
+    return section(
+        "scale",
+        "One block at several sizes through the library's own code: the trainer's forward and backward, each sync "
+        "mode's compress, encode, decode and apply with 4 replicas' payloads gathered (outer: a round spread over "
+        "its H steps), bytes per replica per step against dense fp32 all-reduce, the peak RSS of a fresh process "
+        "training the block beside its weights, gradients and AdamW state (and its RSS before the block: the fixed "
+        "overhead; on a GPU, its peak allocation there and what was allocated before the block), the checkpoint's "
+        "bytes, save and load, its download at 20 and 100 Mbit/s (bytes over the link plus the receiver's measured "
+        "work), the spot check and one denoise request (4 steps, one prompt).",
+        parts,
+    )
+
+
+def scale_run(folder: Folder, title: str) -> list[str]:
+    """One scale.py results file: its command, two tables, its slopes and targets."""
     r = folder.json("scale.json")
     steps, costs = [], []
+    on_gpu = r["sizes"][0]["memory"].get("peak_gpu_bytes") is not None
     for s in r["sizes"]:
         sync, memory, checkpoint = s["sync"], s["memory"], s["checkpoint"]
         name = f"{plain(s['size'])} ({s.num('parameters') / 1e6:.2f} M)"
@@ -533,32 +552,32 @@ def scale(folder: Folder) -> list[str]:
                       percent(sync["demo"].num("over_forward_backward")), percent(sync["outer"].num("over_forward_backward")),
                       size(sync["dense"].num("bytes_per_replica_per_step")), times(sync["demo"].num("dense_over_mode")),
                       times(sync["outer"].num("dense_over_mode"))])  # fmt: skip
-        costs.append([name, size(memory.num("peak_rss_bytes")), size(memory.num("overhead_bytes")),
+        peak = [size(memory.num("peak_gpu_bytes")), size(memory.num("gpu_overhead_bytes"))] if on_gpu else []
+        costs.append([name, size(memory.num("peak_rss_bytes")), size(memory.num("overhead_bytes")), *peak,
                       size(memory.num("state_bytes")), fixed(memory.num("peak_above_overhead_over_state"), 2),
                       size(checkpoint.num("bytes")), fixed(checkpoint.num("save_s")), fixed(checkpoint.num("load_s")),
                       fixed(checkpoint["download_s"].num("20"), 2), fixed(checkpoint["download_s"].num("100"), 2),
                       fixed(s.num("spot_check_s")), fixed(s.num("denoise_s"))])  # fmt: skip
-    slopes = ", ".join(f"`{name}` {fixed(r['slopes'].num(name), 2)}" for name in r["slopes"].names())
-    smoke = "" if r["complete"] else ("A smoke run at the smallest sizes only, not the full list of sizes: its "
-                                      "slopes come from these sizes alone.")  # fmt: skip
+    fitted = r["slopes"]
+    slopes = ", ".join(f"`{name}` {fixed(fitted.num(name), 2)}" for name in fitted.names() if fitted[name] is not None)
+    smoke = "" if r["complete"] else ("Not every default size was measured: the slopes come from these sizes alone.")
     step_header = ["size (parameters)", "forward+backward s", "AdamW s", "DeMo sync / f+b", "outer sync / f+b",
                    "dense bytes / step", "dense / DeMo", "dense / outer"]  # fmt: skip
-    cost_header = ["size", "peak RSS", "overhead", "weights+grads+AdamW", "(peak - overhead) / that", "checkpoint",
-                   "save s", "load s", "download 20 Mbit/s s", "100 Mbit/s s", "spot check s", "denoise s"]  # fmt: skip
-    return section(
-        "scale",
-        "One block at several sizes through the library's own code: the trainer's forward and backward, each sync "
-        "mode's compress, encode, decode and apply with 4 replicas' payloads gathered (outer: a round spread over "
-        "its H steps), bytes per replica per step against dense fp32 all-reduce, the peak RSS of a fresh process "
-        "training the block beside its weights, gradients and AdamW state (and its RSS before the block: the fixed "
-        "overhead), the checkpoint's bytes, save and load, its download at 20 and 100 Mbit/s (bytes over the link "
-        "plus the receiver's measured work), the spot check and one denoise request (4 steps, one prompt).",
-        smoke, plain(r.get("note") or ""),
-        command("scale.py", r["settings"].data),
-        table(step_header, steps), table(cost_header, costs),
-        f"Slopes against the parameter count (least squares on log-log; 1 is linear): {slopes}.",
-        targets_table(r["targets"]), folder.pictures(),
-    )  # fmt: skip
+    gpu_header = ["peak GPU", "GPU before block"] if on_gpu else []
+    cost_header = ["size", "peak RSS", "overhead", *gpu_header, "weights+grads+AdamW", "(peak - overhead) / that",
+                   "checkpoint", "save s", "load s", "download 20 Mbit/s s", "100 Mbit/s s", "spot check s",
+                   "denoise s"]  # fmt: skip
+    lines = [f"### {title}", ""] if title else []
+    for part in (smoke, plain(r.get("note") or ""), command("scale.py", r["settings"].data)):
+        lines += [part, ""] if part else []
+    return (
+        lines
+        + table(step_header, steps)
+        + table(cost_header, costs)
+        + [f"Slopes against the parameter count (least squares on log-log; 1 is linear): {slopes}.", ""]
+        + targets_table(r["targets"])
+        + [folder.pictures(), ""]
+    )
 
 
 def transfer(folder: Folder) -> list[str]:

@@ -34,12 +34,17 @@ library's own code paths, at each size given by --sizes (`DxL`: d_model D, L lay
 - the spot check (`SpotCheck.measure`, swarm/checkpoints/choice.py) on its windows;
 - one denoise request of one prompt at --steps-per-block steps: what the denoise service runs
   (`check_request` and the family's `run_steps`, swarm/serving/server.py), without the network.
+With --device cuda the block, its training, sync and serving run on the GPU (the checkpoint's
+bytes are made and hashed on the host, as a peer's are); each timer waits for the GPU's queued
+work, and memory is judged by the GPU's peak allocation (`torch.cuda.max_memory_allocated`)
+beside the block's state, the host's RSS still reported.
 Every figure is the median of --repeats runs after one warm-up. Each is fitted against the
 parameter count by least squares on log-log (its slope is in the JSON and the PNG's legend),
 and the issue's targets are checked in the JSON.
 
     python benchmarks/scale.py                         # every default size: tens of minutes on 2 cores
     python benchmarks/scale.py --sizes 128x1 256x2     # a smoke run
+    python benchmarks/scale.py --device cuda --threads 16
 """
 
 from __future__ import annotations
@@ -69,12 +74,12 @@ from swarm.checkpoints.chunks import chunk_hashes
 from swarm.cli.console import setup_logging
 from swarm.errors import SwarmError
 from swarm.lab.trainjobs import peak_rss_bytes, reset_peak_rss
-from swarm.model.checkpoint import decode_block, encode_block, load_block, save_block
+from swarm.model.checkpoint import decode_block, encode_block, load_block, save_block, write_atomic
 from swarm.model.data import ByteWindows, load_corpus
 from swarm.model.denoiser import MASK_ID, ModelConfig, build_block, count_parameters
 from swarm.model.families import family_of
 from swarm.model.steps import Sampling
-from swarm.model.train import TrainConfig, Trainer, block_trainer
+from swarm.model.train import TrainConfig, Trainer, block_trainer, checked_device
 from swarm.serving.server import check_request
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, decode_payload, encode_payload
 from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer
@@ -109,10 +114,18 @@ def parameters_of(config: ModelConfig) -> int:
         return count_parameters(build_block(config, 0))
 
 
+def wait_for_device() -> None:
+    """A GPU runs queued work after the call that queued it returns: a timer stops once it is done."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
-    """fn(*args) and the seconds it took."""
+    """fn(*args) and the seconds it took, its work on the GPU included."""
+    wait_for_device()
     started = time.perf_counter()
     result = fn(*args)
+    wait_for_device()
     return result, time.perf_counter() - started
 
 
@@ -223,40 +236,53 @@ def measure_sync(trainer: Trainer, replicas: int, repeats: int) -> dict:
 
 
 def train_for_memory(job: dict) -> dict:
-    """Runs in a spawned process: train the block with AdamW; its peak RSS beside its tensors' bytes."""
+    """Runs in a spawned process: train the block with AdamW; its peak RSS (and on a GPU, its peak
+    allocation there) beside its tensors' bytes."""
     torch.set_num_threads(job["threads"])
-    config = ModelConfig.from_dict(job["config"])
+    config, device = ModelConfig.from_dict(job["config"]), job["device"]
     windows = ByteWindows(job["train"], config.seq_len)
-    warm_up(windows, job["batch_size"])
+    warm_up(windows, job["batch_size"], device)
     overhead = psutil.Process().memory_info().rss  # torch, its runtime, the data: what any size pays
     reset_peak_rss()
-    trainer = block_trainer(config, job["block"], windows, TrainConfig(batch_size=job["batch_size"]))
+    on_gpu = torch.device(device).type == "cuda"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+        gpu_overhead = torch.cuda.memory_allocated(device)
+    trainer = block_trainer(config, job["block"], windows, TrainConfig(batch_size=job["batch_size"]), device)
     for _ in range(job["steps"]):
         trainer.step()
     params = list(trainer.module.parameters())
     states = [t for state in trainer.optimizer.state.values() for t in state.values() if t.dim() > 0]  # no step counts
-    return {"peak_rss_bytes": peak_rss_bytes(), "overhead_bytes": overhead, "weights_bytes": tensor_bytes(params),
-            "gradient_bytes": tensor_bytes(p.grad for p in params), "optimizer_bytes": tensor_bytes(states)}  # fmt: skip
+    figures = {"peak_rss_bytes": peak_rss_bytes(), "overhead_bytes": overhead, "weights_bytes": tensor_bytes(params),
+               "gradient_bytes": tensor_bytes(p.grad for p in params), "optimizer_bytes": tensor_bytes(states)}  # fmt: skip
+    if on_gpu:
+        figures |= {"peak_gpu_bytes": torch.cuda.max_memory_allocated(device), "gpu_overhead_bytes": gpu_overhead}
+    return figures
 
 
-def warm_up(windows: ByteWindows, batch_size: int) -> None:
+def warm_up(windows: ByteWindows, batch_size: int, device: str) -> None:
     """One step of the smallest block there is, thrown away: the first step of any model loads
     torch's kernels and thread pools and grows its allocator's arenas, which no size's own
     tensors cause and the process keeps (they count in the fixed overhead, not against the block)."""
-    trainer = block_trainer(model_config(WARM_UP_SIZE), 0, windows, TrainConfig(batch_size=batch_size))
+    trainer = block_trainer(model_config(WARM_UP_SIZE), 0, windows, TrainConfig(batch_size=batch_size), device)
     trainer.step()
     del trainer
     gc.collect()
 
 
 def measure_memory(config: ModelConfig, train: torch.Tensor, args) -> dict:
+    """The block's peak memory where it lives (the host, or the GPU) above what any size pays, beside its state."""
     job = {"config": config.to_dict(), "train": train[:TRAIN_BYTES].clone(), "block": args.block,
-           "batch_size": args.batch_size, "steps": args.memory_steps, "threads": args.threads}  # fmt: skip
+           "batch_size": args.batch_size, "steps": args.memory_steps, "threads": args.threads,
+           "device": args.device}  # fmt: skip
     with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
         figures = pool.submit(train_for_memory, job).result()
     state = figures["weights_bytes"] + figures["gradient_bytes"] + figures["optimizer_bytes"]
-    above = figures["peak_rss_bytes"] - figures["overhead_bytes"]
-    return {**figures, "state_bytes": state, "peak_above_overhead_bytes": above,
+    if "peak_gpu_bytes" in figures:
+        judged, above = "GPU allocation", figures["peak_gpu_bytes"] - figures["gpu_overhead_bytes"]
+    else:
+        judged, above = "host RSS", figures["peak_rss_bytes"] - figures["overhead_bytes"]
+    return {**figures, "state_bytes": state, "judged": judged, "peak_above_overhead_bytes": above,
             "peak_above_overhead_over_state": above / state}  # fmt: skip
 
 
@@ -332,7 +358,7 @@ def measure_denoise(module: torch.nn.Module, config: ModelConfig, args) -> float
 def measure_size(size: str, corpus, args, bar: tqdm) -> dict:
     config = model_config(size)
     train = ByteWindows(corpus.train, config.seq_len)
-    trainer = block_trainer(config, args.block, train, TrainConfig(batch_size=args.batch_size))
+    trainer = block_trainer(config, args.block, train, TrainConfig(batch_size=args.batch_size), args.device)
     parameters = count_parameters(trainer.module)
     logger.info("%s: %s parameters", size, f"{parameters:,}")
     result: dict[str, Any] = {"size": size, "d_model": config.d_model, "layers_per_block": config.layers_per_block,
@@ -365,7 +391,8 @@ FIGURES: dict[str, tuple[str, ...]] = {
     "dense_bytes_per_step": ("sync", "dense", "bytes_per_replica_per_step"),
     "demo_bytes_per_step": ("sync", "demo", "bytes_per_replica_per_step"),
     "outer_bytes_per_step": ("sync", "outer", "bytes_per_replica_per_step"),
-    "peak_rss_bytes": ("memory", "peak_rss_bytes"), "state_bytes": ("memory", "state_bytes"),
+    "peak_rss_bytes": ("memory", "peak_rss_bytes"), "peak_gpu_bytes": ("memory", "peak_gpu_bytes"),
+    "state_bytes": ("memory", "state_bytes"),
     "overhead_bytes": ("memory", "overhead_bytes"), "checkpoint_bytes": ("checkpoint", "bytes"),
     "checkpoint_save_s": ("checkpoint", "save_s"), "checkpoint_load_s": ("checkpoint", "load_s"),
     "download_20mbit_s": ("checkpoint", "download_s", "20"), "download_100mbit_s": ("checkpoint", "download_s", "100"),
@@ -377,15 +404,18 @@ PANELS = {  # the PNG's panels: title, then the figures drawn in it
                                                  "outer_compress_and_encode_s", "outer_decode_s", "outer_apply_s"],
     "bytes per replica per step; checkpoint bytes": ["dense_bytes_per_step", "demo_bytes_per_step",
                                                      "outer_bytes_per_step", "checkpoint_bytes"],
-    "bytes of memory": ["peak_rss_bytes", "state_bytes", "overhead_bytes"],
+    "bytes of memory": ["peak_rss_bytes", "peak_gpu_bytes", "state_bytes", "overhead_bytes"],
     "checkpoint seconds": ["checkpoint_save_s", "checkpoint_load_s", "download_20mbit_s", "download_100mbit_s"],
     "seconds per check or request": ["spot_check_s", "denoise_s"],
 }  # fmt: skip
 
 
-def figure_of(size: dict, name: str) -> float:
+def figure_of(size: dict, name: str) -> float | None:
+    """The figure `name` of one size's results; None where this run has no such figure (the GPU's on a CPU run)."""
     value: Any = size
     for key in FIGURES[name]:
+        if key not in value:
+            return None
         value = value[key]
     return value
 
@@ -395,7 +425,7 @@ def slopes(sizes: list[dict]) -> dict[str, float | None]:
     growth; None where fewer than two sizes have a positive figure."""
     fitted = {}
     for name in FIGURES:
-        points = [(s["parameters"], figure_of(s, name)) for s in sizes if figure_of(s, name) > 0]
+        points = [(s["parameters"], v) for s in sizes if (v := figure_of(s, name)) is not None and v > 0]
         if len({p for p, _ in points}) < 2:
             fitted[name] = None
             continue
@@ -415,9 +445,11 @@ def targets(sizes: list[dict]) -> dict:
         checks[f"{mode} dense/mode bytes, largest size over smallest"] = {
             "figure": last / first, "target": ">= 1", "met": last >= first}
     worst = max(s["memory"]["peak_above_overhead_over_state"] for s in sizes)
-    checks["(peak RSS - overhead) / (weights + gradients + AdamW), largest over sizes"] = {
+    judged = sizes[0]["memory"].get("judged", "host RSS")
+    checks[f"(peak {judged} - overhead) / (weights + gradients + AdamW), largest over sizes"] = {
         "figure": worst, "target": f"<= {RSS_OVER_STATE_TARGET}", "met": worst <= RSS_OVER_STATE_TARGET,
-        "overhead_bytes": max(s["memory"]["overhead_bytes"] for s in sizes)}  # fmt: skip
+        "overhead_bytes": max(s["memory"]["overhead_bytes" if judged == "host RSS" else "gpu_overhead_bytes"]
+                              for s in sizes)}  # fmt: skip
     return checks
 
 
@@ -430,14 +462,16 @@ def plot(sizes: list[dict], fitted: dict, path: Path) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(17, 9))
     x = [s["parameters"] for s in sizes]
     for ax, (title, names) in zip(axes.flat, PANELS.items()):
-        for name in names:
+        for name in (name for name in names if figure_of(sizes[0], name) is not None):
             slope = fitted[name]
             label = f"{name} (slope {slope:.2f})" if slope is not None else name
             ax.plot(x, [figure_of(s, name) for s in sizes], marker="o", label=label)
         ax.set(xscale="log", yscale="log", title=title, xlabel="parameters of the block")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    unfinished = path.with_suffix(".png.tmp")
+    fig.savefig(unfinished, dpi=100, format="png")
+    unfinished.replace(path)  # a reader never sees half a picture
     plt.close(fig)
 
 
@@ -456,6 +490,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps-per-block", type=int, default=4, help="denoising steps of one request")
     parser.add_argument("--block", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (this machine's cores)")
+    parser.add_argument("--device", default="cpu", help="where the block trains and serves: cpu, cuda, cuda:1")
     parser.add_argument("--through-peers", action="store_true",
                         help="download each checkpoint once through real peers on 127.0.0.1 (starts DHT nodes)")
     parser.add_argument("--data", default=None, help="the text to train on (default: the built-in corpus)")
@@ -472,25 +507,33 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging()
     torch.set_num_threads(args.threads)
     try:
+        checked_device(args.device)
         counts = [parameters_of(model_config(size)) for size in args.sizes]  # every size checked before any runs
         sizes = [args.sizes[i] for i in np.argsort(counts, kind="stable")]
         corpus, results = load_corpus(args.data), []
         with tqdm(sizes, desc="sizes", unit="size") as bar:
             for size in bar:
                 results.append(measure_size(size, corpus, args, bar))
+                report = write_report(args, sizes, results)  # after each size: a run cut short keeps what it measured
     except SwarmError as error:
         print(f"scale.py: error: {error}", file=sys.stderr)
         sys.exit(1)
+    print(json.dumps(report, indent=2))
+
+
+def write_report(args: argparse.Namespace, sizes: list[str], results: list[dict]) -> dict:
+    """The JSON and PNG of the sizes measured so far (`complete` once every default size is among them)."""
     fitted = slopes(results)
     settings = {key: value for key, value in vars(args).items() if key not in ("out", "note")}
+    measured = [result["size"] for result in results]
     report = {"settings": {**settings, "sizes": sizes}, "note": args.note,
-              "complete": set(DEFAULT_SIZES) <= set(sizes),  # every default size measured: not a smoke run
+              "complete": set(DEFAULT_SIZES) <= set(measured),  # every default size measured: not a smoke run
               "sizes": results, "slopes": fitted, "targets": targets(results)}  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "scale.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_atomic(out / "scale.json", (json.dumps(report, indent=2) + "\n").encode())
     plot(results, fitted, out / "scale.png")
-    print(json.dumps(report, indent=2))
+    return report
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ against its training seconds (the time in forward, backward and update).
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import math
@@ -18,9 +19,9 @@ import multiprocessing as mp
 import os
 import signal
 import statistics
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import psutil
 import torch
@@ -60,7 +61,8 @@ def bits_per_byte_now(trainer: Trainer, kind: str, block: int | None, windows: t
     """The trainer's module's likelihood figure on fixed windows: the ELBO of a denoiser (for a
     block, its own slice's share), the teacher-forced cross-entropy of the autoregressive model
     on the same target bytes."""
-    module = trainer.module.eval()
+    module = trainer.module if trainer.device.type == "cpu" else copy.deepcopy(trainer.module).cpu()  # figured on the host
+    module.eval()
     if kind == "autoregressive":  # the G bytes after each prefix, as its final figure
         return judge_nll(module, windows, windows[:, module.config.prefix_len :], module.config) / math.log(2)
     if block is None:
@@ -77,13 +79,13 @@ def train_one(job: dict) -> dict:
     train_config = TrainConfig(**{"lr": default_lr(job["kind"]), **job["train_config"]})  # each kind at its own rate
     reset_peak_rss()
     rss_before = psutil.Process().memory_info().rss
-    block = job.get("block")
+    block, device = job.get("block"), job.get("device", "cpu")
     if job["kind"] == "block":
-        trainer = block_trainer(config, block, train_windows, train_config)
+        trainer = block_trainer(config, block, train_windows, train_config, device)
     elif job["kind"] == "end_to_end":
-        trainer = end_to_end_trainer(config, train_windows, train_config)
+        trainer = end_to_end_trainer(config, train_windows, train_config, device)
     else:
-        trainer = autoregressive_trainer(config, train_windows, train_config)
+        trainer = autoregressive_trainer(config, train_windows, train_config, device)
     curve = []
 
     def record(t: Trainer) -> None:
