@@ -28,6 +28,7 @@ from safetensors.torch import load as load_safetensors_bytes
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block, encode_block
 from swarm.model.denoiser import MASK_ID, ModelConfig, build_block
+from swarm.model.evaluate import block_denoise_ce, block_elbo_bits
 from swarm.model.families import family_of
 from swarm.model.steps import Sampling
 from swarm.model.train import TrainConfig, Trainer, checked_device, diffusion_loss_fn
@@ -203,6 +204,36 @@ def test_the_denoise_service_computes_in_the_blocks_dtype_and_answers_on_the_wir
     assert_like_block([logits], dtype)
     if family == "masked":
         assert not (answer == MASK_ID).any()  # block 1 of 2 ends at t = 0
+
+
+class InputsSeen(torch.nn.Module):
+    """A block on the meta device that records the devices of what it is handed, then stops the
+    call (a meta tensor has no value to score)."""
+
+    class Seen(Exception):
+        pass
+
+    def __init__(self, config: ModelConfig, block: int):
+        super().__init__()
+        with ELSEWHERE:
+            self.block = build_block(config, block)
+        self.config, self.devices = config, set()
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        self.devices |= {x.device for x in inputs}
+        raise self.Seen
+
+
+@pytest.mark.parametrize("figure", [block_denoise_ce, block_elbo_bits])  # the spot check's, and the likelihood's
+@pytest.mark.parametrize("family", ["masked", "gaussian"])
+def test_scoring_hands_the_block_its_windows_and_noise_on_the_blocks_device(tiny_config, tiny_windows, family, figure):
+    """The windows and the draws are made on the CPU (the same on every device); a block on a GPU
+    was handed them there (seen on the H200: the spot check failed, cuda:0 and cpu)."""
+    config = ModelConfig(**{**tiny_config.to_dict(), "family": family})
+    block = InputsSeen(config, 1)
+    with pytest.raises(InputsSeen.Seen):
+        figure(block, config, 1, tiny_windows.fixed(4))
+    assert block.devices == {ELSEWHERE}
 
 
 def test_the_median_of_drifted_replicas_keeps_their_dtype(tiny_config):

@@ -157,10 +157,12 @@ class GaussianFamily:
     @torch.no_grad()
     def block_loss(self, denoiser: Denoiser, block: int, windows: torch.Tensor, points: int, seed: int) -> float:
         """Cross-entropy of the block's logits (nats per byte), averaged over its grid of sigmas, fixed draws."""
-        noise, losses = block_draws(self.config, len(windows), seed), []
-        for sigma in self.partition.grid(block, points):
+        device = next(denoiser.parameters()).device  # the draws are made on the CPU: the same on every device
+        codebook, windows = self.codebook.to(device), windows.to(device)
+        noise, losses = block_draws(self.config, len(windows), seed).to(device), []
+        for sigma in self.partition.grid(block, points).to(device):
             sigmas = sigma.expand(len(windows))
-            losses.append(float(denoising_loss(denoiser, self.codebook, windows, sigmas, noise)))
+            losses.append(float(denoising_loss(denoiser, codebook, windows, sigmas, noise)))
         return sum(losses) / len(losses)
 
     @torch.no_grad()
@@ -175,14 +177,15 @@ class GaussianFamily:
         starts from N(0, sigma_max^2)), the one at sigma_min the reconstruction term with the
         exact context-free decoder p(y | z).
         """
-        config, codebook = self.config, self.codebook
+        device = next(denoiser.parameters()).device  # the draws are made on the CPU: the same on every device
+        config, codebook, windows = self.config, self.codebook.to(device), windows.to(device)
         lo, hi = self.partition.sigma_interval(block)
         prefix, target = windows[:, : config.prefix_len], windows[:, config.prefix_len :]
-        noise, clean = block_draws(config, len(windows), seed), codebook[target]
+        noise, clean = block_draws(config, len(windows), seed).to(device), codebook[target]
         width = (math.log(hi) - math.log(lo)) / points
         total = 0.0
         for k in range(points):
-            sigma = torch.tensor(math.exp(math.log(lo) + (k + 0.5) * width))
+            sigma = torch.tensor(math.exp(math.log(lo) + (k + 0.5) * width), device=device)
             logits = denoiser(prefix, clean + sigma * noise, sigma.expand(len(windows)))
             error = (clean - logits.softmax(dim=-1) @ codebook).pow(2).sum(dim=-1).mean()
             total += float(error) / float(sigma) ** 2 * width

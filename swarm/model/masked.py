@@ -164,10 +164,12 @@ class MaskedFamily:
 
     @torch.no_grad()
     def _grid_ce(self, denoiser: Denoiser, block: int, windows: torch.Tensor, points: int, seed: int):
-        """[(t, summed CE over hidden bytes, hidden count)] at each grid point of the block, fixed draws."""
+        """[(t, summed CE over hidden bytes, hidden count)] at each grid point of the block, fixed draws
+        (drawn on the CPU, so that every device scores the same hidden bytes)."""
+        device = next(denoiser.parameters()).device
         draws = torch.rand(len(windows), self.config.gen_len, generator=torch.Generator().manual_seed(seed))
-        rows = []
-        for t in self.grid(block, points):
+        windows, draws, rows = windows.to(device), draws.to(device), []
+        for t in self.grid(block, points).to(device):
             ce, mask = masked_ce(denoiser, windows, t.expand(len(windows)), draws)
             rows.append((float(t), float(ce.sum()), int(mask.sum())))
         return rows
