@@ -520,7 +520,7 @@ def main() -> None:
     if len(args.steps) != len(args.replicas):
         parser.error("give one --steps value, or one per --replicas value")
     outer_steps = OuterConfig().steps
-    outer_modes = {"outer", "outer-overlap"} & {*args.modes, *args.region_modes}
+    outer_modes = {mode for mode in (*args.modes, *args.region_modes) if mode.startswith("outer")}  # -k128, -spare too
     if outer_modes and any(s % outer_steps for s in [*args.steps, args.region_steps]):
         parser.error(f"every --steps and --region-steps must be a multiple of the outer steps' H ({outer_steps})")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run every teardown on SIGTERM too

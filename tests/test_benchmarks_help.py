@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import assert_one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = sorted((ROOT / "benchmarks").glob("*.py"))
@@ -65,3 +66,13 @@ def test_a_benchmark_answers_help(answers, script):
     result = answers[str(script)]
     assert result["returncode"] == 0, result["stderr"][-2000:]
     assert "usage" in result["stdout"].lower(), result["stdout"][:500]
+
+
+@pytest.mark.parametrize("mode", ["outer", "outer-k128", "outer-overlap-spare"])
+def test_sync_refuses_steps_that_end_an_outer_mode_between_its_rounds(mode):
+    """An outer mode's replicas agree only at the end of a round of H steps: a run that stops
+    between rounds compares weights that were never synced (outer-k128 and the -spare mode slipped
+    past this check once)."""
+    command = [sys.executable, "benchmarks/sync.py", "--modes", "dense", mode, "--steps", "7", "--region-modes", "demo"]
+    ran = subprocess.run(command, check=False, capture_output=True, text=True, timeout=HELP_TIMEOUT_S, cwd=ROOT)
+    assert_one_line_error(ran, "multiple of the outer steps' H")
