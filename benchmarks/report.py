@@ -378,10 +378,14 @@ def serve(folder: Folder) -> list[str]:
     )
 
 
+def later_runs(folder: Folder, run: Callable[[Folder, str], list[str]]) -> list[str]:
+    """The runs kept in a folder's subfolders beside its main one, each under a heading of its own."""
+    return [line for sub in folder.subfolders() for line in run(sub, f"Later run, `{sub.rel}/`")]
+
+
 def sync(folder: Folder) -> list[str]:
-    parts = sync_run(folder, "sync.json", "") + os_check(folder)
-    for sub in folder.subfolders():
-        parts += sync_run(sub, "sync.json", f"Later run, `{sub.rel}/`")
+    later = later_runs(folder, lambda sub, title: sync_run(sub, "sync.json", title))
+    parts = sync_run(folder, "sync.json", "") + os_check(folder) + later
     return section(
         "sync",
         "Runs replicas of one block of a small model in separate processes and syncs them in each mode: dense "
@@ -452,9 +456,7 @@ def os_check(folder: Folder) -> list[str]:
 
 
 def outer_gap(folder: Folder) -> list[str]:
-    parts = outer_gap_run(folder, "")
-    for sub in folder.subfolders():
-        parts += outer_gap_run(sub, f"Later run, `{sub.rel}/`")
+    parts = outer_gap_run(folder, "") + later_runs(folder, outer_gap_run)
     return section(
         "outer_gap",
         "Runs the outer mode's replicas and the dense baseline (gradients averaged every step) in one process, "
@@ -524,9 +526,7 @@ TRANSFER_COLUMNS = ["case", "MB", "hosts", "seconds", "Mbit/s", "over cap", "cpu
 
 
 def scale(folder: Folder) -> list[str]:
-    parts = scale_run(folder, "")
-    for sub in folder.subfolders():
-        parts += scale_run(sub, f"Later run, `{sub.rel}/`")
+    parts = scale_run(folder, "") + later_runs(folder, scale_run)
     return section(
         "scale",
         "One block at several sizes through the library's own code: the trainer's forward and backward, each sync "
