@@ -9,7 +9,7 @@ import torch
 
 from swarm.model.denoiser import build_block
 from swarm.sync.decoupled_momentum import PayloadError
-from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer, majority_mean
+from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer, _compress, _encode, majority_mean
 
 
 def moved_replica(config, outer: OuterConfig, seed: int = 0, scale: float = 1e-3) -> OuterOptimizer:
@@ -223,7 +223,10 @@ def test_bad_payloads_are_refused(tiny_config):
     huge = moved_replica(tiny_config, OuterConfig(), scale=1.0).make_payload()  # moved 1.0: no honest replica can
     other_bits = moved_replica(tiny_config, OuterConfig(value_bits=1)).make_payload()
     nan = moved_replica(tiny_config, OuterConfig(), scale=float("nan")).make_payload()
+    repeated = [_compress(param.detach() - replica.anchor[name], OuterConfig()) for name, param in replica.params.items()]
+    repeated[0].indices[0] = repeated[0].indices[0, 0]  # one tile's coefficient sent k times: adds up to k times it
     bad = {
+        "repeated indices": _encode(repeated, OuterConfig()),
         "changes no honest replica makes": huge,
         "NaN": nan,
         "other value bits": other_bits,

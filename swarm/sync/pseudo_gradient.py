@@ -67,7 +67,7 @@ from swarm.sync.compression import (
     dct,
     from_bits,
     from_tiles,
-    idct,
+    idct_of_kept,
     index_bits,
     keep_per_tile,
     pack_message,
@@ -260,9 +260,10 @@ def _decompress(entry: _Entry, param: torch.Tensor, config: OuterConfig) -> torc
     indices, codes = entry.indices.to(param.device), entry.codes.to(param.device)
     sizes = entry.scales.to(param.device, working_dtype(param.dtype)).gather(1, codes >> 1)
     values = torch.where(codes & 1 == 1, -sizes, sizes)
+    if config.compression == "dct":
+        return from_tiles(idct_of_kept(indices, values, tile), param.shape)
     coefficients = torch.zeros(n_tiles, tile[0] * tile[1], device=param.device, dtype=values.dtype)
-    coefficients = coefficients.scatter_(1, indices, values).view(-1, *tile)
-    return from_tiles(idct(coefficients) if config.compression == "dct" else coefficients, param.shape)
+    return from_tiles(coefficients.scatter_(1, indices, values).view(-1, *tile), param.shape)
 
 
 def _encode(entries: list[_Entry], config: OuterConfig) -> bytes:
@@ -308,7 +309,10 @@ def _decode_entry(bit_array: np.ndarray, offset: int, shape: torch.Size, config:
     indices, offset = from_bits(bit_array, offset, index_bits(size), n * k)
     codes, offset = from_bits(bit_array, offset, config.value_bits, n * k)
     words, offset = from_bits(bit_array, offset, 16, n * _levels(config))
+    indices = indices.view(n, k)
     if indices.max() >= size:
         raise PayloadError("index out of range")
+    if not bool((indices.diff(dim=1) > 0).all()):  # honest ones are sorted (`_compress`); a repeat would add up
+        raise PayloadError("indices repeated or out of order")
     scales = words.to(torch.int16).view(torch.bfloat16).view(n, _levels(config))
-    return _Entry(indices.view(n, k), codes.view(n, k), scales, size), offset
+    return _Entry(indices, codes.view(n, k), scales, size), offset
