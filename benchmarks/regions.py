@@ -37,6 +37,7 @@ from pathlib import Path
 from swarm.cli.console import setup_logging
 from swarm.lab import netlab
 from swarm.lab.launch import LocalSwarm
+from swarm.model.generate import STEPS_PER_BLOCK
 from swarm.p2p.pings import timed_info
 from swarm.waiting import wait_for
 
@@ -97,7 +98,8 @@ def nat_twins(args, regions: dict) -> dict[str, tuple[int, str]]:
 
 
 def latency(local: LocalSwarm, args, host: str, out: Path, extra: list[str] = ()) -> dict:
-    options = ["--samples", str(args.samples), "--gen-bytes", str(args.gen_bytes), *extra]
+    options = ["--samples", str(args.samples), "--gen-bytes", str(args.gen_bytes),
+               "--steps-per-block", str(args.steps_per_block), *extra]  # fmt: skip
     return local.latency(host, out, options, args.timeout)
 
 
@@ -280,6 +282,9 @@ def main() -> None:
     parser.add_argument("--ar-region", default="home", help="client region that also times the autoregressive baseline")
     parser.add_argument("--gen-bytes", type=int, default=256)
     parser.add_argument("--samples", type=int, default=7)
+    parser.add_argument(
+        "--steps-per-block", type=int, default=STEPS_PER_BLOCK, help="each block's denoising steps a span"
+    )
     parser.add_argument("--peer-steps", type=int, default=12)
     parser.add_argument(
         "--nat-region", default="home-nat", help="a behind_nat region: block 0 hosted there and in --twin-region"
