@@ -271,12 +271,13 @@ def decode_payload(data: bytes, optimizer: DeMoOptimizer) -> Payload:
     layout = _wire_layout(present, optimizer, len(bit_array))
     check_fully_read(bit_array, layout[-1].end if layout else 0)
     payload = {}
-    for group in batches([entry.tile for entry in layout]):
+    for group in batches([(entry.tile, optimizer.params[entry.name].device) for entry in layout]):
         members = [layout[i] for i in group]
-        for entry, indices, values in zip(members, *_read_entries(members, bit_array, optimizer)):
-            device = optimizer.params[entry.name].device  # checked here, used on its device
-            indices, values = indices.to(device), values.to(device)
-            payload[entry.name] = Compressed(entry.shape, entry.tile, indices, values, entry.position)
+        device = optimizer.params[members[0].name].device  # checked here, used on its device, one copy a group
+        indices, values = (part.to(device) for part in _read_entries(members, bit_array, optimizer))
+        counts = [entry.n_tiles for entry in members]
+        for entry, entry_indices, entry_values in zip(members, indices.split(counts), values.split(counts)):
+            payload[entry.name] = Compressed(entry.shape, entry.tile, entry_indices, entry_values, entry.position)
     return {entry.name: payload[entry.name] for entry in layout}
 
 
@@ -313,9 +314,9 @@ def _wire_layout(present: list[int], optimizer: DeMoOptimizer, length: int) -> l
 
 
 def _read_entries(members: list[_WireEntry], bit_array: np.ndarray, optimizer: DeMoOptimizer):
-    """The indices and values of parameters of one tile shape, checked (in numpy: a parameter of a
-    small block costs microseconds there, several times that in torch); PayloadError naming the
-    first parameter that fails a check."""
+    """The indices and values, (tiles, k) each, of parameters of one tile shape, one after the
+    other, checked (in numpy: a parameter of a small block costs microseconds there, several
+    times that in torch); PayloadError naming the first parameter that fails a check."""
     k, tile_elements, counts = members[0].k, math.prod(members[0].tile), [e.n_tiles for e in members]
     index_stream = np.concatenate([bit_array[e.start : e.values_start] for e in members])
     indices = read_bits(index_stream, 0, index_bits(tile_elements), sum(counts) * k)[0].reshape(-1, k)
@@ -329,7 +330,7 @@ def _read_entries(members: list[_WireEntry], bit_array: np.ndarray, optimizer: D
         if bad.any():
             first = members[int(np.searchsorted(np.cumsum(counts), int(bad.argmax()), side="right"))]
             raise PayloadError(f"{first.name}: {what}")
-    return torch.from_numpy(indices).split(counts), values.split(counts)
+    return torch.from_numpy(indices), values
 
 
 def _value_bits_of(members: list[Compressed], value_bits: int) -> list[np.ndarray]:
