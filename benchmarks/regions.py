@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -37,6 +38,7 @@ from pathlib import Path
 from swarm.cli.console import setup_logging
 from swarm.lab import netlab
 from swarm.lab.launch import LocalSwarm
+from swarm.model.checkpoint import write_atomic
 from swarm.model.generate import STEPS_PER_BLOCK
 from swarm.p2p.pings import timed_info
 from swarm.waiting import wait_for
@@ -311,7 +313,9 @@ def main() -> None:
         sys.exit(2)
     with tempfile.TemporaryDirectory() as tmp:
         runs = run(args, regions, one_way_s, Path(tmp))
-    finish(vars(args), regions, one_way_s, runs, Path(args.out))
+    # settings, never this machine's paths: the regions file relative to the repository root
+    config = {**vars(args), "regions": os.path.relpath(args.regions, Path(__file__).resolve().parent.parent)}
+    finish(config, regions, one_way_s, runs, Path(args.out))
 
 
 def finish(config: dict, regions: dict, one_way_s, runs: dict, out: Path) -> None:
@@ -320,7 +324,7 @@ def finish(config: dict, regions: dict, one_way_s, runs: dict, out: Path) -> Non
     out.mkdir(parents=True, exist_ok=True)
     plot(runs, summary, out / "regions.png")
     result = {"config": config, "regions": regions, "summary": summary, "runs": runs}
-    (out / "regions.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "regions.json", json.dumps(result, indent=2).encode())
     print(json.dumps(summary, indent=2))
 
 
