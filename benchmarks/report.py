@@ -574,10 +574,30 @@ def scale_run(folder: Folder, title: str) -> list[str]:
         lines
         + table(step_header, steps)
         + table(cost_header, costs)
+        + scale_checkpointing(r["sizes"])
         + [f"Slopes against the parameter count (least squares on log-log; 1 is linear): {slopes}.", ""]
         + targets_table(r["targets"])
         + [folder.pictures(), ""]
     )
+
+
+def scale_checkpointing(sizes: Node) -> list[str]:
+    """Each size trained plainly beside with activation checkpointing: memory above the overhead and
+    time of forward and backward; nothing for a run from before scale.py measured it."""
+    if sizes[0].get("memory_checkpointed") is None:
+        return []
+    rows = []
+    for s in sizes:
+        memory, checkpointed = s["memory"], s["memory_checkpointed"]
+        plain_s, checkpointed_s = s.num("forward_backward_s"), s.num("forward_backward_checkpointed_s")
+        rows.append([plain(s["size"]), size(memory.num("peak_above_overhead_bytes")),
+                     size(checkpointed.num("peak_above_overhead_bytes")),
+                     fixed(memory.num("peak_above_overhead_over_state"), 2),
+                     fixed(checkpointed.num("peak_above_overhead_over_state"), 2),
+                     fixed(plain_s), fixed(checkpointed_s), times(checkpointed_s / plain_s)])  # fmt: skip
+    header = ["size", "peak - overhead", "checkpointed", "(peak - overhead) / state", "checkpointed",
+              "forward+backward s", "checkpointed s", "checkpointed / plain time"]  # fmt: skip
+    return ["With activation checkpointing (each layer recomputed in the backward pass):", ""] + table(header, rows)
 
 
 def transfer(folder: Folder) -> list[str]:

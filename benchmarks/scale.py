@@ -5,7 +5,9 @@ library's own code paths, at each size given by --sizes (`DxL`: d_model D, L lay
 4 blocks, a head per 64 dimensions and at least 4; 128x1 is the sync benchmark's 0.38 M block,
 1024x3 about 52 M):
 - forward and backward: `Trainer.compute_gradients` (swarm/model/train.py) on a batch of
-  --batch-size windows; beside it the plain AdamW update (`optimizer_step`), what a lone peer pays;
+  --batch-size windows; beside it the plain AdamW update (`optimizer_step`), what a lone peer pays,
+  and the same forward and backward with activation checkpointing (`TrainConfig.checkpoint_activations`:
+  each layer recomputed in the backward pass), its price in time;
 - sync, with --replicas replicas (the others' payloads made by the same code from other batches
   and the same weights, as replicas that stay identical would): DeMo (`--sync demo` and
   `demo-overlap`, which run the same code) through `DeMoOptimizer.make_payload` (compress, error
@@ -23,7 +25,8 @@ library's own code paths, at each size given by --sizes (`DxL`: d_model D, L lay
   counted from the tensors, and its RSS before the block was built (torch, the data, and
   torch's runtime warmed up by one step of a tiny block: the fixed overhead). What the peak
   holds beyond those is mostly activations, which grow with batch x length x d_model x layers,
-  not with the parameters (d_model squared), so their share falls as the block grows;
+  not with the parameters (d_model squared), so their share falls as the block grows; the same
+  again in another fresh process with activation checkpointing on (`memory_checkpointed`);
 - the checkpoint (swarm/model/checkpoint.py): its bytes, encode, decode, save (encode and an
   atomic, fsynced write) and load; the download time at 20 and 100 Mbit/s, computed as its bytes
   over the link plus the receiver's local work, measured (each chunk's sha256, the whole file's,
@@ -59,8 +62,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -143,13 +147,30 @@ def tensor_bytes(tensors) -> int:
 
 
 def measure_training(trainer: Trainer, repeats: int) -> dict:
-    """Forward and backward of one batch, and the plain AdamW update after it."""
-    forward_backward, update = [], []
+    """Forward and backward of one batch, the plain AdamW update after it, and forward and backward
+    with activation checkpointing, taken in turn with the plain one (a drift of the machine's speed
+    shows in both)."""
+    forward_backward, update, checkpointed = [], [], []
     trainer.step()  # warm-up
+    with activations_checkpointed(trainer):
+        trainer.compute_gradients()  # warm-up
     for _ in range(repeats):
         forward_backward.append(timed(trainer.compute_gradients)[1])
         update.append(timed(trainer.optimizer_step)[1])
-    return {"forward_backward_s": statistics.median(forward_backward), "adamw_step_s": statistics.median(update)}
+        with activations_checkpointed(trainer):
+            checkpointed.append(timed(trainer.compute_gradients)[1])
+    return {"forward_backward_s": statistics.median(forward_backward), "adamw_step_s": statistics.median(update),
+            "forward_backward_checkpointed_s": statistics.median(checkpointed)}  # fmt: skip
+
+
+@contextmanager
+def activations_checkpointed(trainer: Trainer) -> Iterator[None]:
+    """The trainer's passes recompute each layer's activations in the backward pass, within the block."""
+    trainer.config.checkpoint_activations = True
+    try:
+        yield
+    finally:
+        trainer.config.checkpoint_activations = False
 
 
 def dense_bytes_per_step(parameters: int, replicas: int) -> float:
@@ -236,19 +257,20 @@ def measure_sync(trainer: Trainer, replicas: int, repeats: int) -> dict:
 
 
 def train_for_memory(job: dict) -> dict:
-    """Runs in a spawned process: train the block with AdamW; its peak RSS (and on a GPU, its peak
-    allocation there) beside its tensors' bytes."""
+    """Runs in a spawned process: train the block with AdamW (activations checkpointed or not, as
+    the job says); its peak RSS (and on a GPU, its peak allocation there) beside its tensors' bytes."""
     torch.set_num_threads(job["threads"])
     config, device = ModelConfig.from_dict(job["config"]), job["device"]
     windows = ByteWindows(job["train"], config.seq_len)
-    warm_up(windows, job["batch_size"], device)
+    train_config = TrainConfig(batch_size=job["batch_size"], checkpoint_activations=job["checkpoint_activations"])
+    warm_up(windows, train_config, device)
     overhead = psutil.Process().memory_info().rss  # torch, its runtime, the data: what any size pays
     reset_peak_rss()
     on_gpu = torch.device(device).type == "cuda"
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(device)
         gpu_overhead = torch.cuda.memory_allocated(device)
-    trainer = block_trainer(config, job["block"], windows, TrainConfig(batch_size=job["batch_size"]), device)
+    trainer = block_trainer(config, job["block"], windows, train_config, device)
     for _ in range(job["steps"]):
         trainer.step()
     params = list(trainer.module.parameters())
@@ -260,21 +282,21 @@ def train_for_memory(job: dict) -> dict:
     return figures
 
 
-def warm_up(windows: ByteWindows, batch_size: int, device: str) -> None:
+def warm_up(windows: ByteWindows, train_config: TrainConfig, device: str) -> None:
     """One step of the smallest block there is, thrown away: the first step of any model loads
     torch's kernels and thread pools and grows its allocator's arenas, which no size's own
     tensors cause and the process keeps (they count in the fixed overhead, not against the block)."""
-    trainer = block_trainer(model_config(WARM_UP_SIZE), 0, windows, TrainConfig(batch_size=batch_size), device)
+    trainer = block_trainer(model_config(WARM_UP_SIZE), 0, windows, train_config, device)
     trainer.step()
     del trainer
     gc.collect()
 
 
-def measure_memory(config: ModelConfig, train: torch.Tensor, args) -> dict:
+def measure_memory(config: ModelConfig, train: torch.Tensor, args, checkpoint_activations: bool = False) -> dict:
     """The block's peak memory where it lives (the host, or the GPU) above what any size pays, beside its state."""
     job = {"config": config.to_dict(), "train": train[:TRAIN_BYTES].clone(), "block": args.block,
            "batch_size": args.batch_size, "steps": args.memory_steps, "threads": args.threads,
-           "device": args.device}  # fmt: skip
+           "device": args.device, "checkpoint_activations": checkpoint_activations}  # fmt: skip
     with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
         figures = pool.submit(train_for_memory, job).result()
     state = figures["weights_bytes"] + figures["gradient_bytes"] + figures["optimizer_bytes"]
@@ -368,7 +390,8 @@ def measure_size(size: str, corpus, args, bar: tqdm) -> dict:
               "checkpoint": lambda: {"checkpoint": measure_checkpoint(trainer.module, config, args)},
               "spot check": lambda: {"spot_check_s": measure_spot_check(trainer.module, config, corpus.validation, args)},
               "denoise": lambda: {"denoise_s": measure_denoise(trainer.module, config, args)},
-              "memory": lambda: {"memory": measure_memory(config, corpus.train, args)}}  # fmt: skip
+              "memory": lambda: {"memory": measure_memory(config, corpus.train, args),
+                                 "memory_checkpointed": measure_memory(config, corpus.train, args, True)}}  # fmt: skip
     for stage, measure in stages.items():
         bar.set_postfix_str(f"{size}: {stage}")
         result.update(measure())
@@ -383,6 +406,7 @@ def measure_size(size: str, corpus, args, bar: tqdm) -> dict:
 # every figure fitted against the parameter count: its name in the JSON's slopes, and where it is in a size's results
 FIGURES: dict[str, tuple[str, ...]] = {
     "forward_backward_s": ("forward_backward_s",), "adamw_step_s": ("adamw_step_s",),
+    "forward_backward_checkpointed_s": ("forward_backward_checkpointed_s",),
     "demo_sync_s": ("sync", "demo", "sync_s"), "demo_compress_s": ("sync", "demo", "compress_s"),
     "demo_encode_s": ("sync", "demo", "encode_s"), "demo_decode_s": ("sync", "demo", "decode_s"),
     "demo_apply_s": ("sync", "demo", "apply_s"), "outer_sync_s": ("sync", "outer", "sync_s"),
@@ -392,6 +416,8 @@ FIGURES: dict[str, tuple[str, ...]] = {
     "demo_bytes_per_step": ("sync", "demo", "bytes_per_replica_per_step"),
     "outer_bytes_per_step": ("sync", "outer", "bytes_per_replica_per_step"),
     "peak_rss_bytes": ("memory", "peak_rss_bytes"), "peak_gpu_bytes": ("memory", "peak_gpu_bytes"),
+    "peak_rss_checkpointed_bytes": ("memory_checkpointed", "peak_rss_bytes"),
+    "peak_gpu_checkpointed_bytes": ("memory_checkpointed", "peak_gpu_bytes"),
     "state_bytes": ("memory", "state_bytes"),
     "overhead_bytes": ("memory", "overhead_bytes"), "checkpoint_bytes": ("checkpoint", "bytes"),
     "checkpoint_save_s": ("checkpoint", "save_s"), "checkpoint_load_s": ("checkpoint", "load_s"),
@@ -399,12 +425,14 @@ FIGURES: dict[str, tuple[str, ...]] = {
     "spot_check_s": ("spot_check_s",), "denoise_s": ("denoise_s",),
 }  # fmt: skip
 PANELS = {  # the PNG's panels: title, then the figures drawn in it
-    "seconds per training step": ["forward_backward_s", "adamw_step_s", "demo_sync_s", "outer_sync_s"],
+    "seconds per training step": ["forward_backward_s", "forward_backward_checkpointed_s", "adamw_step_s",
+                                  "demo_sync_s", "outer_sync_s"],
     "seconds per sync part (outer: per round)": ["demo_compress_s", "demo_encode_s", "demo_decode_s", "demo_apply_s",
                                                  "outer_compress_and_encode_s", "outer_decode_s", "outer_apply_s"],
     "bytes per replica per step; checkpoint bytes": ["dense_bytes_per_step", "demo_bytes_per_step",
                                                      "outer_bytes_per_step", "checkpoint_bytes"],
-    "bytes of memory": ["peak_rss_bytes", "peak_gpu_bytes", "state_bytes", "overhead_bytes"],
+    "bytes of memory": ["peak_rss_bytes", "peak_rss_checkpointed_bytes", "peak_gpu_bytes",
+                        "peak_gpu_checkpointed_bytes", "state_bytes", "overhead_bytes"],
     "checkpoint seconds": ["checkpoint_save_s", "checkpoint_load_s", "download_20mbit_s", "download_100mbit_s"],
     "seconds per check or request": ["spot_check_s", "denoise_s"],
 }  # fmt: skip
@@ -444,13 +472,20 @@ def targets(sizes: list[dict]) -> dict:
         first, last = sizes[0]["sync"][mode]["dense_over_mode"], sizes[-1]["sync"][mode]["dense_over_mode"]
         checks[f"{mode} dense/mode bytes, largest size over smallest"] = {
             "figure": last / first, "target": ">= 1", "met": last >= first}
-    worst = max(s["memory"]["peak_above_overhead_over_state"] for s in sizes)
-    judged = sizes[0]["memory"].get("judged", "host RSS")
-    checks[f"(peak {judged} - overhead) / (weights + gradients + AdamW), largest over sizes"] = {
-        "figure": worst, "target": f"<= {RSS_OVER_STATE_TARGET}", "met": worst <= RSS_OVER_STATE_TARGET,
-        "overhead_bytes": max(s["memory"]["overhead_bytes" if judged == "host RSS" else "gpu_overhead_bytes"]
-                              for s in sizes)}  # fmt: skip
+    for key, how in (("memory", ""), ("memory_checkpointed", ", activations checkpointed")):
+        checks.update(memory_target(sizes, key, how))
     return checks
+
+
+def memory_target(sizes: list[dict], key: str, how: str) -> dict:
+    """The memory target on the figures under `key` (plain training, or with activations
+    checkpointed: `how` says which in the target's name)."""
+    worst = max(s[key]["peak_above_overhead_over_state"] for s in sizes)
+    judged = sizes[0][key].get("judged", "host RSS")
+    overhead = "overhead_bytes" if judged == "host RSS" else "gpu_overhead_bytes"
+    return {f"(peak {judged} - overhead) / (weights + gradients + AdamW){how}, largest over sizes": {
+        "figure": worst, "target": f"<= {RSS_OVER_STATE_TARGET}", "met": worst <= RSS_OVER_STATE_TARGET,
+        "overhead_bytes": max(s[key][overhead] for s in sizes)}}  # fmt: skip
 
 
 def plot(sizes: list[dict], fitted: dict, path: Path) -> None:

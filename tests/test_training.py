@@ -4,21 +4,21 @@ import pytest
 import torch
 
 from swarm.model.autoregressive import ByteTransformer, continuation_nll, generate_bytes, matched_depth
-from swarm.model.denoiser import build_end_to_end, count_parameters
+from swarm.model.denoiser import TransformerLayer, build_end_to_end, count_parameters
 from swarm.model.train import TrainConfig, autoregressive_trainer, block_trainer, end_to_end_trainer
 
+TRAINERS = {  # each kind of trainer, built from (config, windows, train config)
+    "block": lambda config, windows, train: block_trainer(config, config.n_blocks - 1, windows, train),
+    "end_to_end": end_to_end_trainer,
+    "autoregressive": autoregressive_trainer,
+}
 
-@pytest.mark.parametrize("make", ["block", "end_to_end", "autoregressive"])
+
+@pytest.mark.parametrize("make", TRAINERS)
 def test_loss_falls_on_repetitive_text(tiny_config, tiny_windows, make):
     # a tiny model on repetitive text, at a rate that shows learning within 60 steps (the default
     # rates suit the default model on real text: train.py's default_lr)
-    train_config = TrainConfig(steps=60, batch_size=16, warmup_steps=5, lr=2e-3)
-    if make == "block":
-        trainer = block_trainer(tiny_config, tiny_config.n_blocks - 1, tiny_windows, train_config)
-    elif make == "end_to_end":
-        trainer = end_to_end_trainer(tiny_config, tiny_windows, train_config)
-    else:
-        trainer = autoregressive_trainer(tiny_config, tiny_windows, train_config)
+    trainer = TRAINERS[make](tiny_config, tiny_windows, TrainConfig(steps=60, batch_size=16, warmup_steps=5, lr=2e-3))
     for _ in range(60):
         trainer.step()
     first, last = sum(trainer.losses[:5]) / 5, sum(trainer.losses[-5:]) / 5
@@ -70,3 +70,66 @@ def test_spare_batches_leave_the_weights_and_join_the_next_steps_gradient(tiny_c
         torch.testing.assert_close(got, (4 * a + 2 * b + 8 * c) / 14, rtol=1e-5, atol=1e-7)
     assert not torch.equal(own[0], seen[0])  # the spare windows did count
     assert trainer.spare_windows == 0 and trainer.spare_gradients is None  # used once
+
+
+@pytest.fixture
+def layer_runs(monkeypatch) -> list[int]:
+    """A list that gets one entry per pass of any transformer layer (forward or recomputed)."""
+    runs: list[int] = []
+    original = TransformerLayer.run
+
+    def counted(self, *args, **kwargs):
+        runs.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TransformerLayer, "run", counted)
+    return runs
+
+
+@pytest.mark.parametrize("make", TRAINERS)
+def test_checkpointed_activations_are_recomputed_and_give_the_same_gradients(
+    tiny_config, tiny_windows, make, layer_runs
+):
+    """With checkpoint_activations every layer runs twice in a step (its forward, then again in the
+    backward pass), and the gradients are those of the plain step on the same batch and draws."""
+    gradients, passes = {}, {}
+    for on in (False, True):
+        trainer = TRAINERS[make](tiny_config, tiny_windows, TrainConfig(batch_size=8, checkpoint_activations=on))
+        layer_runs.clear()
+        trainer.compute_gradients()
+        passes[on] = len(layer_runs)
+        gradients[on] = [p.grad for p in trainer.module.parameters()]
+    layers = len(trainer.module.layers)
+    assert passes == {False: layers, True: 2 * layers}
+    for plain, checkpointed in zip(gradients[False], gradients[True], strict=True):
+        assert torch.allclose(plain, checkpointed, rtol=0, atol=1e-6)
+
+
+def test_checkpointed_layers_run_once_outside_training(tiny_config, tiny_windows, layer_runs):
+    """Evaluation keeps its plain pass, even with gradients on (a layer in eval mode is not recomputed)."""
+    trainer = block_trainer(tiny_config, 0, tiny_windows, TrainConfig(batch_size=4, checkpoint_activations=True))
+    trainer.compute_gradients()  # the trainer's setting is now on the module's layers
+    window = tiny_windows.sample(4, torch.Generator().manual_seed(1))
+    layer_runs.clear()
+    trainer.module.eval()
+    trainer.loss_fn(window, torch.Generator().manual_seed(2)).backward()
+    assert len(layer_runs) == len(trainer.module.layers)
+
+
+def test_swarm_peer_checkpoint_activations_reaches_the_trainers_config(monkeypatch):
+    """--checkpoint-activations is off unless given, and given, it is on in the config the peer's trainer is built from."""
+    import peers.main
+
+    given = []
+
+    class Joined:  # in place of the peer: keeps the config it is handed, joins nothing
+        def __init__(self, config, hooks):
+            given.append(config)
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(peers.main, "Peer", Joined)
+    for args in ([], ["--checkpoint-activations"]):
+        peers.main.peer_command.main(args, standalone_mode=False)
+    assert [config.train_config().checkpoint_activations for config in given] == [False, True]

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from swarm.errors import SwarmError
 from swarm.model.autoregressive import ByteTransformer, next_byte_loss
 from swarm.model.data import ByteWindows
-from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_to_end
+from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_to_end, set_activation_checkpointing
 from swarm.model.families import family_of
 from swarm.model.steps import LossFn
 
@@ -67,6 +67,9 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     seed: int = 0
+    # recompute each transformer layer's activations in the backward pass instead of keeping them:
+    # less memory, more time, the same gradients (`set_activation_checkpointing`)
+    checkpoint_activations: bool = False
 
     def lr_at(self, step: int) -> float:
         if step < self.warmup_steps:
@@ -129,7 +132,7 @@ class Trainer:
         started = time.perf_counter()
         if self.first_step_at is None:
             self.first_step_at = started
-        self.module.train()
+        self._train_mode()
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.lr_at(self.step_count)
         window = self.windows.sample(self.config.batch_size, self.generator).to(self.device)
@@ -159,7 +162,7 @@ class Trainer:
         """Compute the gradient of one more batch of `windows` windows for the next step (called
         while the update waits for other replicas: time that would otherwise be idle); returns
         the windows taken. The weights and this step's gradients are left as they are."""
-        self.module.train()
+        self._train_mode()
         params = trainable(self.module)
         window = self.windows.sample(windows, self.generator).to(self.device)
         grads = torch.autograd.grad(self.loss_fn(window, self.generator), params, allow_unused=True)
@@ -170,6 +173,12 @@ class Trainer:
                 spare.add_(grad, alpha=windows)
         self.spare_windows += windows
         return windows
+
+    def _train_mode(self) -> None:
+        """The module in training mode, its layers keeping or recomputing their activations as the
+        config says now (read at each pass, so that a benchmark can time both on one trainer)."""
+        self.module.train()
+        set_activation_checkpointing(self.module, self.config.checkpoint_activations)
 
     def _add_spare_gradients(self) -> None:
         """Make this step's gradient the mean over its batch and the spare batches taken since the last step."""

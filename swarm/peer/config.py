@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from swarm.errors import SwarmError
-from swarm.model.train import DENOISER_LR, checked_device
+from swarm.model.train import DENOISER_LR, TrainConfig, checked_device
 from swarm.p2p.network import NetworkOptions
 from swarm.p2p.reachability import REACHABILITY_CHOICES
 from swarm.p2p.records import check_swarm_name
@@ -36,6 +36,7 @@ class PeerConfig:
     public_name: str = ""
     batch_size: int = 32
     lr: float = DENOISER_LR
+    checkpoint_activations: bool = False  # recompute layers' activations in the backward pass: less memory, more time
     join_timeout: float = 30.0
     sync: str = "demo"  # a mode of swarm/sync/modes.py's table
     sync_deadline: float = 5.0  # seconds a step waits for the other replicas
@@ -52,6 +53,11 @@ class PeerConfig:
     outer: OuterConfig = field(default_factory=OuterConfig)  # the outer step's settings (--sync outer, outer-overlap)
     network: NetworkOptions = field(default_factory=NetworkOptions)
     reachability: str = "auto"  # "auto": ask the initial peers to dial back; "direct"; "relayed" (behind NAT)
+
+    def train_config(self) -> TrainConfig:
+        """The trainer's settings this peer was given (its schedule spans --max-steps, or a long run)."""
+        return TrainConfig(steps=self.max_steps or 100_000, batch_size=self.batch_size, lr=self.lr,
+                           checkpoint_activations=self.checkpoint_activations)  # fmt: skip
 
     def checked(self) -> PeerConfig:
         """This config, or a SwarmError naming the first option that is out of bounds."""

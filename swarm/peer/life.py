@@ -263,10 +263,8 @@ class Peer:
         corpus = load_corpus(self.config.data)
         windows = corpus.windows("train", self.model_config.seq_len)
         self.spot_check = SpotCheck.from_corpus(corpus, self.model_config)
-        train_config = TrainConfig(steps=self.config.max_steps or 100_000, batch_size=self.config.batch_size,
-                                   lr=self.config.lr)  # fmt: skip
         self.trainer = replica_trainer(
-            self.model_config, self.block, windows, train_config, self.peer_id, self.config.device
+            self.model_config, self.block, windows, self.config.train_config(), self.peer_id, self.config.device
         )
         self.denoise_service = DenoiseServicer(self.model_config, self.block, self.gate)
 
