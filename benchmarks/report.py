@@ -574,30 +574,34 @@ def scale_run(folder: Folder, title: str) -> list[str]:
         lines
         + table(step_header, steps)
         + table(cost_header, costs)
-        + scale_checkpointing(r["sizes"])
+        + scale_memory_modes(r["sizes"])
         + [f"Slopes against the parameter count (least squares on log-log; 1 is linear): {slopes}.", ""]
         + targets_table(r["targets"])
         + [folder.pictures(), ""]
     )
 
 
-def scale_checkpointing(sizes: Node) -> list[str]:
-    """Each size trained plainly beside with activation checkpointing: memory above the overhead and
-    time of forward and backward; nothing for a run from before scale.py measured it."""
-    if sizes[0].get("memory_checkpointed") is None:
+MEMORY_MODES = {"memory": "plain", "memory_checkpointed": "activations checkpointed", "memory_low": "--low-memory"}
+
+
+def scale_memory_modes(sizes: Node) -> list[str]:
+    """Each size trained plainly, with activation checkpointing and as `swarm-peer --low-memory`
+    does (each in a fresh process): memory above the overhead and the median step time; nothing
+    for a run from before scale.py measured them."""
+    if sizes[0].get("memory_low") is None:
         return []
     rows = []
     for s in sizes:
-        memory, checkpointed = s["memory"], s["memory_checkpointed"]
-        plain_s, checkpointed_s = s.num("forward_backward_s"), s.num("forward_backward_checkpointed_s")
-        rows.append([plain(s["size"]), size(memory.num("peak_above_overhead_bytes")),
-                     size(checkpointed.num("peak_above_overhead_bytes")),
-                     fixed(memory.num("peak_above_overhead_over_state"), 2),
-                     fixed(checkpointed.num("peak_above_overhead_over_state"), 2),
-                     fixed(plain_s), fixed(checkpointed_s), times(checkpointed_s / plain_s)])  # fmt: skip
-    header = ["size", "peak - overhead", "checkpointed", "(peak - overhead) / state", "checkpointed",
-              "forward+backward s", "checkpointed s", "checkpointed / plain time"]  # fmt: skip
-    return ["With activation checkpointing (each layer recomputed in the backward pass):", ""] + table(header, rows)
+        plain_s = s["memory"].num("step_s")
+        for key, label in MEMORY_MODES.items():
+            memory = s[key]
+            rows.append([plain(s["size"]), label, size(memory.num("peak_above_overhead_bytes")),
+                         fixed(memory.num("peak_above_overhead_over_state"), 2), fixed(memory.num("step_s")),
+                         times(memory.num("step_s") / plain_s)])  # fmt: skip
+    header = ["size", "training", "peak - overhead", "(peak - overhead) / state", "step s", "step / plain"]
+    return ["Memory by how the block trains (a fresh process each; step: forward, backward and AdamW):", ""] + table(
+        header, rows
+    )
 
 
 def transfer(folder: Folder) -> list[str]:

@@ -26,7 +26,9 @@ library's own code paths, at each size given by --sizes (`DxL`: d_model D, L lay
   torch's runtime warmed up by one step of a tiny block: the fixed overhead). What the peak
   holds beyond those is mostly activations, which grow with batch x length x d_model x layers,
   not with the parameters (d_model squared), so their share falls as the block grows; the same
-  again in another fresh process with activation checkpointing on (`memory_checkpointed`);
+  again in other fresh processes with activation checkpointing on (`memory_checkpointed`), and
+  as `swarm-peer --low-memory` trains (`memory_low`: checkpointing, and freed tensors' memory
+  returned to the system at once, swarm/peer/memory.py), each with its median step time;
 - the checkpoint (swarm/model/checkpoint.py): its bytes, encode, decode, save (encode and an
   atomic, fsynced write) and load; the download time at 20 and 100 Mbit/s, computed as its bytes
   over the link plus the receiver's local work, measured (each chunk's sha256, the whole file's,
@@ -84,6 +86,7 @@ from swarm.model.denoiser import MASK_ID, ModelConfig, build_block, count_parame
 from swarm.model.families import family_of
 from swarm.model.steps import Sampling
 from swarm.model.train import TrainConfig, Trainer, block_trainer, checked_device
+from swarm.peer.memory import return_freed_memory
 from swarm.serving.server import check_request
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, decode_payload, encode_payload
 from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer
@@ -257,8 +260,11 @@ def measure_sync(trainer: Trainer, replicas: int, repeats: int) -> dict:
 
 
 def train_for_memory(job: dict) -> dict:
-    """Runs in a spawned process: train the block with AdamW (activations checkpointed or not, as
-    the job says); its peak RSS (and on a GPU, its peak allocation there) beside its tensors' bytes."""
+    """Runs in a spawned process: train the block with AdamW (activations checkpointed or not,
+    freed memory returned or not, as the job says); its peak RSS (and on a GPU, its peak
+    allocation there) beside its tensors' bytes, and the median time of its steps after the first."""
+    if job["return_freed"]:
+        return_freed_memory()  # first, as the peer does
     torch.set_num_threads(job["threads"])
     config, device = ModelConfig.from_dict(job["config"]), job["device"]
     windows = ByteWindows(job["train"], config.seq_len)
@@ -271,12 +277,12 @@ def train_for_memory(job: dict) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
         gpu_overhead = torch.cuda.memory_allocated(device)
     trainer = block_trainer(config, job["block"], windows, train_config, device)
-    for _ in range(job["steps"]):
-        trainer.step()
+    steps_s = [timed(trainer.step)[1] for _ in range(job["steps"])]
     params = list(trainer.module.parameters())
     states = [t for state in trainer.optimizer.state.values() for t in state.values() if t.dim() > 0]  # no step counts
     figures = {"peak_rss_bytes": peak_rss_bytes(), "overhead_bytes": overhead, "weights_bytes": tensor_bytes(params),
-               "gradient_bytes": tensor_bytes(p.grad for p in params), "optimizer_bytes": tensor_bytes(states)}  # fmt: skip
+               "gradient_bytes": tensor_bytes(p.grad for p in params), "optimizer_bytes": tensor_bytes(states),
+               "step_s": statistics.median(steps_s[1:] or steps_s)}  # fmt: skip
     if on_gpu:
         figures |= {"peak_gpu_bytes": torch.cuda.max_memory_allocated(device), "gpu_overhead_bytes": gpu_overhead}
     return figures
@@ -292,11 +298,19 @@ def warm_up(windows: ByteWindows, train_config: TrainConfig, device: str) -> Non
     gc.collect()
 
 
-def measure_memory(config: ModelConfig, train: torch.Tensor, args, checkpoint_activations: bool = False) -> dict:
-    """The block's peak memory where it lives (the host, or the GPU) above what any size pays, beside its state."""
+# each memory figure's key: (activations checkpointed, freed memory returned to the system)
+MEMORY_MODES = {"memory": (False, False), "memory_checkpointed": (True, False), "memory_low": (True, True)}
+MEMORY_HOW = {"memory": "", "memory_checkpointed": ", activations checkpointed", "memory_low": ", --low-memory"}
+
+
+def measure_memory(config: ModelConfig, train: torch.Tensor, args, mode: str = "memory") -> dict:
+    """The block's peak memory where it lives (the host, or the GPU) above what any size pays,
+    beside its state, trained as `mode` (a key of MEMORY_MODES) says."""
+    checkpoint_activations, return_freed = MEMORY_MODES[mode]
     job = {"config": config.to_dict(), "train": train[:TRAIN_BYTES].clone(), "block": args.block,
            "batch_size": args.batch_size, "steps": args.memory_steps, "threads": args.threads,
-           "device": args.device, "checkpoint_activations": checkpoint_activations}  # fmt: skip
+           "device": args.device, "checkpoint_activations": checkpoint_activations,
+           "return_freed": return_freed}  # fmt: skip
     with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
         figures = pool.submit(train_for_memory, job).result()
     state = figures["weights_bytes"] + figures["gradient_bytes"] + figures["optimizer_bytes"]
@@ -390,8 +404,7 @@ def measure_size(size: str, corpus, args, bar: tqdm) -> dict:
               "checkpoint": lambda: {"checkpoint": measure_checkpoint(trainer.module, config, args)},
               "spot check": lambda: {"spot_check_s": measure_spot_check(trainer.module, config, corpus.validation, args)},
               "denoise": lambda: {"denoise_s": measure_denoise(trainer.module, config, args)},
-              "memory": lambda: {"memory": measure_memory(config, corpus.train, args),
-                                 "memory_checkpointed": measure_memory(config, corpus.train, args, True)}}  # fmt: skip
+              "memory": lambda: {mode: measure_memory(config, corpus.train, args, mode) for mode in MEMORY_MODES}}  # fmt: skip
     for stage, measure in stages.items():
         bar.set_postfix_str(f"{size}: {stage}")
         result.update(measure())
@@ -418,6 +431,8 @@ FIGURES: dict[str, tuple[str, ...]] = {
     "peak_rss_bytes": ("memory", "peak_rss_bytes"), "peak_gpu_bytes": ("memory", "peak_gpu_bytes"),
     "peak_rss_checkpointed_bytes": ("memory_checkpointed", "peak_rss_bytes"),
     "peak_gpu_checkpointed_bytes": ("memory_checkpointed", "peak_gpu_bytes"),
+    "peak_rss_low_memory_bytes": ("memory_low", "peak_rss_bytes"),
+    "step_s": ("memory", "step_s"), "step_low_memory_s": ("memory_low", "step_s"),
     "state_bytes": ("memory", "state_bytes"),
     "overhead_bytes": ("memory", "overhead_bytes"), "checkpoint_bytes": ("checkpoint", "bytes"),
     "checkpoint_save_s": ("checkpoint", "save_s"), "checkpoint_load_s": ("checkpoint", "load_s"),
@@ -426,12 +441,12 @@ FIGURES: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 PANELS = {  # the PNG's panels: title, then the figures drawn in it
     "seconds per training step": ["forward_backward_s", "forward_backward_checkpointed_s", "adamw_step_s",
-                                  "demo_sync_s", "outer_sync_s"],
+                                  "step_s", "step_low_memory_s", "demo_sync_s", "outer_sync_s"],
     "seconds per sync part (outer: per round)": ["demo_compress_s", "demo_encode_s", "demo_decode_s", "demo_apply_s",
                                                  "outer_compress_and_encode_s", "outer_decode_s", "outer_apply_s"],
     "bytes per replica per step; checkpoint bytes": ["dense_bytes_per_step", "demo_bytes_per_step",
                                                      "outer_bytes_per_step", "checkpoint_bytes"],
-    "bytes of memory": ["peak_rss_bytes", "peak_rss_checkpointed_bytes", "peak_gpu_bytes",
+    "bytes of memory": ["peak_rss_bytes", "peak_rss_checkpointed_bytes", "peak_rss_low_memory_bytes", "peak_gpu_bytes",
                         "peak_gpu_checkpointed_bytes", "state_bytes", "overhead_bytes"],
     "checkpoint seconds": ["checkpoint_save_s", "checkpoint_load_s", "download_20mbit_s", "download_100mbit_s"],
     "seconds per check or request": ["spot_check_s", "denoise_s"],
@@ -472,14 +487,14 @@ def targets(sizes: list[dict]) -> dict:
         first, last = sizes[0]["sync"][mode]["dense_over_mode"], sizes[-1]["sync"][mode]["dense_over_mode"]
         checks[f"{mode} dense/mode bytes, largest size over smallest"] = {
             "figure": last / first, "target": ">= 1", "met": last >= first}
-    for key, how in (("memory", ""), ("memory_checkpointed", ", activations checkpointed")):
-        checks.update(memory_target(sizes, key, how))
+    for key, how in MEMORY_HOW.items():
+        if key in sizes[0]:  # runs before --low-memory lack its figure
+            checks.update(memory_target(sizes, key, how))
     return checks
 
 
 def memory_target(sizes: list[dict], key: str, how: str) -> dict:
-    """The memory target on the figures under `key` (plain training, or with activations
-    checkpointed: `how` says which in the target's name)."""
+    """The memory target on the figures under `key` (a MEMORY_MODES key: `how` says which in the target's name)."""
     worst = max(s[key]["peak_above_overhead_over_state"] for s in sizes)
     judged = sizes[0][key].get("judged", "host RSS")
     overhead = "overhead_bytes" if judged == "host RSS" else "gpu_overhead_bytes"

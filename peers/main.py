@@ -43,9 +43,10 @@ PAYLOAD_MODES = ", ".join(payload_modes())
 @click.option("--public-name", default=PEER.public_name, help="A name others see in swarm-status.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=PEER.batch_size, show_default=True)
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=PEER.lr, show_default=True)
-@click.option("--checkpoint-activations", is_flag=True, default=PEER.checkpoint_activations,
-              help="Recompute each layer's activations in the backward pass instead of keeping them: less memory "
-              "per step, about one more forward pass of time, the same gradients.")
+@click.option("--low-memory", is_flag=True, default=PEER.low_memory,
+              help="Use less memory for more time: each layer's activations are recomputed in the backward pass "
+              "instead of kept (the same gradients), and freed tensors' memory goes back to the system at once "
+              "(figures: benchmarks/README.md, 'Cost as a block grows').")
 @click.option("--sync", type=click.Choice(list(MODES)), default=PEER.sync, show_default=True, help=modes_help())
 @click.option("--sync-deadline", type=click.FloatRange(min=0.1), default=PEER.sync_deadline, show_default=True,
               help="Seconds a step waits for the other replicas.")

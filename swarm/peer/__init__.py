@@ -3,6 +3,7 @@
 - config.py: `PeerConfig`, everything `swarm-peer` is told (the command line's defaults)
 - announcer.py: the "announcer" thread, the block's replica list read from the DHT, and the
   announcement built from the peer's figures
+- memory.py: `return_freed_memory`, the C allocator's part of `--low-memory`
 - life.py: `Peer` (join, train, leave; its docstring says which thread may touch the weights),
   `PeerHooks` (what only benchmarks hand a peer) and `replica_trainer`
 

@@ -36,7 +36,7 @@ class PeerConfig:
     public_name: str = ""
     batch_size: int = 32
     lr: float = DENOISER_LR
-    checkpoint_activations: bool = False  # recompute layers' activations in the backward pass: less memory, more time
+    low_memory: bool = False  # activations recomputed, freed memory returned to the system: less memory, more time
     join_timeout: float = 30.0
     sync: str = "demo"  # a mode of swarm/sync/modes.py's table
     sync_deadline: float = 5.0  # seconds a step waits for the other replicas
@@ -57,7 +57,7 @@ class PeerConfig:
     def train_config(self) -> TrainConfig:
         """The trainer's settings this peer was given (its schedule spans --max-steps, or a long run)."""
         return TrainConfig(steps=self.max_steps or 100_000, batch_size=self.batch_size, lr=self.lr,
-                           checkpoint_activations=self.checkpoint_activations)  # fmt: skip
+                           checkpoint_activations=self.low_memory)  # fmt: skip
 
     def checked(self) -> PeerConfig:
         """This config, or a SwarmError naming the first option that is out of bounds."""

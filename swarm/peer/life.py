@@ -63,6 +63,7 @@ from swarm.p2p.records import CheckpointInfo, MemberProof, PeerState, Reached
 from swarm.p2p.work import stored_or_solved, work_path
 from swarm.peer.announcer import RECORD_LIFETIME_PERIODS, Announcer, announcement
 from swarm.peer.config import PeerConfig
+from swarm.peer.memory import return_freed_memory
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.dense import CountingAverager, block_averager
 from swarm.sync.exchange import Exchange
@@ -160,6 +161,8 @@ class Peer:
         os.register_at_fork(after_in_child=_default_stop_signals)
         for sig in STOP_SIGNALS:
             signal.signal(sig, lambda *_: self.stop())
+        if self.config.low_memory and return_freed_memory():  # before the block's first tensor
+            logger.info("low memory: activations recomputed, freed memory returned to the system")
         try:
             self._join()
             self._train_until_stopped()
