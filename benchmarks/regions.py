@@ -314,7 +314,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs = run(args, regions, one_way_s, Path(tmp))
     # settings, never this machine's paths: the regions file relative to the repository root
-    config = {**vars(args), "regions": os.path.relpath(args.regions, Path(__file__).resolve().parent.parent)}
+    root = Path(__file__).resolve().parent.parent
+    config = {**vars(args), "regions": os.path.relpath(args.regions, root), "out": os.path.relpath(args.out, root)}
     finish(config, regions, one_way_s, runs, Path(args.out))
 
 

@@ -581,7 +581,7 @@ def scale_run(folder: Folder, title: str) -> list[str]:
     )
 
 
-MEMORY_MODES = {"memory": "plain", "memory_checkpointed": "activations checkpointed", "memory_low": "--low-memory"}
+MEMORY_LABELS = {"memory": "plain", "memory_checkpointed": "activations checkpointed", "memory_low": "--low-memory"}
 
 
 def scale_memory_modes(sizes: Node) -> list[str]:
@@ -593,7 +593,7 @@ def scale_memory_modes(sizes: Node) -> list[str]:
     rows = []
     for s in sizes:
         plain_s = s["memory"].num("step_s")
-        for key, label in MEMORY_MODES.items():
+        for key, label in MEMORY_LABELS.items():
             memory = s[key]
             rows.append([plain(s["size"]), label, size(memory.num("peak_above_overhead_bytes")),
                          fixed(memory.num("peak_above_overhead_over_state"), 2), fixed(memory.num("step_s")),

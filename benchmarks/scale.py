@@ -263,8 +263,7 @@ def train_for_memory(job: dict) -> dict:
     """Runs in a spawned process: train the block with AdamW (activations checkpointed or not,
     freed memory returned or not, as the job says); its peak RSS (and on a GPU, its peak
     allocation there) beside its tensors' bytes, and the median time of its steps after the first."""
-    if job["return_freed"]:
-        return_freed_memory()  # first, as the peer does
+    returned = job["return_freed"] and return_freed_memory()  # first, as the peer does
     torch.set_num_threads(job["threads"])
     config, device = ModelConfig.from_dict(job["config"]), job["device"]
     windows = ByteWindows(job["train"], config.seq_len)
@@ -282,7 +281,7 @@ def train_for_memory(job: dict) -> dict:
     states = [t for state in trainer.optimizer.state.values() for t in state.values() if t.dim() > 0]  # no step counts
     figures = {"peak_rss_bytes": peak_rss_bytes(), "overhead_bytes": overhead, "weights_bytes": tensor_bytes(params),
                "gradient_bytes": tensor_bytes(p.grad for p in params), "optimizer_bytes": tensor_bytes(states),
-               "step_s": statistics.median(steps_s[1:] or steps_s)}  # fmt: skip
+               "step_s": statistics.median(steps_s[1:] or steps_s), "freed_memory_returned": returned}  # fmt: skip
     if on_gpu:
         figures |= {"peak_gpu_bytes": torch.cuda.max_memory_allocated(device), "gpu_overhead_bytes": gpu_overhead}
     return figures
@@ -298,15 +297,15 @@ def warm_up(windows: ByteWindows, train_config: TrainConfig, device: str) -> Non
     gc.collect()
 
 
-# each memory figure's key: (activations checkpointed, freed memory returned to the system)
-MEMORY_MODES = {"memory": (False, False), "memory_checkpointed": (True, False), "memory_low": (True, True)}
-MEMORY_HOW = {"memory": "", "memory_checkpointed": ", activations checkpointed", "memory_low": ", --low-memory"}
+# each memory figure's key: (activations checkpointed, freed memory returned to the system, its target's name)
+MEMORY_MODES = {"memory": (False, False, ""), "memory_checkpointed": (True, False, ", activations checkpointed"),
+                "memory_low": (True, True, ", --low-memory")}  # fmt: skip
 
 
 def measure_memory(config: ModelConfig, train: torch.Tensor, args, mode: str = "memory") -> dict:
     """The block's peak memory where it lives (the host, or the GPU) above what any size pays,
     beside its state, trained as `mode` (a key of MEMORY_MODES) says."""
-    checkpoint_activations, return_freed = MEMORY_MODES[mode]
+    checkpoint_activations, return_freed, _ = MEMORY_MODES[mode]
     job = {"config": config.to_dict(), "train": train[:TRAIN_BYTES].clone(), "block": args.block,
            "batch_size": args.batch_size, "steps": args.memory_steps, "threads": args.threads,
            "device": args.device, "checkpoint_activations": checkpoint_activations,
@@ -487,7 +486,7 @@ def targets(sizes: list[dict]) -> dict:
         first, last = sizes[0]["sync"][mode]["dense_over_mode"], sizes[-1]["sync"][mode]["dense_over_mode"]
         checks[f"{mode} dense/mode bytes, largest size over smallest"] = {
             "figure": last / first, "target": ">= 1", "met": last >= first}
-    for key, how in MEMORY_HOW.items():
+    for key, (_, _, how) in MEMORY_MODES.items():
         if key in sizes[0]:  # runs before --low-memory lack its figure
             checks.update(memory_target(sizes, key, how))
     return checks

@@ -81,9 +81,20 @@ def test_a_measured_candidate_is_believed_only_if_every_rule_passes(candidates, 
     assert [m.candidate.checkpoint.step for m in believable(candidates, TOLERANCE)] == kept
 
 
-def test_a_checkpoint_whose_loss_is_not_a_number_loses_to_a_lone_honest_host(start, tiny_config, tiny_windows):
+@pytest.fixture
+def trained_block(tiny_config, tiny_windows):
+    """An honest host's block 0: trained a little, so that its loss is measurably better than a
+    uniform guess (a freshly built block's may be worse, by the luck of its random start)."""
+    trainer = block_trainer(tiny_config, 0, tiny_windows, TrainConfig(steps=60, warmup_steps=5))
+    train(trainer, 60)
+    return trainer.module
+
+
+def test_a_checkpoint_whose_loss_is_not_a_number_loses_to_a_lone_honest_host(
+    start, tiny_config, tiny_windows, trained_block
+):
     honest, liar = start("honest"), start("liar")
-    good = honest.put(encode_block(build_block(tiny_config, 0), tiny_config, 0, 10, HOSTS_SWARM), 10)
+    good = honest.put(encode_block(trained_block, tiny_config, 0, 10, HOSTS_SWARM), 10)
     bad = liar.put(encode_block(overflowing_block(tiny_config, 0), tiny_config, 0, 11, HOSTS_SWARM), 11)  # one save ahead
     spot_check = SpotCheck(tiny_windows.fixed(8))
     with client_of(honest, liar) as client:
@@ -94,14 +105,12 @@ def test_a_checkpoint_whose_loss_is_not_a_number_loses_to_a_lone_honest_host(sta
 
 
 def test_a_candidate_whose_loss_is_not_a_number_does_not_switch_off_the_comparison_with_the_best(
-    start, tiny_config, tiny_windows
+    start, tiny_config, tiny_windows, trained_block
 ):
     """A NaN beside a poor but finite candidate: the poor one must still lose to the honest
     host's better loss (were NaN the best loss, every comparison with it would pass)."""
-    trained = block_trainer(tiny_config, 0, tiny_windows, TrainConfig(steps=60, warmup_steps=5))
-    train(trained, 60)
     honest, poor, liar = start("honest"), start("poor"), start("liar")
-    good = honest.put(encode_block(trained.module, tiny_config, 0, 10, HOSTS_SWARM), 10)
+    good = honest.put(encode_block(trained_block, tiny_config, 0, 10, HOSTS_SWARM), 10)
     fresh = poor.put(encode_block(build_block(tiny_config, 0), tiny_config, 0, 11, HOSTS_SWARM), 11)
     nan = liar.put(encode_block(overflowing_block(tiny_config, 0), tiny_config, 0, 12, HOSTS_SWARM), 12)
     spot_check = SpotCheck(tiny_windows.fixed(8))

@@ -15,6 +15,7 @@ from swarm.sync.compression import (
     from_bits,
     from_tiles,
     idct,
+    idct_of_kept,
     keep_per_tile,
     pack_message,
     tile_side,
@@ -51,6 +52,18 @@ def test_full_k_reproduces_the_momentum_and_its_sign_step():
     restored = decompress(compress(momentum, top_k=64 * 64, value_bits=32))
     assert torch.allclose(restored, momentum, atol=1e-9)
     assert torch.equal(restored.sign(), momentum.sign())
+
+
+@pytest.mark.parametrize("tile, k", [((48, 64), 8), ((64, 64), 8), ((2, 42), 3), ((1, 64), 1), ((8, 8), 20)])
+def test_kept_coefficients_decode_as_the_dense_inverse_does(tile, k):
+    """`idct_of_kept` from basis rows (k under rows + cols) or densely ((8, 8) with 20) equals the
+    inverse DCT of the coefficients scattered into their tiles, on square and oblong tiles."""
+    generator = torch.Generator().manual_seed(k)
+    rows, cols = tile
+    indices = torch.rand(5, rows * cols, generator=generator).argsort(dim=1)[:, :k].sort(dim=1).values
+    values = torch.randn(5, k, generator=generator)
+    dense = idct(torch.zeros(5, rows * cols).scatter_(1, indices, values).view(5, rows, cols))
+    assert torch.allclose(idct_of_kept(indices, values, tile), dense, atol=1e-6)
 
 
 def test_error_feedback_keeps_exactly_what_was_not_sent():

@@ -223,7 +223,7 @@ class TransformerLayer(nn.Module):
         the backward pass holds the activations of one of them at a time, not of the whole layer
         (measured at d_model 1024: 271 MB for a whole layer). Evaluation and serving run plainly."""
         if self.checkpoint_activations and self.training and torch.is_grad_enabled():
-            return checkpoint(part, *args, use_reentrant=False)
+            return checkpoint(part, *args, use_reentrant=False, preserve_rng_state=False)
         return part(*args)
 
     def _feed_forward(self, x: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None) -> torch.Tensor:
@@ -262,8 +262,7 @@ def set_activation_checkpointing(module: nn.Module, on: bool) -> None:
     Why: a training step's peak memory beyond the weights, gradients and AdamW state is the
     activations every layer keeps for the backward pass; with this on, a layer keeps only the
     inputs of its attention and its MLP, and the backward pass holds the activations of one of
-    them at a time (`TransformerLayer._part`). Measured on 2 cores (d_model 1024, 3 layers,
-    batch 32), whole layers recomputed: 813 MB kept by the forward pass, 56 MB with it on. A
+    them at a time (`TransformerLayer._part`); benchmarks/scale.py measures what it saves. A
     setting of the trainer, not of the model: it changes no weight and no result, so the config
     (and its hash) does not hold it.
     """

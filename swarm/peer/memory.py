@@ -18,7 +18,6 @@ zeroed anew: a training step there took about 1.2 times as long. So it is the pe
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 
 logger = logging.getLogger(__name__)
@@ -30,9 +29,8 @@ MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's own starting value, kept from then 
 def return_freed_memory() -> bool:
     """Make the C allocator map every request over 128 KiB apart and unmap it when freed, for the
     rest of this process; False where the C library is not glibc (nothing is changed there)."""
-    name = ctypes.util.find_library("c")
     try:
-        mallopt = ctypes.CDLL(name).mallopt if name else None
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on, no lookup
     except (OSError, AttributeError):
         mallopt = None
     if mallopt is None or mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) != 1:

@@ -121,8 +121,9 @@ def shares_transform(n_tiles: int, tile: tuple[int, int], k: int = 0) -> bool:
     out with the bits they get alone. A product is computed row by row alike, however many rows it
     has, except when it has few: the BLAS takes another path there (MKL here: under 4 rows with 1
     thread, 12 with 2, 28 with 16), so a tensor whose tiles hold fewer than MIN_SHARED_ROWS rows
-    is transformed alone, as it always was. The inverse DCT of one coefficient per tile (`k` 1)
-    is one product per value, the same bits on any path."""
+    is transformed alone, as it always was. The inverse of one coefficient per tile (`k` 1) is
+    one product per value, the same bits on any path; the inverse of a few (`idct_of_kept`) is a
+    product per tile, which tests/test_compression.py finds bit for bit the same in a batch."""
     return n_tiles * tile[0] >= MIN_SHARED_ROWS or k == 1
 
 
@@ -183,7 +184,7 @@ def decompress(compressed: Compressed) -> torch.Tensor:
 
 def decompress_tiles(sent: Sequence[Compressed]) -> torch.Tensor:
     """The tiles of `decompress` of each entry, one entry's after the other's (entries of one tile
-    shape and device), in one inverse DCT, or one each if they do not `shares_transform`."""
+    shape and device), in one inverse (`idct_of_kept`), or one each if they do not `shares_transform`."""
     if len(sent) > 1 and not all(shares_transform(c.indices.shape[0], c.tile, c.indices.shape[1]) for c in sent):
         return torch.cat([decompress_tiles([c]) for c in sent])
     values = torch.cat([c.values for c in sent])

@@ -156,7 +156,7 @@ class DeMoOptimizer:
     def _votes(self, voters: list[Payload]) -> Iterator[tuple[list[str], torch.Tensor]]:
         """Per group of parameters decoded together, their names and each voter's signs of its
         decoded update, (voters, tiles, *tile): every voter's update of the parameters of one tile
-        shape in one inverse DCT (`batches`); a voter that sent nothing for a parameter votes 0 there."""
+        shape in one inverse (`batches`, `idct_of_kept`); a voter that sent nothing for a parameter votes 0 there."""
         names = [name for name in self.names if any(name in p for p in voters)]
         for batch in batches([self._transform_key(name) for name in names],
                              [len(voters) * self.params[name].numel() for name in names]):  # fmt: skip
@@ -178,7 +178,7 @@ class DeMoOptimizer:
         return kept
 
     def _transform_key(self, name: str) -> Hashable:
-        """The parameters whose entries are decoded in one inverse DCT share this (`batches`)."""
+        """The parameters whose entries are decoded in one inverse share this (`batches`)."""
         n_tiles, tile = self.tiles[name]
         k = keep_per_tile(self.config.top_k, math.prod(tile))
         return (tile, self.params[name].device) if shares_transform(n_tiles, tile, k) else name

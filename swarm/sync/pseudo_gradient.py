@@ -117,8 +117,10 @@ def majority_mean(changes: list[torch.Tensor]) -> torch.Tensor:
     n = len(changes)
     majority = n // 2 + 1
     ordered = sorted_coordinatewise(changes)
-    mean = sum(changes[1:], changes[0].clone()).div_(n)  # without stacking them: a copy of them all
-    return mean.clamp_(ordered[n - majority], ordered[majority - 1])
+    mean = changes[0].clone()  # summed in place, in order: stacking them would copy them all
+    for change in changes[1:]:
+        mean.add_(change)
+    return mean.div_(n).clamp_(ordered[n - majority], ordered[majority - 1])
 
 
 def sorted_coordinatewise(values: list[torch.Tensor]) -> list[torch.Tensor]:
