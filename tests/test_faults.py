@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import conftest
 import psutil
 import pytest
 from helpers import assert_one_line_error
+from hivemind import DHT
+from hivemind.p2p import P2P, PeerID
 from swarm_helpers import FAST_PEER, wait_for, write_tiny_setup
 
 from swarm.checkpoints.store import CheckpointStore
 from swarm.lab.launch import LocalSwarm
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import ModelConfig
-from swarm.p2p.network import stop_child
+from swarm.p2p.network import NetworkOptions, start_dht, stop_child
 
 # a saver that resumes from its newest checkpoint and saves the next steps as fast as it can: one for
 # each line read, forked from this process (which imports torch once, not once a restart, and runs
@@ -229,3 +234,31 @@ def test_a_peer_behind_nat_that_no_relay_will_take_says_so_and_announces_nothing
                                       check=False, capture_output=True, text=True, timeout=120, cwd=local.workdir)  # fmt: skip
             assert_one_line_error(stranded, "cannot be reached", "no relay")
             assert not client.directory.hosts(0)
+
+
+def test_a_peer_started_before_its_initial_peer_joins_once_that_one_is_up(tmp_path, caplog):
+    """The libp2p daemon gives up at once when it reaches none of the initial peers; `start_dht`
+    starts it anew until its start timeout, so a bootstrap node that is up three seconds later
+    is joined (before, the peer exited with "could not join the DHT")."""
+    identity = tmp_path / "late.id"
+    P2P.generate_identity(str(identity))
+    with socket.socket() as probe:  # a port nothing listens on yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"/ip4/127.0.0.1/tcp/{port}"
+    late: list[DHT] = []
+    starter = threading.Timer(
+        3.0, lambda: late.append(DHT(host_maddrs=[address], identity_path=str(identity), start=True))
+    )
+    starter.start()
+    joined = None
+    try:
+        with caplog.at_level(logging.WARNING, logger="swarm.p2p.network"):
+            initial = f"{address}/p2p/{PeerID.from_identity(identity.read_bytes())}"
+            joined = start_dht("late", NetworkOptions(initial_peers=[initial], host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
+        assert "reached none of the initial peers" in caplog.text  # it did start before the other was up
+    finally:
+        starter.join()
+        for dht in [*late, joined]:
+            if dht is not None:
+                dht.shutdown()

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
@@ -34,6 +35,8 @@ from swarm.p2p.records import SwarmRecordValidator, check_swarm_name
 logger = logging.getLogger(__name__)
 
 DHT_START_TIMEOUT_S = 30.0
+JOIN_RETRY_S = 2.0  # between starts of a daemon that reached none of the initial peers (`start_dht`)
+UNREACHED_INITIAL_PEERS = "failed to connect to bootstrap peers"  # how the libp2p daemon says so
 DHT_CALL_TIMEOUT_S = 20.0
 # A DHT record lives on the nodes nearest its key, this many of them: every store (each peer's
 # entry is its own store under its own subkey) goes to the RECORD_COPIES nearest nodes its
@@ -114,16 +117,39 @@ def ensure_identity(path: str) -> None:
 
 
 def start_dht(swarm: str, options: NetworkOptions, private_key: RSAPrivateKey | None = None) -> DHT:
-    """A running DHT node with BlockSwarm's validators, or SwarmError within `start_timeout`."""
+    """A running DHT node with BlockSwarm's validators, or SwarmError within `start_timeout`.
+
+    A daemon that reaches none of the initial peers fails at once; it is started anew every
+    JOIN_RETRY_S until `start_timeout` is spent, so that a bootstrap node still starting, or one
+    connection lost on its way through a NAT, costs a few seconds instead of the peer's life."""
     check_swarm_name(swarm)
     options.checked()
     if options.identity_path:
         ensure_identity(options.identity_path)
+    deadline = time.monotonic() + options.start_timeout
+    while True:
+        dht = _new_dht(options, private_key, swarm)
+        try:
+            with daemon_flags():
+                dht.run_in_background(await_ready=True, timeout=max(1.0, deadline - time.monotonic()))
+            return dht
+        except Exception as error:
+            _stop(dht)
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            if UNREACHED_INITIAL_PEERS not in reason or time.monotonic() + JOIN_RETRY_S >= deadline:
+                initial = options.initial_peers or "none"
+                raise SwarmError(f"could not join the DHT (initial peers {initial}): {reason}") from None
+            logger.warning("reached none of the initial peers (%s); trying again in %.0f s", reason, JOIN_RETRY_S)
+            time.sleep(JOIN_RETRY_S)
+
+
+def _new_dht(options: NetworkOptions, private_key: RSAPrivateKey | None, swarm: str) -> DHT:
+    """A DHT node, not started, with BlockSwarm's validators and the options' relays."""
     validators = [RSASignatureValidator(private_key), SwarmRecordValidator(swarm)]
     relays = {"client_mode": options.client_mode, "use_relay": options.use_relay, "use_auto_relay": options.use_auto_relay}
     if options.relayed:  # behind NAT: the initial peers as its relays (reachability.py)
         relays.update(client_mode=True, use_auto_relay=True, trusted_relays=options.initial_peers, force_reachability="private")
-    dht = DHT(
+    return DHT(
         initial_peers=options.initial_peers or None,
         start=False,
         record_validators=validators,
@@ -134,14 +160,6 @@ def start_dht(swarm: str, options: NetworkOptions, private_key: RSAPrivateKey | 
         num_replicas=RECORD_COPIES,
         **relays,
     )
-    try:
-        with daemon_flags():
-            dht.run_in_background(await_ready=True, timeout=options.start_timeout)
-    except Exception as error:
-        _stop(dht)
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise SwarmError(f"could not join the DHT (initial peers {options.initial_peers or 'none'}): {reason}") from None
-    return dht
 
 
 @contextlib.contextmanager
