@@ -7,7 +7,7 @@ library's own code paths, at each size given by --sizes (`DxL`: d_model D, L lay
 - forward and backward: `Trainer.compute_gradients` (swarm/model/train.py) on a batch of
   --batch-size windows; beside it the plain AdamW update (`optimizer_step`), what a lone peer pays,
   and the same forward and backward with activation checkpointing (`TrainConfig.checkpoint_activations`:
-  each layer recomputed in the backward pass), its price in time;
+  each layer's attention and MLP recomputed in the backward pass), its price in time;
 - sync, with --replicas replicas (the others' payloads made by the same code from other batches
   and the same weights, as replicas that stay identical would): DeMo (`--sync demo` and
   `demo-overlap`, which run the same code) through `DeMoOptimizer.make_payload` (compress, error

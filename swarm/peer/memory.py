@@ -11,7 +11,8 @@ is ever alive at once. Measured with benchmarks/scale.py (d_model 1024, 3 layers
 
 `return_freed_memory` fixes the threshold where it starts: every large tensor is mapped and
 returned when freed. The price is time, since each large tensor's pages are faulted in and
-zeroed anew: a training step there took about 1.2 times as long. So it is the peer's
+zeroed anew: with activation checkpointing, a step took 1.17 times as long at 52 M and 2.2
+times at 0.39 M (benchmarks/README.md, "Cost as a block grows"). So it is the peer's
 `--low-memory` choice, not a default.
 """
 
