@@ -27,7 +27,7 @@ PAGE = HERE / "README.md"
 NOT_SETTINGS = {"out", "from_json", "model_path", "regions"}  # where files went, not what was measured
 DASH = "–"
 TITLES = {  # the heading of each results folder's section, in the page's order
-    "quality": "Quality", "long_run": "A long run through the swarm", "serve": "Serving", "sync": "Replica sync", "outer_gap": "The outer mode's loss gap",
+    "quality": "Quality", "long_run": "A long run through the swarm", "start_model": "The demo's start model", "serve": "Serving", "sync": "Replica sync", "outer_gap": "The outer mode's loss gap",
     "time_to_loss": "Time to a loss across regions",
     "scale": "Cost as a block grows", "transfer": "Checkpoint transfer", "regions": "Emulated regions",
     "blocks_latency": "Generation latency as B grows", "discovery": "Discovery",
@@ -314,6 +314,27 @@ def long_run(folder: Folder) -> list[str]:
         reveal_line(r),
         samples(Node(texts, r.file), "What each wrote after the first prompt:"),
         folder.pictures(),
+    )
+
+
+def start_model(folder: Folder) -> list[str]:
+    r = folder.json("start_model.json")
+    f = r["figures"]
+    rows = [[f"blocks at steps {plain(r['block_steps'])}", fixed(f["bits_per_byte"].num("overall")),
+             percent(f.num("real_words")), percent(f.num("distinct_words"))],
+            ["true continuation", DASH, percent(f.num("true_real_words")), percent(f.num("true_distinct_words"))]]  # fmt: skip
+    made = r["made_by"]
+    return section(
+        "start_model",
+        f"Scores the blocks `swarm-demo` starts its peers from ([`{r['start_model']}`](../{r['start_model']}), "
+        "shipped in the package in bfloat16) as the long run scores its blocks, on the same validation windows. No "
+        "autoregressive judge or baseline: one at these steps would take hours of 2 cores.",
+        command("start_model.py", r["settings"].data),
+        f"How they were made: `{made['command']} --steps {made['steps']}` with {plain(made['replicas'])} "
+        f"peer(s) per block on the {made['data']} corpus, started from {made['started_from']}.",
+        table(["model", "bits per byte", "real words", "distinct words"], rows),
+        samples(Node({name: r["samples"][name].data for name in ("prompts", "blocks")}, r.file), "What they wrote "
+                "after the first prompt (the long run's and the other models' are in its section above):"),
     )
 
 
@@ -879,7 +900,7 @@ def health(folder: Folder) -> list[str]:
 
 Renderer = Callable[[Folder], list[str]]
 RENDERERS: dict[str, Renderer] = {
-    "quality": quality, "long_run": long_run, "serve": serve, "sync": sync, "outer_gap": outer_gap, "scale": scale,
+    "quality": quality, "long_run": long_run, "start_model": start_model, "serve": serve, "sync": sync, "outer_gap": outer_gap, "scale": scale,
     "time_to_loss": time_to_loss,
     "transfer": transfer,
     "regions": regions, "blocks_latency": blocks_latency, "discovery": discovery, "chaos": chaos, "attacks": attacks, "identity_cost": identity_cost,

@@ -10,12 +10,15 @@ from swarm.lab.launch import command_path
 COMMAND_TIMEOUT_S = 240
 
 
-def run_command(name: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_command(
+    name: str, *args: str, cwd: Path | None = None, timeout: float = COMMAND_TIMEOUT_S
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [command_path(name), *map(str, args)],
+        check=False,
         capture_output=True,
         text=True,
-        timeout=COMMAND_TIMEOUT_S,
+        timeout=timeout,
         cwd=cwd,
     )
 

@@ -157,8 +157,12 @@ class LocalSwarm:
         certificate = members.read_certificate(self.workdir / "members" / f"{name}.cert")
         members.revoke(self.workdir / "revoked.json", members.certificate_id(certificate), name)
 
+    def checkpoint_dir(self, name: str) -> Path:
+        """The folder where the peer started as `name` keeps its checkpoints."""
+        return self.workdir / name
+
     def peer_args(self, name: str, block: str = "auto", extra: list[str] = ()) -> list[str]:
-        args = [command_path("swarm-peer"), *self.join_args, "--block", block, "--public-name", name, "--checkpoint-dir", str(self.workdir / name)]  # fmt: skip
+        args = [command_path("swarm-peer"), *self.join_args, "--block", block, "--public-name", name, "--checkpoint-dir", str(self.checkpoint_dir(name))]  # fmt: skip
         if self.data:
             args += ["--data", self.data]
         return args + list(extra)

@@ -220,7 +220,10 @@ def load_model_folder(folder: Path) -> LoadedModel:
     tensors = _decode((folder / "model.safetensors").read_bytes())
     modules = _build_modules(kind, config, tensors)
     manifest_path = folder / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+    try:
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+    except ValueError:
+        raise SwarmError(f"{folder}/manifest.json is not valid JSON") from None
     return LoadedModel(kind, config, modules, manifest)
 
 
