@@ -163,14 +163,16 @@ def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args)
 
 
 def by_reveal(denoiser_for_block, config: ModelConfig, windows: torch.Tensor, judge, known, args) -> dict:
-    """The blocks' writing under each reveal order of the sampler, side by side (argmax, the same draws)."""
-    true_nll = judge_nll(judge, windows, windows[:, config.prefix_len :], config)
+    """The blocks' writing under each reveal order of the sampler, side by side (argmax, the same
+    draws); `gen_nll` over the true continuation's only with a judge."""
+    true_nll = None if judge is None else judge_nll(judge, windows, windows[:, config.prefix_len :], config)
     rows = {}
     for reveal in REVEAL_ORDERS:
         written, _ = generate_for_windows(denoiser_for_block, config, windows, args.steps_per_block, Sampling(reveal=reveal))
         words = word_figures(windows, written, config, known)
-        rows[reveal] = {"gen_nll_over_true": judge_nll(judge, windows, written, config) / true_nll,
-                        "real_words": words["real_words"], "distinct_words": words["distinct_words"]}  # fmt: skip
+        rows[reveal] = {"real_words": words["real_words"], "distinct_words": words["distinct_words"]}
+        if judge is not None:
+            rows[reveal]["gen_nll_over_true"] = judge_nll(judge, windows, written, config) / true_nll
     return rows
 
 

@@ -319,22 +319,30 @@ def long_run(folder: Folder) -> list[str]:
 
 def start_model(folder: Folder) -> list[str]:
     r = folder.json("start_model.json")
-    f = r["figures"]
-    rows = [[f"blocks at steps {plain(r['block_steps'])}", fixed(f["bits_per_byte"].num("overall")),
-             percent(f.num("real_words")), percent(f.num("distinct_words"))],
-            ["true continuation", DASH, percent(f.num("true_real_words")), percent(f.num("true_distinct_words"))]]  # fmt: skip
-    made = r["made_by"]
+    f, made, judge = r["figures"], r["made_by"], r.get("judge")
+    judged = judge is not None
+    rows = [[f"`{order}`" + (" (the default)" if order == r["settings"]["reveal"] else ""), percent(row.num("real_words")),
+             percent(row.num("distinct_words"))] + ([times(row.num("gen_nll_over_true"))] if judged else [])
+            for order, row in r["by_reveal"].items()]  # fmt: skip
+    rows.append(["true continuation", percent(f.num("true_real_words")), percent(f.num("true_distinct_words"))]
+                + (["1.000x"] if judged else []))  # fmt: skip
+    judge_line = (f"The judge: an {judge['kind']} model of {plain(judge['steps'])} steps (`swarm-train --kind "
+                  f"autoregressive`); `gen_nll` is its NLL of the writing over the true continuation's." if judged
+                  else "No judge was given, so no `gen_nll`.")  # fmt: skip
+    texts = {"prompts": r["samples"]["prompts"].data}
+    texts.update({order: r["samples"][order].data for order in r["by_reveal"].names()})
     return section(
         "start_model",
         f"Scores the blocks `swarm-demo` starts its peers from ([`{r['start_model']}`](../{r['start_model']}), "
-        "shipped in the package in bfloat16) as the long run scores its blocks, on the same validation windows. No "
-        "autoregressive judge or baseline: one at these steps would take hours of 2 cores.",
+        "shipped in the package in bfloat16) as the long run scores its blocks, on the same validation windows, "
+        "under each reveal order of the sampler.",
         command("start_model.py", r["settings"].data),
         f"How they were made: `{made['command']} --steps {made['steps']}` with {plain(made['replicas'])} "
-        f"peer(s) per block on the {made['data']} corpus, started from {made['started_from']}.",
-        table(["model", "bits per byte", "real words", "distinct words"], rows),
-        samples(Node({name: r["samples"][name].data for name in ("prompts", "blocks")}, r.file), "What they wrote "
-                "after the first prompt (the long run's and the other models' are in its section above):"),
+        f"peer(s) per block on the {made['data']} corpus, started from {made['started_from']}. Blocks at steps "
+        f"{plain(r['block_steps'])}: {fixed(f['bits_per_byte'].num('overall'))} bits per byte.",
+        judge_line,
+        table(["reveal order", "real words", "distinct words"] + (["gen_nll / true"] if judged else []), rows),
+        samples(Node(texts, r.file), "What they wrote after the first prompt, by reveal order:"),
     )
 
 

@@ -3,12 +3,14 @@
 `swarm-demo` starts its peers from the blocks in swarm/cli/demo_start (an earlier demo swarm's,
 trained for thousands of steps per block; its manifest.json says how) and trains on from them.
 This scores those blocks on the long run's validation windows (bits per byte, the share of
-written words that are words of the training text, and distinct words) and writes samples after
-the long run's prompts, so that what the README says the demo writes comes from a results file.
-No autoregressive judge or baseline here: one at the start model's steps would take hours of
-these 2 cores (long_run.py's took 26 minutes for 819 steps), so `gen_nll` is left out.
+written words that are words of the training text, and distinct words) under each reveal order
+of the sampler, and writes samples after the long run's prompts, so that what the README says
+the demo writes comes from a results file. With `--judge`, an autoregressive model folder
+(`swarm-train --kind autoregressive`), it also gives `gen_nll`: the judge's NLL of the writing
+over the true continuation's.
 
-    python benchmarks/start_model.py        # about 3 minutes on 2 cores
+    swarm-train --kind autoregressive --steps 800 --out ar_judge     # about 26 minutes on 2 cores
+    python benchmarks/start_model.py --judge ar_judge                  # about 3 minutes
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import argparse
 import json
 from pathlib import Path
 
-from long_run import PROMPTS, samples
+from long_run import PROMPTS, by_reveal, samples
 
 from swarm.cli.console import setup_logging
 from swarm.cli.demo import SHIPPED_START, StartModel
-from swarm.model.checkpoint import write_atomic
+from swarm.model.checkpoint import load_model_folder, write_atomic
 from swarm.model.data import ByteWindows, load_corpus
 from swarm.model.evaluate import evaluate_denoiser
 from swarm.model.steps import REVEAL_ORDERS, Sampling
@@ -35,22 +37,33 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="of the samples (0: argmax)")
     parser.add_argument("--reveal", choices=REVEAL_ORDERS, default=Sampling.reveal, help="the sampler's reveal order")
     parser.add_argument("--sample-bytes", type=int, default=128)
+    parser.add_argument("--judge", default=None, help="an autoregressive model folder: gen_nll under it")
     parser.add_argument("--out", default="benchmarks/results/start_model")
     args = parser.parse_args()
     setup_logging()
     start = StartModel.load(SHIPPED_START)
     config, corpus = start.model.config, load_corpus()
     windows = ByteWindows(corpus.validation, config.seq_len).fixed(args.windows)
-    figures = evaluate_denoiser(start.model.denoiser_for_block, config, windows, args.steps_per_block,
-                                known_words=vocabulary(corpus.train), sampling=Sampling(reveal=args.reveal))  # fmt: skip
+    judged = load_model_folder(args.judge) if args.judge else None
+    if judged is not None and judged.kind != "autoregressive":
+        raise SystemExit(f"--judge {args.judge} holds a {judged.kind} model, not an autoregressive one")
+    judge = judged.modules[0] if judged else None
+    known, blocks = vocabulary(corpus.train), start.model.denoiser_for_block
+    figures = evaluate_denoiser(
+        blocks, config, windows, args.steps_per_block, judge, known, Sampling(reveal=args.reveal)
+    )
+    written = {order: samples(blocks, config, argparse.Namespace(**{**vars(args), "reveal": order}))
+               for order in REVEAL_ORDERS}  # fmt: skip
     result = {
-        "settings": vars(args),
+        "settings": {**vars(args), "judge": Path(args.judge).name if args.judge else None},  # a name, not a path
+        "judge": None if judged is None else {"kind": judged.kind, "steps": (judged.manifest or {}).get("steps")},
         "model": config.to_dict(),
         "start_model": str(SHIPPED_START.relative_to(Path(__file__).resolve().parent.parent)),
         "made_by": start.model.manifest.get("made_by"),
         "block_steps": start.steps,
         "figures": figures,
-        "samples": {"prompts": PROMPTS, "blocks": samples(start.model.denoiser_for_block, config, args)},
+        "by_reveal": by_reveal(blocks, config, windows, judge, known, args),
+        "samples": {"prompts": PROMPTS, **written},
     }
     out = Path(args.out)
     write_atomic(out / "start_model.json", json.dumps(result, indent=2).encode())

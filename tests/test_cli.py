@@ -24,9 +24,14 @@ def trained(tmp_path_factory):
     return folder
 
 
-def test_train_writes_block_checkpoints_and_an_assembled_model(trained):
+def test_train_writes_block_checkpoints_and_an_assembled_model_with_its_steps(trained):
+    """The model folder's manifest says each block's steps as swarm-fetch's does (so swarm-demo --start
+    takes it), and a baseline's its own."""
     assert sorted(p.name for p in (trained / "checkpoints").iterdir()) == ["block_0.safetensors", "block_1.safetensors"]
-    assert {p.name for p in (trained / "model").iterdir()} == {"config.json", "model.safetensors"}
+    assert {p.name for p in (trained / "model").iterdir()} == {"config.json", "model.safetensors", "manifest.json"}
+    manifest = json.loads((trained / "model" / "manifest.json").read_text())
+    assert manifest == {"blocks": {"0": {"step": 15}, "1": {"step": 15}}}
+    assert json.loads((trained / "judge" / "manifest.json").read_text()) == {"steps": 15}
 
 
 def test_eval_prints_every_figure_as_json(trained):

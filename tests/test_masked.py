@@ -109,7 +109,8 @@ class Ranked(Recorder):
 
 def test_a_confident_step_reveals_the_bytes_the_block_is_surest_of_and_a_random_one_does_not(masked_config):
     """From all hidden, one step from t = 1 to s = 0.5 reveals half the span: under confident
-    order exactly the later half (where this block is surest), under random order a draw."""
+    order exactly the later half (where this block is surest), under leftmost order the earlier
+    half, under random order a draw."""
     g = masked_config.gen_len
     answer = torch.randint(0, 256, (g,), generator=torch.Generator().manual_seed(4))
     block, prefix = Ranked(masked_config, answer), torch.zeros(2, masked_config.prefix_len, dtype=torch.long)
@@ -118,7 +119,8 @@ def test_a_confident_step_reveals_the_bytes_the_block_is_surest_of_and_a_random_
              for reveal in REVEAL_ORDERS}  # fmt: skip
     later_half = torch.arange(g) >= g // 2
     assert (shown["confident"] == later_half).all()
-    assert not (shown["random"] == later_half).all()
+    assert (shown["leftmost"] == ~later_half).all()
+    assert not (shown["random"] == later_half).all() and not (shown["random"] == ~later_half).all()
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(temperature=math.nan), dict(temperature=1e9),

@@ -67,15 +67,16 @@ def train_command(out, kind, block_choice, checkpoint_dir, steps, batch_size, lr
     if kind != "blocks":
         make = end_to_end_trainer if kind == "end-to-end" else autoregressive_trainer
         trainer = train(make(config, windows, train_config, device), steps, kind)
-        save_model_folder(Path(out), kind.replace("-", "_"), config, [trainer.module])
+        save_model_folder(Path(out), kind.replace("-", "_"), config, [trainer.module], {"steps": trainer.step_count})
         logger.info("wrote %s", out)
         return
     for block in blocks:
         trainer = train(block_trainer(config, block, windows, train_config, device), steps, f"block {block}")
         save_block(block_path(Path(checkpoint_dir), block), trainer.module, config, block, trainer.step_count)
     if len(blocks) == config.n_blocks:
-        modules = [load_block(block_path(Path(checkpoint_dir), b), config, b)[0] for b in blocks]
-        save_model_folder(Path(out), "blocks", config, modules)
+        loaded = [load_block(block_path(Path(checkpoint_dir), b), config, b) for b in blocks]
+        manifest = {"blocks": {str(b): {"step": step} for b, (_, step) in zip(blocks, loaded)}}  # as swarm-fetch's
+        save_model_folder(Path(out), "blocks", config, [module for module, _ in loaded], manifest)
         logger.info("wrote %s", out)
 
 

@@ -26,8 +26,12 @@ is the sampler's `reveal` order (swarm/model/steps.py `Sampling`):
   confidence remasking). The hidden share follows the training path just as closely; which
   bytes are hidden no longer does, and that is the point: a block's guess at a byte is best
   once the bytes it is surest of are shown. Measured on the long run's blocks (8 steps per
-  block), it took the judge's NLL of the writing from 1.57x to 1.23x the true text's.
-Either way the path never leaves the noise levels the blocks were trained on, and the last
+  block), it took the judge's NLL of the writing from 1.57x to 1.23x the true text's;
+- "leftmost": the same number, the earliest hidden bytes of the span, so that a span is
+  written from the prefix onwards (semi-autoregressive, as LLaDA's block-wise sampling is); which
+  bytes are hidden then is a suffix, a pattern training meets rarely, but each byte is guessed
+  beside its left neighbours.
+Whichever order, the path never leaves the noise levels the blocks were trained on, and the last
 block's slice ends at t = 0, where every hidden byte is revealed. Every draw of a block comes
 from a generator seeded with the seed it is given, and the confident ranking is made on the CPU
 with ties broken by position, so a remote peer that receives the same (prefix, ids, schedule,
@@ -106,6 +110,8 @@ def unmask_steps(
         hidden = ids == MASK_ID
         if sampling.reveal == "random":
             reveal = hidden & (draws < (t - s) / t).to(weight.device)
+        elif sampling.reveal == "leftmost":
+            reveal = first_in_order(hidden, -torch.arange(ids.shape[1], dtype=torch.float32), float((t - s) / t))
         else:
             reveal = most_confident(hidden, logits, picked, float((t - s) / t))
         ids = torch.where(reveal, picked, ids)
@@ -114,17 +120,23 @@ def unmask_steps(
 
 
 def most_confident(hidden: torch.Tensor, logits: torch.Tensor, picked: torch.Tensor, share: float) -> torch.Tensor:
-    """The reveal mask of a confident step: in each row, round(share * hidden count) hidden
-    positions, those whose picked byte has the highest log-probability under `logits`.
+    """The reveal mask of a confident step: the hidden positions whose picked byte has the highest
+    log-probability under `logits` first (`first_in_order`)."""
+    confidence = logits.float().log_softmax(dim=-1).gather(-1, picked[..., None]).squeeze(-1)
+    return first_in_order(hidden, confidence, share)
+
+
+def first_in_order(hidden: torch.Tensor, priority: torch.Tensor, share: float) -> torch.Tensor:
+    """A step's reveal mask: in each row, round(share * hidden count) hidden positions, those of
+    the highest `priority` (N, G), or (G,) for every row alike.
 
     Ranked on the CPU in float32 with a stable sort (ties go to the earlier position), so a
     block on a GPU and a replica on a CPU reveal the same positions unless their numbers differ
     by more than rounding would change the order.
     """
-    confidence = logits.float().log_softmax(dim=-1).gather(-1, picked[..., None]).squeeze(-1).cpu()
-    confidence = confidence.masked_fill(~hidden.cpu(), -torch.inf)
+    priority = priority.float().cpu().expand(hidden.shape).masked_fill(~hidden.cpu(), -torch.inf)
     count = torch.floor(hidden.sum(dim=1).cpu() * share + 0.5)
-    rank = confidence.argsort(dim=1, descending=True, stable=True).argsort(dim=1)
+    rank = priority.argsort(dim=1, descending=True, stable=True).argsort(dim=1)
     return (hidden.cpu() & (rank < count[:, None])).to(hidden.device)
 
 

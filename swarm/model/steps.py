@@ -18,7 +18,7 @@ from swarm.model.denoiser import VOCAB_SIZE, Denoiser
 
 DenoiserForBlock = Callable[[int], Denoiser]
 LossFn = Callable[[torch.Tensor, torch.Generator], torch.Tensor]  # (windows, generator) -> training loss
-Reveal = Literal["confident", "random"]
+Reveal = Literal["confident", "random", "leftmost"]
 REVEAL_ORDERS: tuple[str, ...] = get_args(Reveal)
 MAX_TEMPERATURE = 100.0
 
@@ -32,9 +32,10 @@ class Sampling:
     `temperature` 0 takes the argmax. `reveal` is which hidden bytes a masked step shows (the
     gaussian family reveals nothing step by step, so it ignores it): "random" draws them, each
     with the probability of the ancestral step; "confident" shows as many as that step would on
-    average, the ones the block is surest of. Both keep the hidden share on the training path;
-    measured on the long run's blocks (benchmarks/results/long_run), confident order writes text
-    the AR judge finds far likelier, so it is the default.
+    average, the ones the block is surest of; "leftmost" as many, the earliest in the span. All
+    keep the hidden share on the training path; measured on the long run's blocks
+    (benchmarks/results/long_run), confident order writes text the AR judge finds far likelier
+    than random order, so it is the default (benchmarks/start_model.py compares all three).
     """
 
     temperature: float = 0.0
