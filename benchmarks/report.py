@@ -321,13 +321,14 @@ def start_model(folder: Folder) -> list[str]:
     r = folder.json("start_model.json")
     f, made, judge = r["figures"], r["made_by"], r.get("judge")
     judged = judge is not None
-    rows = [[f"`{order}`" + (" (the default)" if order == r["settings"]["reveal"] else ""), percent(row.num("real_words")),
+    rows = [[f"`{order}`" + (" (the figures' order)" if order == r["settings"]["reveal"] else ""), percent(row.num("real_words")),
              percent(row.num("distinct_words"))] + ([times(row.num("gen_nll_over_true"))] if judged else [])
             for order, row in r["by_reveal"].items()]  # fmt: skip
     rows.append(["true continuation", percent(f.num("true_real_words")), percent(f.num("true_distinct_words"))]
                 + (["1.000x"] if judged else []))  # fmt: skip
-    judge_line = (f"The judge: an {judge['kind']} model of {plain(judge['steps'])} steps (`swarm-train --kind "
-                  f"autoregressive`); `gen_nll` is its NLL of the writing over the true continuation's." if judged
+    steps = "" if not judged or judge.get("steps") is None else f" of {plain(judge['steps'])} steps"
+    judge_line = (f"The judge: an {judge['kind']} model{steps} (`swarm-train --kind autoregressive`), not the long "
+                  "run's; `gen_nll` is its NLL of the writing over the true continuation's." if judged
                   else "No judge was given, so no `gen_nll`.")  # fmt: skip
     texts = {"prompts": r["samples"]["prompts"].data}
     texts.update({order: r["samples"][order].data for order in r["by_reveal"].names()})

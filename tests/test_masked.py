@@ -1,5 +1,5 @@
 """The masked family: equal slices of the mask rate, a sampler that stays on the training path
-in either reveal order, seeded draws, and a bound whose ends are known exactly."""
+in every reveal order, seeded draws, and a bound whose ends are known exactly."""
 
 import math
 

@@ -96,5 +96,5 @@ reveal_option = click.option(
     type=click.Choice(REVEAL_ORDERS),
     default=Sampling.reveal,
     show_default=True,
-    help="Which hidden bytes each masked step shows: those the block is surest of, or a random draw.",
+    help="Which hidden bytes each masked step shows: those the block is surest of, a random draw, or the earliest.",
 )

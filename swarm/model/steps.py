@@ -33,9 +33,10 @@ class Sampling:
     gaussian family reveals nothing step by step, so it ignores it): "random" draws them, each
     with the probability of the ancestral step; "confident" shows as many as that step would on
     average, the ones the block is surest of; "leftmost" as many, the earliest in the span. All
-    keep the hidden share on the training path; measured on the long run's blocks
-    (benchmarks/results/long_run), confident order writes text the AR judge finds far likelier
-    than random order, so it is the default (benchmarks/start_model.py compares all three).
+    keep the hidden share on the training path. Confident is the default: measured on the long
+    run's blocks (benchmarks/results/long_run), it writes text the AR judge finds far likelier
+    than random order does, and on the demo's start model (benchmarks/start_model.py) about as
+    likely as leftmost order, which repeats itself far more.
     """
 
     temperature: float = 0.0
