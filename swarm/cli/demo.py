@@ -83,9 +83,9 @@ def save_start_model(model_dir: Path, out: Path, made_by: dict) -> None:
     of each block's step and how it was made (the fetched hashes and hosts describe other bytes, so
     they are left out). The blocks train on in float32 wherever they are loaded. SwarmError (one
     line) if `out` cannot be written."""
-    model = load_model_folder(model_dir)
+    fetched = StartModel.load(model_dir)
+    model, steps = fetched.model, {str(b): {"step": step} for b, step in enumerate(fetched.steps)}
     modules = [module.to(torch.bfloat16) for module in model.modules]
-    steps = {b: {"step": entry["step"]} for b, entry in model.manifest["blocks"].items()}
     try:
         save_model_folder(out, model.kind, model.config, modules, {"blocks": steps, "made_by": made_by})
     except OSError as error:
