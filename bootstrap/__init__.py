@@ -1,4 +1,4 @@
 """The bootstrap program, swarm-bootstrap (main.py): option parsing over `swarm.p2p.bootstrap`.
 
-Installed as the package `swarm_bootstrap` (setup.cfg's package_dir), not under the generic name `bootstrap`.
+Installed as the package `swarm_bootstrap` (pyproject.toml's package-dir), not under the generic name `bootstrap`.
 """

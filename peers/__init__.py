@@ -1,4 +1,4 @@
 """The peer program, swarm-peer (main.py): option parsing over `swarm.peer.life.Peer`.
 
-Installed as the package `swarm_peer` (setup.cfg's package_dir), not under the generic name `peers`.
+Installed as the package `swarm_peer` (pyproject.toml's package-dir), not under the generic name `peers`.
 """

@@ -6,12 +6,12 @@ planted bad example, so that a check that can no longer fail is itself a failure
 
 from __future__ import annotations
 
-import configparser
 import importlib.util
 import json
 import re
 import shutil
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -224,11 +224,7 @@ def test_the_readme_stays_short_and_keeps_the_block_ci_runs():
 
 
 def test_the_readme_has_a_line_for_every_command():
-    config = configparser.ConfigParser()
-    config.read(ROOT / "setup.cfg")
-    commands = [
-        line.split("=")[0].strip() for line in config["options.entry_points"]["console_scripts"].splitlines() if line
-    ]
+    commands = list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])
     assert len(commands) >= 10, commands
     rows = [line for line in README.read_text().splitlines() if line.startswith("| `swarm-")]
     assert [c for c in commands if not any(row.startswith(f"| `{c}") for row in rows)] == []

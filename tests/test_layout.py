@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import ast
-import configparser
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,7 @@ MAY_IMPORT = {
     "lab": {"model", "p2p", "checkpoints", "sync", "serving"},
     "cli": {"model", "p2p", "checkpoints", "sync", "serving", "peer", "lab", "health"},
 }
-# the programs, by the names they install under (setup.cfg) and the folders they live in
+# the programs, by the names they install under (pyproject.toml) and the folders they live in
 PROGRAMS = ("swarm_peer", "swarm_bootstrap", "peers", "bootstrap", "benchmarks", "tests")
 INSTALLED_PROGRAMS = {"swarm_peer": "peers", "swarm_bootstrap": "bootstrap"}
 
@@ -72,15 +72,12 @@ def test_every_part_is_a_known_room():
 
 
 def test_setup_installs_every_package_and_the_programs_under_their_own_names():
-    """setup.cfg lists its packages (the programs' names differ from their folders, which `find:`
-    cannot give): every package of swarm/ is there, and no generic top-level name is installed."""
-    setup = configparser.ConfigParser()
-    setup.read(ROOT / "setup.cfg")
-    listed = set(setup["options"]["packages"].split())
+    """pyproject.toml lists its packages (the programs' names differ from their folders, which package
+    discovery cannot give): every package of swarm/ is there, and no generic top-level name is installed."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     library = {".".join(p.relative_to(ROOT).parts) for p in [LIBRARY, *LIBRARY.iterdir()] if (p / "__init__.py").exists()}
-    assert listed == library | set(INSTALLED_PROGRAMS)
-    mapped = dict(line.split(" = ") for line in setup["options"]["package_dir"].strip().splitlines())
-    assert mapped == INSTALLED_PROGRAMS
+    assert set(setuptools["packages"]) == library | set(INSTALLED_PROGRAMS)
+    assert setuptools["package-dir"] == INSTALLED_PROGRAMS
 
 
 def test_the_model_runs_without_hivemind():

@@ -20,6 +20,7 @@ import logging
 import statistics
 import time
 from pathlib import Path
+from types import ModuleType
 
 import click
 
@@ -27,6 +28,7 @@ from swarm.checkpoints.download import download
 from swarm.checkpoints.transfer import TransferError
 from swarm.cli.console import run_command
 from swarm.cli.options import member_options, swarm_client, swarm_options
+from swarm.errors import SwarmError
 from swarm.model.checkpoint import write_atomic
 from swarm.model.generate import STEPS_PER_BLOCK, continue_text
 from swarm.p2p.client import SwarmClient
@@ -155,12 +157,22 @@ def print_table(result: dict) -> None:
         )
 
 
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
+def pyplot() -> ModuleType:
+    """matplotlib's pyplot, drawing to files. matplotlib comes with the `bench` extra, not the core
+    (only this command draws): without it, one line that says how to get it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SwarmError("swarm-bench draws its plots with matplotlib, which is not installed: "
+                         "pip install 'blockswarm[bench]'") from None  # fmt: skip
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot(result: dict, path: Path) -> None:
+    plt = pyplot()
     names = [p["name"] or peer[-6:] for peer, p in result["peers"].items()]
     fig, (rtt, rate, gen) = plt.subplots(1, 3, figsize=(15, 4))
     medians = [p["rtt_ms"]["median"] or 0 for p in result["peers"].values()]
@@ -211,6 +223,7 @@ def bench_group() -> None:
 @click.option("--out", default="latency", show_default=True, help="Folder for latency.json and latency.png.")
 def latency_command(samples, gen_bytes, steps_per_block, autoregressive, downloads, out, **kwargs):
     """Ping, DHT lookup, checkpoint download, sync round and generation latency of every peer."""
+    pyplot()  # before minutes of measuring: without matplotlib, nothing could be drawn at the end
     with swarm_client(kwargs) as client:
         result = measure_latency(client, samples, gen_bytes, steps_per_block, autoregressive, downloads)
     folder = Path(out)
