@@ -1,8 +1,9 @@
 """swarm-bootstrap: a long-running DHT entry point, the creator of a new swarm, and its members' certificates.
 
 Option parsing only: the node itself is `swarm.p2p.bootstrap.run_bootstrap`, certificates are
-`swarm.p2p.members`. `swarm-bootstrap [options]` runs the node (the `run` command, the default);
-`invite`, `revoke` and `keygen` manage the members of an invite-only swarm.
+`swarm.p2p.members`. `swarm-bootstrap [options]` runs the node (so `--help` shows its options;
+`swarm-bootstrap run [options]`, hidden, still does); `invite`, `revoke` and `keygen` manage the
+members of an invite-only swarm.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 import click
+from click.core import ParameterSource
 
-from swarm.cli.console import DefaultCommandGroup, run_command
+from swarm.cli.console import Group, run_command
 from swarm.cli.options import network_options, swarm_options
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p import members
-from swarm.p2p.bootstrap import BootstrapConfig, run_bootstrap
+from swarm.p2p.bootstrap import JOIN_VARIABLES, BootstrapConfig, run_bootstrap
 from swarm.p2p.network import load_key
 from swarm.p2p.records import MAX_WORK_BITS, IdentityWork
 from swarm.p2p.work import RECOMMENDED_BITS
@@ -29,34 +31,66 @@ DEFAULT_VALID_DAYS = 90.0
 T = TypeVar("T")
 
 
-@click.group("swarm-bootstrap", cls=DefaultCommandGroup)
-def bootstrap_group() -> None:
-    """Run a stable DHT entry point (the default command, `run`), or manage an invite-only swarm's members."""
+def node_options(command: Callable) -> Callable:
+    """The bootstrap node's options: `swarm-bootstrap`'s own (so its --help shows them), and the
+    hidden `run` command's, which older command lines name."""
+    options = [
+        swarm_options,
+        click.option("--new-swarm", is_flag=True,
+                     help="Create the swarm: publish its model config as <swarm>.model, signed."),
+        click.option("--config", "config_path", default=None,
+                     help="Model config JSON for --new-swarm (default: built-in)."),
+        click.option("--creator-key", default=BootstrapConfig.creator_key, show_default=True,
+                     help="With --new-swarm: the RSA key that signs the model record (created on first use); keep it "
+                     "to stay the swarm's creator across restarts."),
+        click.option("--refresh-period", type=click.FloatRange(min=1), default=BootstrapConfig.refresh_period,
+                     show_default=True, help="Seconds between re-publishing the model config and logging the swarm's "
+                     "size."),
+        click.option("--members-only", is_flag=True,
+                     help="With --new-swarm: an invite-only swarm; records and requests of keys without a certificate "
+                     "from 'swarm-bootstrap invite' are ignored."),
+        click.option("--revocations", default=BootstrapConfig.revocations, show_default=True,
+                     help="With --members-only: the file of revoked certificates ('swarm-bootstrap revoke' writes it), "
+                     "re-published every refresh period."),
+        click.option("--identity-work", type=click.IntRange(0, MAX_WORK_BITS), default=0, show_default=True,
+                     help="With --new-swarm: the price of an identity, in leading zero bits of scrypt work bound to a "
+                     f"peer's key and peer id (each bit doubles it; {RECOMMENDED_BITS}: about 4 minutes of one core "
+                     "per peer, once); records without it are ignored. 0: identities are free."),
+        click.option("--identity-work-memory", type=click.IntRange(1, 16), default=IdentityWork(bits=0).log2_n,
+                     hidden=True, help="log2 of scrypt's n for --identity-work (each try takes 2^N x 1 KiB; tests make "
+                     "it cheap)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
-@bootstrap_group.command("run")
-@swarm_options
-@click.option("--new-swarm", is_flag=True, help="Create the swarm: publish its model config as <swarm>.model, signed.")
-@click.option("--config", "config_path", default=None, help="Model config JSON for --new-swarm (default: built-in).")
-@click.option("--creator-key", default=BootstrapConfig.creator_key, show_default=True,
-              help="With --new-swarm: the RSA key that signs the model record (created on first use); keep it to "
-              "stay the swarm's creator across restarts.")
-@click.option("--refresh-period", type=click.FloatRange(min=1), default=BootstrapConfig.refresh_period, show_default=True,
-              help="Seconds between re-publishing the model config and logging the swarm's size.")
-@click.option("--members-only", is_flag=True,
-              help="With --new-swarm: an invite-only swarm; records and requests of keys without a certificate from "
-              "'swarm-bootstrap invite' are ignored.")
-@click.option("--revocations", default=BootstrapConfig.revocations, show_default=True,
-              help="With --members-only: the file of revoked certificates ('swarm-bootstrap revoke' writes it), "
-              "re-published every refresh period.")
-@click.option("--identity-work", type=click.IntRange(0, MAX_WORK_BITS), default=0, show_default=True,
-              help="With --new-swarm: the price of an identity, in leading zero bits of scrypt work bound to a peer's "
-              f"key and peer id (each bit doubles it; {RECOMMENDED_BITS}: about 4 minutes of one core per peer, "
-              "once); records without it are ignored. 0: identities are free.")
-@click.option("--identity-work-memory", type=click.IntRange(1, 16), default=IdentityWork(bits=0).log2_n, hidden=True,
-              help="log2 of scrypt's n for --identity-work (each try takes 2^N x 1 KiB; tests make it cheap).")
-def bootstrap_command(new_swarm, config_path, creator_key, refresh_period, members_only, revocations, identity_work,
-                      identity_work_memory, **kwargs):  # fmt: skip
+@click.group("swarm-bootstrap", cls=Group, invoke_without_command=True)
+@node_options
+@click.pass_context
+def bootstrap_group(context: click.Context, **node: object) -> None:
+    """Run a stable DHT entry point and print the options others join with, on one line; or, with a
+    command below, manage the members of an invite-only swarm."""
+    if context.invoked_subcommand is None:
+        run_node(**node)
+        return
+    given = [p.opts[0] for p in context.command.params if p.name in node and
+             context.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]  # fmt: skip
+    if given:
+        command = context.invoked_subcommand
+        raise click.UsageError(f"{given[0]} is an option of the node (swarm-bootstrap with no command), not of "
+                               f"'{command}': give that command's options after its name")  # fmt: skip
+
+
+@bootstrap_group.command("run", hidden=True)
+@node_options
+def run_alias(**node: object) -> None:
+    """Run the node: what `swarm-bootstrap` with no command does (older command lines say `run`)."""
+    run_node(**node)
+
+
+def run_node(new_swarm: bool, config_path: str | None, creator_key: str, refresh_period: float, members_only: bool,
+             revocations: str, identity_work: int, identity_work_memory: int, **kwargs) -> None:  # fmt: skip
     """Run a stable DHT entry point; print the options others join with on one line."""
     swarm, creator = kwargs.pop("swarm"), kwargs.pop("creator")
     network = network_options(kwargs)
@@ -74,7 +108,8 @@ def bootstrap_command(new_swarm, config_path, creator_key, refresh_period, membe
 @click.option("--member-key", required=True,
               help="The member's public key: the .pub file 'swarm-bootstrap keygen' wrote beside their key.")
 @click.option("--out", required=True, help="Certificate file to write; the member joins with --certificate FILE.")
-@click.option("--swarm", default="demo", show_default=True, help="The swarm the certificate is good for.")
+@click.option("--swarm", default="demo", show_default=True, envvar=JOIN_VARIABLES["swarm"], show_envvar=True,
+              help="The swarm the certificate is good for.")
 @click.option("--creator-key", default=BootstrapConfig.creator_key, show_default=True,
               help="The swarm creator's key (the one its bootstrap signs the model record with).")
 @click.option("--valid-days", type=float, default=DEFAULT_VALID_DAYS, show_default=True,
@@ -129,3 +164,7 @@ def _written(path: str, write: Callable[[], T]) -> T:
 
 def main() -> None:
     run_command(bootstrap_group)
+
+
+if __name__ == "__main__":
+    main()

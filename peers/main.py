@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import click
 
-from swarm.cli.console import run_command
-from swarm.cli.options import member_options, network_options, swarm_options
+from swarm.cli.console import Command, run_command
+from swarm.cli.options import checked_text_source, member_options, network_options, swarm_options
 from swarm.p2p.reachability import REACHABILITY_CHOICES
 from swarm.peer.config import PeerConfig
 from swarm.peer.life import Peer, PeerHooks
@@ -25,24 +25,30 @@ PEER, DE_MO, OUTER = PeerConfig(), DeMoConfig(), OuterConfig()
 PAYLOAD_MODES = ", ".join(payload_modes())
 
 
-@click.command("swarm-peer")
+@click.command("swarm-peer", cls=Command)
 @swarm_options
 @member_options
 @click.option("--record-key", default=PEER.record_key,
               help="RSA key file the peer signs its records with (made on first use). Where the swarm prices an "
               "identity, the solved work is kept beside it: with --identity, it is solved once, not every run.")
 @click.option("--block", default=PEER.block, show_default=True, help="'auto' (the least hosted block) or an index.")
-@click.option("--checkpoint-dir", default=PEER.checkpoint_dir, show_default=True)
-@click.option("--data", default=PEER.data, help="Text file, folder or dataset name (default: built-in corpus).")
+@click.option("--checkpoint-dir", default=PEER.checkpoint_dir, show_default=True,
+              help="Folder of the block's checkpoints: it starts from its newest, and saves and serves them there.")
+@click.option("--data", default=PEER.data, callback=checked_text_source,
+              help="Text file, folder or dataset name (default: built-in corpus).")
 @click.option("--device", default=PEER.device, show_default=True,
               help="Torch device to train and serve the block on: cpu, cuda, cuda:1, mps.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=PEER.max_steps,
               help="Stop training after this many steps, then keep serving until stopped.")
-@click.option("--save-every", type=click.IntRange(min=1), default=PEER.save_every, show_default=True)
-@click.option("--announce-period", type=click.FloatRange(min=0.5), default=PEER.announce_period, show_default=True)
+@click.option("--save-every", type=click.IntRange(min=1), default=PEER.save_every, show_default=True,
+              help="Steps between two checkpoints (each is announced, and served to replicas and swarm-fetch).")
+@click.option("--announce-period", type=click.FloatRange(min=0.5), default=PEER.announce_period, show_default=True,
+              help="Seconds between two of its records in the DHT (a record lives a few periods).")
 @click.option("--public-name", default=PEER.public_name, help="A name others see in swarm-status.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=PEER.batch_size, show_default=True)
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=PEER.lr, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=PEER.batch_size, show_default=True,
+              help="Windows of text per training step.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=PEER.lr, show_default=True,
+              help="Peak learning rate of the block's own optimizer.")
 @click.option("--low-memory", is_flag=True, default=PEER.low_memory,
               help="Use less memory for more time: each layer's activations are recomputed in the backward pass "
               "instead of kept (the same gradients), and freed tensors' memory goes back to the system at once "
@@ -68,7 +74,7 @@ PAYLOAD_MODES = ", ".join(payload_modes())
 @click.option("--value-bits", type=click.Choice(["16", "1"]), default=str(DE_MO.value_bits), show_default=True,
               help="DeMo: bfloat16 values or 1-bit signs.")
 @click.option("--momentum-decay", type=click.FloatRange(0, 1, max_open=True), default=DE_MO.momentum_decay,
-              show_default=True)
+              show_default=True, help="DeMo: how much of its local momentum a replica keeps each step.")
 @click.option("--sign-lr", type=click.FloatRange(min=0, min_open=True), default=DE_MO.sign_lr, show_default=True,
               help="DeMo: the sign step's learning rate.")
 @click.option("--outer-steps", type=click.IntRange(min=1), default=OUTER.steps, show_default=True,
@@ -106,3 +112,7 @@ def peer_command(top_k, value_bits, momentum_decay, sign_lr, outer_steps, outer_
 
 def main() -> None:
     run_command(peer_command)
+
+
+if __name__ == "__main__":
+    main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, TypeVar
 
@@ -14,14 +15,25 @@ class WaitTimeout(SwarmError):
     """The condition did not hold within the time given."""
 
 
-def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
+class WaitStopped(Exception):
+    """The wait was told to stop (a stop signal): not an error, the caller leaves."""
+
+
+def wait_for(
+    condition: Callable[[], T], timeout: float, what: str, interval: float = 0.5, stop: threading.Event | None = None
+) -> T:
     """Call `condition()` every `interval` seconds until it returns something truthy, and return
-    that; WaitTimeout naming `what` after `timeout` seconds. `condition` may raise to give up early."""
+    that; WaitTimeout naming `what` after `timeout` seconds. `condition` may raise to give up early.
+    With `stop`, WaitStopped as soon as it is set (a peer told to stop while it waits to join leaves
+    at once, not when the deadline comes)."""
     deadline = time.monotonic() + timeout
+    pause = stop.wait if stop is not None else time.sleep
     while True:
+        if stop is not None and stop.is_set():
+            raise WaitStopped(f"stopped while waiting for {what}")
         value = condition()
         if value:
             return value
         if time.monotonic() >= deadline:
             raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+        pause(min(interval, max(0.0, deadline - time.monotonic())))

@@ -20,6 +20,7 @@ import swarm
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_TIMEOUT_S = 600
+DIST_INFO = f"blockswarm-{swarm.__version__}.dist-info"
 
 
 def run(*command: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -38,15 +39,14 @@ def the_one(folder: Path, pattern: str) -> Path:
 
 def check_wheel(wheel: Path) -> None:
     """The programs under their own names, the package data, the license and the metadata are inside."""
-    names = zipfile.ZipFile(wheel).namelist()
+    with zipfile.ZipFile(wheel) as archive:
+        names, metadata = archive.namelist(), archive.read(f"{DIST_INFO}/METADATA").decode()
     tops = {name.split("/")[0] for name in names}
-    assert tops == {"swarm", "swarm_peer", "swarm_bootstrap", f"blockswarm-{swarm.__version__}.dist-info"}, tops
+    assert tops == {"swarm", "swarm_peer", "swarm_bootstrap", DIST_INFO}, tops
     for expected in ("swarm_peer/main.py", "swarm_bootstrap/main.py", "swarm/cli/demo_start/manifest.json"):
         assert expected in names, expected
     assert any(name.startswith("swarm/health/static/") for name in names)
-    dist_info = f"blockswarm-{swarm.__version__}.dist-info"
-    assert f"{dist_info}/licenses/LICENSE" in names
-    metadata = zipfile.ZipFile(wheel).read(f"{dist_info}/METADATA").decode()
+    assert f"{DIST_INFO}/licenses/LICENSE" in names
     assert "License-Expression: MIT" in metadata
     core = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
     assert not any("matplotlib" in line for line in core), core  # the bench extra's, not the core's
@@ -54,7 +54,8 @@ def check_wheel(wheel: Path) -> None:
 
 def check_sdist(sdist: Path) -> None:
     """The sdist holds what a wheel is built from: the metadata, the license, the programs' folders."""
-    names = {name.split("/", 1)[1] for name in tarfile.open(sdist).getnames() if "/" in name}
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     for expected in ("pyproject.toml", "LICENSE", "README.md", "peers/main.py", "bootstrap/main.py",
                      "swarm/cli/demo_start/manifest.json"):  # fmt: skip
         assert expected in names, expected

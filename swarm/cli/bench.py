@@ -26,11 +26,11 @@ import click
 
 from swarm.checkpoints.download import download
 from swarm.checkpoints.transfer import TransferError
-from swarm.cli.console import run_command
-from swarm.cli.options import member_options, swarm_client, swarm_options
+from swarm.cli.console import Group, run_command
+from swarm.cli.options import member_options, steps_per_block_option, swarm_client, swarm_options
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import write_atomic
-from swarm.model.generate import STEPS_PER_BLOCK, continue_text
+from swarm.model.generate import continue_text
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import Host
 from swarm.p2p.reachability import ensure_direct, route
@@ -194,7 +194,7 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-@click.group("swarm-bench")
+@click.group("swarm-bench", cls=Group)
 def bench_group() -> None:
     """Measurements against a live swarm."""
 
@@ -203,14 +203,9 @@ def bench_group() -> None:
 @swarm_options
 @member_options
 @click.option("--samples", type=click.IntRange(min=1), default=5, show_default=True, help="Pings per peer.")
-@click.option("--gen-bytes", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option(
-    "--steps-per-block",
-    type=click.IntRange(min=1),
-    default=STEPS_PER_BLOCK,
-    show_default=True,
-    help="Denoising steps of each block in the single pass (generation's default).",
-)
+@click.option("--gen-bytes", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Bytes the timed generation writes.")
+@steps_per_block_option
 @click.option(
     "--autoregressive/--no-autoregressive",
     default=False,
@@ -235,3 +230,7 @@ def latency_command(samples, gen_bytes, steps_per_block, autoregressive, downloa
 
 def main() -> None:
     run_command(bench_group)
+
+
+if __name__ == "__main__":
+    main()

@@ -27,7 +27,8 @@ import torch
 from tqdm import tqdm
 
 from swarm.checkpoints.store import CheckpointStore
-from swarm.cli.console import run_command
+from swarm.cli.console import Command, run_command
+from swarm.cli.options import checked_text_source
 from swarm.errors import SwarmError
 from swarm.lab.launch import LocalSwarm
 from swarm.model.checkpoint import LoadedModel, load_model_folder, save_model_folder
@@ -123,13 +124,16 @@ def wait_until_trained(
         wait_for(trained, timeout, f"{steps} steps per block", interval=2.0)
 
 
-@click.command("swarm-demo")
+@click.command("swarm-demo", cls=Command)
 @click.option("--workdir", default="demo", show_default=True, help="Folder for logs, checkpoints and the model.")
 @click.option("--steps", type=click.IntRange(min=1), default=100, show_default=True, help="Steps each peer trains.")
 @click.option("--config", "config_path", default=None, help="Model config JSON (default: the built-in config).")
-@click.option("--data", default=None, help="Text source for the peers (default: built-in corpus).")
-@click.option("--prompt", default="The history of", show_default=True)
-@click.option("--timeout", type=click.FloatRange(min=10), default=1800.0, show_default=True)
+@click.option("--data", default=None, callback=checked_text_source,
+              help="Text source for the peers (default: built-in corpus).")
+@click.option("--prompt", default="The history of", show_default=True,
+              help="The text the fetched model continues at the end.")
+@click.option("--timeout", type=click.FloatRange(min=10), default=1800.0, show_default=True,
+              help="Seconds the swarm may take to train every block before the demo gives up.")
 @click.option("--replicas", type=click.IntRange(1, 8), default=1, show_default=True,
               help="Peers per block; more than one keep their block in step (--sync demo).")  # fmt: skip
 @click.option("--health-port", type=click.IntRange(0, 65535), default=0, show_default=True,
@@ -190,3 +194,7 @@ def report(model_dir: Path, data: str | None, prompt: str) -> None:
 
 def main() -> None:
     run_command(demo_command)
+
+
+if __name__ == "__main__":
+    main()

@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 import torch
 
-from swarm.cli.console import run_command
-from swarm.cli.options import reveal_option
+from swarm.cli.console import Command, run_command
+from swarm.cli.options import checked_text_source, reveal_option, steps_per_block_option
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import load_model_folder
 from swarm.model.data import ByteWindows, load_corpus, load_text_bytes
@@ -25,14 +25,17 @@ def evaluation_windows(text: str | None, data: str | None, config: ModelConfig, 
     return ByteWindows(stream, config.seq_len).fixed(count)
 
 
-@click.command("swarm-eval")
+@click.command("swarm-eval", cls=Command)
 @click.option("--model", "model_dir", required=True, help="Model folder (config.json, model.safetensors).")
-@click.option("--text", default=None, help="Evaluate on this text file or folder instead of the validation split.")
-@click.option("--data", default=None, help="Source whose validation split to use, and whose training split's words "
+@click.option("--text", default=None, callback=checked_text_source,
+              help="Evaluate on this text file or folder instead of the validation split.")
+@click.option("--data", default=None, callback=checked_text_source,
+              help="Source whose validation split to use, and whose training split's words "
               "count as real words (default: built-in corpus).")
 @click.option("--judge", default=None, help="Autoregressive model folder that scores generated text (gen_nll).")
-@click.option("--windows", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--steps-per-block", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--windows", type=click.IntRange(min=1), default=256, show_default=True,
+              help="How many fixed windows of the text to score (more: steadier figures, slower).")
+@steps_per_block_option
 @reveal_option
 def eval_command(model_dir, text, data, judge, windows, steps_per_block, reveal):
     """Print the model's figures of quality as JSON."""
@@ -53,3 +56,7 @@ def eval_command(model_dir, text, data, judge, windows, steps_per_block, reveal)
 
 def main() -> None:
     run_command(eval_command)
+
+
+if __name__ == "__main__":
+    main()

@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from swarm.checkpoints.choice import Choice, SpotCheck, choose_checkpoint, rank
-from swarm.cli.console import run_command
-from swarm.cli.options import member_options, swarm_client, swarm_options
+from swarm.cli.console import Command, run_command
+from swarm.cli.options import checked_text_source, member_options, swarm_client, swarm_options
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block, save_model_folder
 from swarm.model.denoiser import ModelConfig
@@ -19,12 +19,13 @@ logger = logging.getLogger(__name__)
 FETCH_TIMEOUT_S = 600.0
 
 
-@click.command("swarm-fetch")
+@click.command("swarm-fetch", cls=Command)
 @swarm_options
 @member_options
 @click.option("--out", required=True, help="Model folder to write (config.json, model.safetensors, manifest.json).")
-@click.option("--model-timeout", type=click.FloatRange(min=0), default=15.0, show_default=True)
-@click.option("--data", default=None,
+@click.option("--model-timeout", type=click.FloatRange(min=0), default=15.0, show_default=True,
+              help="Seconds to wait for the swarm's model record (its creator's) before giving up.")
+@click.option("--data", default=None, callback=checked_text_source,
               help="The swarm's training text (default: the built-in corpus): its held-out windows spot-check each block.")
 def fetch_command(out, model_timeout, data, **kwargs):
     """Assemble the model from the swarm: for every block, the checkpoint its hosts agree on
@@ -80,3 +81,7 @@ def manifest_entry(choice: Choice) -> dict:
 
 def main() -> None:
     run_command(fetch_command)
+
+
+if __name__ == "__main__":
+    main()

@@ -10,13 +10,20 @@ from pathlib import Path
 import click
 
 from swarm.checkpoints.choice import SpotCheck
-from swarm.cli.console import run_command
-from swarm.cli.options import member_options, reveal_option, swarm_client, swarm_options
+from swarm.cli.console import Command, run_command
+from swarm.cli.options import (
+    checked_text_source,
+    member_options,
+    reveal_option,
+    steps_per_block_option,
+    swarm_client,
+    swarm_options,
+)
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import load_model_folder
 from swarm.model.denoiser import ModelConfig
 from swarm.model.families import local_runner
-from swarm.model.generate import STEPS_PER_BLOCK, continue_text
+from swarm.model.generate import continue_text
 from swarm.model.steps import MAX_TEMPERATURE, BlockRunner, Sampling
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import DHTUnavailable
@@ -28,15 +35,16 @@ logger = logging.getLogger(__name__)
 MODEL_TIMEOUT_S = 15.0
 
 
-@click.command("swarm-generate")
+@click.command("swarm-generate", cls=Command)
 @swarm_options
 @member_options
 @click.option(
     "--model", "model_dir", default=None, help="Model folder; or --initial-peers to run on the swarm's peers."
 )
 @click.argument("prompt")
-@click.option("--max-bytes", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--steps-per-block", type=click.IntRange(min=1), default=STEPS_PER_BLOCK, show_default=True)
+@click.option("--max-bytes", type=click.IntRange(min=1), default=128, show_default=True,
+              help="The longest continuation to write, in bytes.")
+@steps_per_block_option
 @click.option(
     "--temperature",
     type=click.FloatRange(min=0, max=MAX_TEMPERATURE),
@@ -45,8 +53,10 @@ MODEL_TIMEOUT_S = 15.0
     help="0 takes the most likely byte.",
 )
 @reveal_option
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--data", default=None,
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the noise and of the draws (--temperature above 0, --reveal random): the same seed, the "
+              "same text.")
+@click.option("--data", default=None, callback=checked_text_source,
               help="The swarm's training text (default: the built-in corpus): its held-out windows measure a block's "
                    "checkpoint before it is used when only one key serves it.")  # fmt: skip
 def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature, reveal, seed, data, **swarm_kwargs):
@@ -91,3 +101,7 @@ def write_continuation(run_block: BlockRunner, config: ModelConfig, prompt: str,
 
 def main() -> None:
     run_command(generate_command)
+
+
+if __name__ == "__main__":
+    main()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from swarm.cli.console import run_command
+from swarm.cli.console import Command, run_command
 from swarm.cli.options import member_options, swarm_client, swarm_options
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import write_atomic
@@ -20,7 +20,7 @@ from swarm.p2p.ledger import Ledger
 CSV_COLUMNS = ("key", "name", "verified_steps", "accepted_payloads", "agreed_answers", "uptime_s", "attesters")
 
 
-@click.command("swarm-status")
+@click.command("swarm-status", cls=Command)
 @swarm_options
 @member_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -28,7 +28,8 @@ CSV_COLUMNS = ("key", "name", "verified_steps", "accepted_payloads", "agreed_ans
               help="Show each key's contributions that two other keys attest (the ledger), not the hosts.")  # fmt: skip
 @click.option("--csv", "csv_path", default=None,
               help="Also write the contributions to this CSV file (implies --contributions).")  # fmt: skip
-@click.option("--model-timeout", type=click.FloatRange(min=0), default=15.0, show_default=True)
+@click.option("--model-timeout", type=click.FloatRange(min=0), default=15.0, show_default=True,
+              help="Seconds to wait for the swarm's model record (its creator's) before giving up.")
 def status_command(as_json, contributions, csv_path, model_timeout, **kwargs):
     """Show which peers host which block: state, step, recent loss, checkpoint age, replica drift, and
     how each is reached (direct, or relayed: behind NAT, through circuit relays). With --contributions,
@@ -111,3 +112,7 @@ def status_rows(hosts_by_block: dict[int, list[Host]]) -> list[dict]:
 
 def main() -> None:
     run_command(status_command)
+
+
+if __name__ == "__main__":
+    main()

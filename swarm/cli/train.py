@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from swarm.cli.console import run_command
+from swarm.cli.console import Command, run_command
+from swarm.cli.options import checked_text_source
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import load_block, save_block, save_model_folder
 from swarm.model.data import load_corpus
@@ -44,18 +45,23 @@ def parse_block_choice(value: str, config: ModelConfig) -> list[int]:
     return [block]
 
 
-@click.command("swarm-train")
+@click.command("swarm-train", cls=Command)
 @click.option("--out", default="model", show_default=True, help="Model folder to write.")
-@click.option("--kind", type=click.Choice(["blocks", "end-to-end", "autoregressive"]), default="blocks", show_default=True)
+@click.option("--kind", type=click.Choice(["blocks", "end-to-end", "autoregressive"]), default="blocks",
+              show_default=True, help="The blocks one by one (what a swarm trains), or a baseline: the same model "
+              "end to end, or an autoregressive transformer.")
 @click.option("--block", "block_choice", default="all", show_default=True, help="'all', or one block index to train alone.")
 @click.option("--checkpoint-dir", default="checkpoints", show_default=True, help="Where block checkpoints go.")
 @click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True, help="Steps per block (or per baseline).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Windows of text per training step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
               help=f"Peak learning rate (default: {DENOISER_LR} for a denoiser, {AUTOREGRESSIVE_LR} for autoregressive).")
-@click.option("--data", default=None, help="Text file, folder or dataset name (default: built-in Wikipedia corpus).")
+@click.option("--data", default=None, callback=checked_text_source,
+              help="Text file, folder or dataset name (default: built-in Wikipedia corpus).")
 @click.option("--config", "config_path", default=None, help="Model config JSON (default: the built-in config).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the initial weights and of the batches and noise drawn: the same seed, the same run.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device to train on: cpu, cuda, cuda:1, mps.")
 def train_command(out, kind, block_choice, checkpoint_dir, steps, batch_size, lr, data, config_path, seed, device):
     """Train a model on this machine: every block in turn (holding one at a time), or a baseline."""
@@ -82,3 +88,7 @@ def train_command(out, kind, block_choice, checkpoint_dir, steps, batch_size, lr
 
 def main() -> None:
     run_command(train_command)
+
+
+if __name__ == "__main__":
+    main()

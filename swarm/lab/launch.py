@@ -28,6 +28,7 @@ import psutil
 from swarm.errors import SwarmError
 from swarm.lab.netlab import NetLab, Node
 from swarm.p2p import members
+from swarm.p2p.bootstrap import JOIN_VARIABLES
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.members import Credentials
 from swarm.p2p.network import NetworkOptions, load_key
@@ -97,8 +98,11 @@ class LocalSwarm:
         self.close()
 
     def _env(self) -> dict:
+        """This environment for the swarm's processes, less the join line's variables: they join this
+        swarm by its own options, and must not pick up a real swarm's creator or addresses from a user's shell."""
         threads = str(self.threads_per_process)
-        return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
+        kept = {k: v for k, v in os.environ.items() if k not in JOIN_VARIABLES.values()}
+        return {**kept, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
 
     def _placed(self, name: str, args: list[str]) -> list[str]:
         """The command line that runs `args` on this process's host: 127.0.0.1, or its lab namespace."""

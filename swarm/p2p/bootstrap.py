@@ -68,9 +68,10 @@ def run_bootstrap(config: BootstrapConfig, on_ready: Callable[[str], None]) -> N
         if config.new_swarm:
             directory.membership.set_terms(directory.owner_subkey, config.members_only)
             directory.work.terms = config.identity_work
-        join = join_line(config.swarm, directory.fingerprint if config.new_swarm else config.creator, visible_maddrs(dht))
-        on_ready(join)
-        logger.info("swarm %r: join with  swarm-peer %s", config.swarm, join)
+        joining = config.swarm, directory.fingerprint if config.new_swarm else config.creator, visible_maddrs(dht)
+        on_ready(join_line(*joining))
+        logger.info("swarm %r: join with  swarm-peer %s", config.swarm, join_line(*joining))
+        logger.info("or, for every command run after it:  %s", join_exports(*joining))
         while not stopping.is_set():
             refresh(directory, config, config.refresh_period)
             stopping.wait(config.refresh_period)
@@ -81,11 +82,26 @@ def run_bootstrap(config: BootstrapConfig, on_ready: Callable[[str], None]) -> N
         logger.info("bootstrap stopped")
 
 
+# the environment variables that stand for the join line's options in every command (`export` them once
+# instead of pasting the line into each); BLOCKSWARM_INITIAL_PEERS holds the addresses separated by spaces
+JOIN_VARIABLES = {
+    "swarm": "BLOCKSWARM_SWARM",
+    "creator": "BLOCKSWARM_CREATOR",
+    "initial_peers": "BLOCKSWARM_INITIAL_PEERS",
+}
+
+
 def join_line(swarm: str, creator: str | None, addresses: list[str]) -> str:
     """The options every command joins this swarm with: its name, its creator, where to enter
     (`--initial-peers` once per address: the option takes one value each time)."""
     pinned = f" --creator {creator}" if creator else ""
     return f"--swarm {swarm}{pinned} " + " ".join(f"--initial-peers {address}" for address in addresses)
+
+
+def join_exports(swarm: str, creator: str | None, addresses: list[str]) -> str:
+    """The join line as shell `export`s of JOIN_VARIABLES: the same swarm for every command run after it."""
+    values = {"swarm": swarm, "creator": creator, "initial_peers": " ".join(addresses)}
+    return "export " + " ".join(f"{JOIN_VARIABLES[k]}='{v}'" for k, v in values.items() if v)
 
 
 def refresh(directory: SwarmDirectory, config: BootstrapConfig, refresh_period: float) -> None:

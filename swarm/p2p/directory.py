@@ -220,10 +220,11 @@ class SwarmDirectory:
                            self.swarm, fingerprint[:16], self.creator[:16])  # fmt: skip
         return configs.get(self.creator)
 
-    def wait_for_model(self, timeout_s: float) -> ModelConfig:
-        """The swarm's model config, or SwarmError if nobody has published one within the timeout."""
+    def wait_for_model(self, timeout_s: float, stop: threading.Event | None = None) -> ModelConfig:
+        """The swarm's model config, or SwarmError if nobody has published one within the timeout;
+        WaitStopped as soon as `stop` is set."""
         try:
-            return wait_for(self.read_model, timeout_s, "the model config", interval=1.0)
+            return wait_for(self.read_model, timeout_s, "the model config", interval=1.0, stop=stop)
         except WaitTimeout:
             creator = f" by creator {self.creator[:16]}" if self.creator else ""
             raise SwarmError(

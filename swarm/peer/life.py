@@ -71,7 +71,7 @@ from swarm.sync.modes import MODES, SyncInputs
 from swarm.sync.reconcile import ReconcileRound
 from swarm.sync.strategy import NoSync, SyncStrategy, train_step
 from swarm.sync.transport import P2PTransport, PayloadServicer
-from swarm.waiting import wait_for
+from swarm.waiting import WaitStopped, wait_for
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class Peer:
         try:
             self._join()
             self._train_until_stopped()
-        except StoppedWhileJoining:
+        except (StoppedWhileJoining, WaitStopped):
             logger.info("stopped while joining")
         finally:
             self._leave()
@@ -180,10 +180,12 @@ class Peer:
     # joining
 
     def _join(self) -> None:
-        self._enter_swarm()
-        self._take_block()
-        self._load_start_state()
-        self._serve_block()
+        """Join in phases; a stop signal ends the join between two phases, and inside every wait of
+        one (the model record, the DHT's reads, the replicas), within a few seconds."""
+        for phase in (self._enter_swarm, self._take_block, self._load_start_state, self._serve_block):
+            phase()
+            if self.stopping.is_set():
+                raise StoppedWhileJoining()
         self.state = "training"
         self.announcer.announce(wait=True)
         self._wait_for_replicas()
@@ -198,7 +200,8 @@ class Peer:
             logger.info("behind NAT: reachable through %s", ", ".join(reachability.require_circuit(self.dht)))
         self.directory = SwarmDirectory(self.dht, self.config.swarm, self.private_key, self.config.creator,
                                         self.config.network.dht_timeout)  # fmt: skip
-        self.model_config = self.directory.wait_for_model(self.config.join_timeout)
+        logger.info("joined the DHT as %s; reading the model record of swarm %r", self.peer_id, self.config.swarm)
+        self.model_config = self.directory.wait_for_model(self.config.join_timeout, stop=self.stopping)
         expected, found = self.config.expect_config_hash, self.model_config.hash()
         if expected and not found.startswith(expected.lower()):
             raise SwarmError(
@@ -335,7 +338,7 @@ class Peer:
                 logger.warning("%s; trying again", error)
                 return None
 
-        return wait_for(attempt, self.config.join_timeout, what, interval=1.0)[0]
+        return wait_for(attempt, self.config.join_timeout, what, interval=1.0, stop=self.stopping)[0]
 
     def _wait_for_replicas(self) -> None:
         """Hold the first step until `wait_for_replicas` replicas are up, so they start in step."""
