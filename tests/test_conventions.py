@@ -71,6 +71,21 @@ def test_every_command_takes_h_version_log_level_and_says_its_exit_codes(path, c
     assert shown.exit_code == 0 and shown.output == f"{path} (blockswarm) {__version__}\n"
 
 
+def test_log_level_sets_what_is_logged_ours_and_hiveminds():
+    import logging
+
+    command = command_of("swarm.cli.status")
+    before = {name: logging.getLogger(name).level for name in (None, "hivemind")}
+    try:
+        for given, level in (("warning", logging.WARNING), ("DEBUG", logging.DEBUG)):
+            done = CliRunner().invoke(command, ["--log-level", given, "--version"], prog_name="swarm-status")
+            assert done.exit_code == 0, done.output
+            assert logging.getLogger().level == logging.getLogger("hivemind").level == level
+    finally:
+        for name, level in before.items():
+            logging.getLogger(name).setLevel(level)
+
+
 @pytest.mark.parametrize("path, command", every_command(), ids=lambda v: v if isinstance(v, str) else "")
 def test_every_option_has_help(path, command):
     missing = [p.opts[0] for p in command.params if isinstance(p, click.Option) and not p.help]
@@ -112,6 +127,9 @@ def test_installed_commands_answer_version_and_h():
     assert shown.returncode == 0 and shown.stdout == f"swarm-peer (blockswarm) {__version__}\n", shown.stderr
     helped = run_command("swarm-bootstrap", "-h")
     assert helped.returncode == 0 and "--new-swarm" in helped.stdout, helped.stderr
+    bare = run_command("swarm-bench")  # a group with no command: its help as click prints it, not one squashed line
+    assert bare.returncode == EXIT_USAGE and bare.stderr.startswith("Usage: swarm-bench [OPTIONS] COMMAND"), bare.stderr
+    assert "\nCommands:\n  latency" in bare.stderr
 
 
 def test_an_empty_data_file_is_one_line_of_ours(tmp_path):

@@ -29,6 +29,7 @@ EXIT_CODES = (
 HELP_OPTION_NAMES = ["-h", "--help"]
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_LEVEL_VARIABLE = "BLOCKSWARM_LOG_LEVEL"
+NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.2 on; before, groups exit 0 with help
 
 
 def setup_logging(level: int = logging.INFO) -> None:
@@ -44,6 +45,9 @@ def run_command(command: click.Command) -> None:
         status = command.main(args=args, prog_name=name, standalone_mode=False)
     except click.exceptions.Exit as done:
         status = done.exit_code
+    except NO_ARGS_IS_HELP as error:  # a group given no command (swarm-bench): its help, whole, as click shows it
+        sys.stderr.write(error.format_message() + "\n")
+        sys.exit(EXIT_USAGE)
     except click.ClickException as error:
         _fail(name, error.format_message(), error.exit_code)
     except SwarmError as error:
