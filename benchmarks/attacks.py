@@ -91,7 +91,7 @@ from pathlib import Path
 
 from hivemind.utils import get_dht_time
 
-from swarm.checkpoints.choice import UNIFORM_CE, SpotCheck, rank
+from swarm.checkpoints.choice import SpotCheck, rank, uniform_ce
 from swarm.checkpoints.download import independent
 from swarm.checkpoints.store import CheckpointStore
 from swarm.checkpoints.transfer import BlockServicer
@@ -345,7 +345,7 @@ def poisoned(swarm: Swarm, block: int) -> tuple[Denoiser, dict]:
     honest = swarm.reference.denoiser_for_block(block)
     poison = degraded_block(honest, lambda denoiser: spot_check.measure(denoiser, config, block), POISON_WORSE_BY)
     return poison, {"honest_spot_check_ce": spot_check.measure(honest, config, block),
-                    "poison_spot_check_ce": spot_check.measure(poison, config, block), "uniform_ce": UNIFORM_CE}  # fmt: skip
+                    "poison_spot_check_ce": spot_check.measure(poison, config, block), "uniform_ce": uniform_ce(config)}  # fmt: skip
 
 
 def step_lie(swarm: Swarm, name: str, poison: bool) -> dict:
@@ -557,7 +557,7 @@ def stranger_services(args, node: HostileNode, config: ModelConfig, kind: str, v
         return [LyingSyncReplies.step_claims(0)]
     if kind == "refused-payloads":
         return [RefusedPayloads(0)]
-    windows = load_corpus(None).windows("train", config.seq_len)
+    windows = load_corpus(None).windows("train", config)
     de_mo = dataclasses.replace(PEER.de_mo, value_bits=value_bits)
     if kind == "merge-poison":
         store = CheckpointStore(folder, config, 0, node.swarm)
@@ -651,7 +651,7 @@ def part_three(args, workdir: Path) -> dict:
         logger.info("two-replica run: %s", name)
         figures, finals[name] = train_block(args, workdir / name, {"h0": options}, attack)
         runs[name] = {"attack": attack or "none (one replica alone)", **figures}
-    start = block_trainer(config, 0, load_corpus(None).windows("train", config.seq_len), TrainConfig()).module
+    start = block_trainer(config, 0, load_corpus(None).windows("train", config), TrainConfig()).module
     lone, lone_loss = (finals["lone"] or [None])[0], runs["lone"]["validation_loss"]
     runs["start_loss"] = block_elbo_bits(start, config, 0, args.windows)
     for name in ("lone", "step-claims", "negated"):
@@ -710,7 +710,7 @@ def arguments():
 def main() -> None:
     args = arguments()
     setup_logging()
-    args.windows = load_corpus(None).windows("validation", ModelConfig(**SMALL).seq_len).fixed(VALIDATION_WINDOWS)
+    args.windows = load_corpus(None).windows("validation", ModelConfig(**SMALL)).fixed(VALIDATION_WINDOWS)
     result = {"config": {k: v for k, v in vars(args).items() if k != "windows"}, "model": SMALL,
               "peer_options": peer_options(args, args.steps), "loss": LOSS}  # fmt: skip
     parts = {"1": ("fetch_and_serve", part_one), "2": ("training", part_two), "3": ("two_replicas", part_three)}

@@ -46,7 +46,7 @@ def run(args, workdir: Path, chaos: bool) -> dict:
     with LocalSwarm(workdir, swarm=swarm, config_path=str(config_path)) as local:
         local.start_bootstrap(refresh_period=2)
         with local.client() as client:
-            runner = RemoteBlocks(client.directory, client.p2p, client.loop, client.directory.wait_for_model(30), ping_timeout=2)
+            runner = RemoteBlocks(client.directory, client.p2p, client.loop, client.wait_for_model(30), ping_timeout=2)
             plan = ChaosConfig(args.duration, args.kill_every, args.fetch_every, peer_extra=extra, seed=args.seed)
             monkey = ChaosMonkey(local, runner, plan)
             monkey.start_peers()
@@ -61,7 +61,7 @@ def run(args, workdir: Path, chaos: bool) -> dict:
         if fetched.returncode != 0:
             raise RuntimeError(f"final fetch failed: {fetched.stderr}")
         model = load_model_folder(workdir / "final")
-    windows = load_corpus(None).windows("validation", model.config.seq_len).fixed(VALIDATION_WINDOWS)
+    windows = load_corpus(None).windows("validation", model.config).fixed(VALIDATION_WINDOWS)
     quality = denoise_ce(model.denoiser_for_block, model.config, windows)
     return {**report, "seconds_to_finish": seconds, "denoise_ce": quality["overall"], "denoise_ce_per_block": quality["per_block"]}
 

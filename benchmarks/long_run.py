@@ -8,9 +8,10 @@ optimizer steps as the blocks took (their mean), the same batch size and schedul
 peer's, each at its kind's own learning rate (swarm/model/train.py's `default_lr`: the
 end-to-end denoiser at the blocks' rate), each in its own process, one after the other. All three are scored on
 the same validation windows: bits per byte (the ELBO of a diffusion model, the teacher-forced
-cross-entropy of AR), the share of generated words that are real words (beside the true
-text's and AR's), gen_nll under the AR model as judge (beside the true continuation's), and
-samples. Writes long_run.json and long_run.png (bits per byte against steps) under --out.
+cross-entropy of AR) beside gzip's, bzip2's and xz's on the same validation text (and xz's after
+reading the training text), the sample figures (real words, distinct words, word entropy,
+beside the true text's and AR's), gen_nll under the AR model as judge (beside the true
+continuation's), and samples after validation passages' openings beside their true continuations. Writes long_run.json and long_run.png (bits per byte against steps) under --out.
 
 Each peer runs `--sync none` (AdamW alone, as the baselines): with one peer per block there
 are no replicas to keep in step.
@@ -35,7 +36,8 @@ from swarm.lab.launch import LocalSwarm
 from swarm.lab.trainjobs import run_jobs
 from swarm.model.autoregressive import generate_bytes
 from swarm.model.checkpoint import load_model_folder, write_atomic
-from swarm.model.data import ByteWindows, load_corpus
+from swarm.model.compressors import compressor_bits_per_byte
+from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import (
     elbo_bits_per_byte,
@@ -54,7 +56,7 @@ from swarm.waiting import wait_for
 
 logger = logging.getLogger("benchmarks.long_run")
 
-PROMPTS = ["The history of the city", "In mathematics, a prime number", "The river flows through"]
+SAMPLES = 5  # validation passages written on: the same prompts for every model, beside their true continuations
 SCHEDULE_STEPS = 100_000  # a peer's cosine schedule when it is given no --max-steps (swarm/peer/life.py)
 CURVE_WINDOWS = 64
 
@@ -97,18 +99,30 @@ def training(local: LocalSwarm, names: list[str]) -> bool:
     return all(rows.get(n, {}).get("state") == "training" for n in names)
 
 
-def samples(denoiser_for_block, config: ModelConfig, args) -> list[str]:
+def samples(denoiser_for_block, config: ModelConfig, args, prompts: list[str]) -> list[str]:
     runner = local_runner(denoiser_for_block, config)
-    return [b"".join(continue_text(runner, config, p.encode(), args.sample_bytes, args.steps_per_block,
+    return [b"".join(continue_text(runner, config, p, args.sample_bytes, args.steps_per_block,
                                    Sampling(args.temperature, args.reveal), seed=1)).decode("utf-8", errors="replace")
-            for p in PROMPTS]  # fmt: skip
+            for p in prompts]  # fmt: skip
 
 
-def ar_samples(model, config: ModelConfig, args) -> list[str]:
-    generator = torch.Generator().manual_seed(1)
-    return [bytes(generate_bytes(model, prefix_tensor(p.encode(), config), args.sample_bytes, generator,
-                                 args.temperature)[0].tolist()).decode("utf-8", errors="replace")
-            for p in PROMPTS]  # fmt: skip
+def ar_samples(model, config: ModelConfig, args, prompts: list[str]) -> list[str]:
+    """The autoregressive model's continuations: as many units as bytes asked (a unit holds at least
+    one), the bytes of them cut to --sample-bytes."""
+    generator, units = torch.Generator().manual_seed(1), config.units()
+    written = [generate_bytes(model, prefix_tensor(p, config), args.sample_bytes, generator, args.temperature)[0]
+               for p in prompts]  # fmt: skip
+    return [units.decode(w.tolist())[: args.sample_bytes].decode("utf-8", errors="replace") for w in written]
+
+
+def sample_texts(models: dict, config: ModelConfig, corpus, args) -> dict:
+    """Each model's continuations of SAMPLES validation passages' openings, beside the true ones
+    ("autoregressive" is a ByteTransformer, the others denoisers by block)."""
+    passages = corpus.passages("validation", SAMPLES, continuation_chars=args.sample_bytes)
+    prompts = [prompt for prompt, _ in passages]
+    written = {name: ar_samples(m, config, args, prompts) if name == "autoregressive" else samples(m, config, args, prompts)
+               for name, m in models.items()}  # fmt: skip
+    return {"prompts": prompts, "true": [truth for _, truth in passages], **written}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -134,7 +148,7 @@ def plot(result: dict, path: Path) -> None:
 def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args) -> dict:
     """The figures of the fetched model and both baselines (kept under `workdir`), and samples."""
     known = vocabulary(corpus.train)
-    windows = ByteWindows(corpus.validation, config.seq_len).fixed(args.windows)
+    windows = corpus.windows("validation", config).fixed(args.windows)
     blocks = load_model_folder(blocks_folder)
     e2e = load_model_folder(workdir / "e2e").modules[0].eval()
     judge = load_model_folder(workdir / "ar").modules[0].eval()
@@ -153,12 +167,10 @@ def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args)
         "blocks_over_autoregressive": bpb["blocks"] / bpb["autoregressive"],
         "gen_nll_over_true": figures["blocks"]["gen_nll"] / figures["blocks"]["true_nll"],
         "blocks_by_reveal": by_reveal(blocks.denoiser_for_block, config, windows, judge, known, args),
-        "samples": {
-            "prompts": PROMPTS,
-            "blocks": samples(blocks.denoiser_for_block, config, args),
-            "end_to_end": samples(lambda _: e2e, config, args),
-            "autoregressive": ar_samples(judge, config, args),
-        },
+        "samples": sample_texts({"blocks": blocks.denoiser_for_block, "end_to_end": lambda _: e2e,
+                                 "autoregressive": judge}, config, corpus, args),  # fmt: skip
+        # the same validation text through general-purpose compressors (swarm/model/compressors.py)
+        "compressors": compressor_bits_per_byte(corpus.raw("validation"), corpus.raw("train")),
     }
 
 
@@ -170,7 +182,7 @@ def by_reveal(denoiser_for_block, config: ModelConfig, windows: torch.Tensor, ju
     for reveal in REVEAL_ORDERS:
         written, _ = generate_for_windows(denoiser_for_block, config, windows, args.steps_per_block, Sampling(reveal=reveal))
         words = word_figures(windows, written, config, known)
-        rows[reveal] = {"real_words": words["real_words"], "distinct_words": words["distinct_words"]}
+        rows[reveal] = {k: words[k] for k in ("real_words", "distinct_words", "word_entropy")}
         if judge is not None:
             rows[reveal]["gen_nll_over_true"] = judge_nll(judge, windows, written, config) / true_nll
     return rows
@@ -178,12 +190,12 @@ def by_reveal(denoiser_for_block, config: ModelConfig, windows: torch.Tensor, ju
 
 def train_all(config: ModelConfig, workdir: Path, corpus, args) -> tuple[dict, Path]:
     """The swarm's run, then both baselines at equal compute: what was run, and the fetched model's folder."""
-    curve_windows = ByteWindows(corpus.validation, config.seq_len).fixed(CURVE_WINDOWS, seed=7)
+    curve_windows = corpus.windows("validation", config).fixed(CURVE_WINDOWS, seed=7)
     config_path = workdir / "config.json"
     config_path.write_text(json.dumps(config.to_dict()))
     swarm = swarm_phase(args, config_path, config, workdir / "swarm", curve_windows)
     steps = round(sum(swarm["steps"]) / len(swarm["steps"]))
-    common = {"config": config.to_dict(), "train": corpus.train, "validation": corpus.validation,
+    common = {"config": config.to_dict(), "train": corpus.stream("train", config.units()), "validation": corpus.stream("validation", config.units()),
               "train_config": {"steps": SCHEDULE_STEPS, "batch_size": args.batch_size, "seed": 0},
               "run_steps": steps, "threads": args.threads, "curve_every": max(1, steps // 8)}  # fmt: skip
     trained = run_jobs([{**common, "kind": "end_to_end", "name": "end-to-end", "save_to": str(workdir / "e2e")},

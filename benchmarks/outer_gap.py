@@ -36,7 +36,7 @@ from sync import (  # the model and validation windows of benchmarks/sync.py, be
 from tqdm import tqdm
 
 from swarm.cli.console import setup_logging
-from swarm.model.data import ByteWindows, load_corpus
+from swarm.model.data import Windows, load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import block_denoise_ce
 from swarm.model.train import TrainConfig, Trainer, trainable
@@ -56,7 +56,7 @@ def peer_ids(args: argparse.Namespace) -> list[str]:
     return [f"replica{i}" for i in range(args.replicas)]
 
 
-def replicas(config: ModelConfig, args: argparse.Namespace, windows: ByteWindows, steps: int) -> list[Trainer]:
+def replicas(config: ModelConfig, args: argparse.Namespace, windows: Windows, steps: int) -> list[Trainer]:
     train = TrainConfig(steps=steps, batch_size=args.batch_size)
     return [replica_trainer(config, args.block, windows, train, peer_id) for peer_id in peer_ids(args)]
 
@@ -138,8 +138,8 @@ def main() -> None:
     torch.set_num_threads(2)
     config = ModelConfig(**SMALL_MODEL)
     corpus = load_corpus(None)
-    windows = corpus.windows("train", config.seq_len)
-    validation = corpus.windows("validation", config.seq_len).fixed(VALIDATION_WINDOWS)
+    windows = corpus.windows("train", config)
+    validation = corpus.windows("validation", config).fixed(VALIDATION_WINDOWS)
     rows = []
     for steps in args.steps:
         trainers = replicas(config, args, windows, steps)

@@ -33,7 +33,8 @@ from swarm.errors import SwarmError
 from swarm.lab.trainjobs import run_jobs
 from swarm.model.autoregressive import generate_bytes
 from swarm.model.checkpoint import load_block, load_model_folder
-from swarm.model.data import ByteWindows, load_corpus
+from swarm.model.compressors import compressor_bits_per_byte
+from swarm.model.data import load_corpus
 from swarm.model.denoiser import FAMILIES, ModelConfig
 from swarm.model.diffusion import GaussianFamily
 from swarm.model.evaluate import NOISE_SEED, evaluate_autoregressive, evaluate_denoiser
@@ -48,14 +49,16 @@ SAMPLES = 3  # continuations shown per model
 
 
 def family_config(config: ModelConfig, family: str) -> ModelConfig:
-    return ModelConfig.from_dict({**config.to_dict(), "family": family})
+    untied = {"tie_embeddings": False} if family == "gaussian" else {}  # its input is a codebook, not a table
+    return ModelConfig.from_dict({**config.to_dict(), "family": family, **untied})
 
 
 def make_jobs(configs: dict[str, ModelConfig], corpus, args, workdir: Path) -> list[dict]:
     """The blocks and the end-to-end model of every family, then the autoregressive baseline."""
+    units = next(iter(configs.values())).units()
     common = {
-        "train": corpus.train,
-        "validation": corpus.validation,
+        "train": corpus.stream("train", units),
+        "validation": corpus.stream("validation", units),
         "train_config": {"steps": args.steps, "batch_size": args.batch_size, "seed": 0},
         "threads": args.threads,
         "device": args.device,
@@ -73,8 +76,9 @@ def make_jobs(configs: dict[str, ModelConfig], corpus, args, workdir: Path) -> l
     return jobs
 
 
-def text(rows: torch.Tensor) -> list[str]:
-    return [bytes(r.tolist()).decode("utf-8", errors="replace") for r in rows]
+def text(rows: torch.Tensor, config: ModelConfig) -> list[str]:
+    units = config.units()
+    return [units.decode(r.tolist()).decode("utf-8", errors="replace") for r in rows]
 
 
 def samples(config: ModelConfig, windows: torch.Tensor, models: dict, steps_per_block: int, sampling: Sampling) -> dict:
@@ -83,7 +87,7 @@ def samples(config: ModelConfig, windows: torch.Tensor, models: dict, steps_per_
     out = {}
     for name, denoiser_for_block in models.items():
         generator, run_block = torch.Generator().manual_seed(0), local_runner(denoiser_for_block, config)
-        out[name] = text(generate_span(run_block, config, prefix, steps_per_block, generator, sampling)[0])
+        out[name] = text(generate_span(run_block, config, prefix, steps_per_block, generator, sampling)[0], config)
     return out
 
 
@@ -126,12 +130,12 @@ def training_costs(trained: dict[str, dict], config: ModelConfig) -> dict:
 
 def summarize(configs: dict[str, ModelConfig], trained: list[dict], workdir: Path, corpus, args) -> dict:
     any_config = next(iter(configs.values()))
-    windows = ByteWindows(corpus.validation, any_config.seq_len).fixed(args.windows)
+    windows = corpus.windows("validation", any_config).fixed(args.windows)
     known = vocabulary(corpus.train)
     judge = load_model_folder(workdir / "ar").modules[0].eval()
     ar = evaluate_autoregressive(judge, any_config, windows, known)
     ar["samples"] = text(generate_bytes(judge, windows[:SAMPLES, : any_config.prefix_len], any_config.gen_len,
-                                        torch.Generator().manual_seed(0)))  # fmt: skip
+                                        torch.Generator().manual_seed(0)), any_config)  # fmt: skip
     families = {family: evaluate_family(config, workdir, windows, judge, known, args) for family, config in configs.items()}
     ar_bpb = ar["bits_per_byte"]["overall"]
     for result in families.values():
@@ -146,8 +150,10 @@ def summarize(configs: dict[str, ModelConfig], trained: list[dict], workdir: Pat
         "best_family_by_blocks_bits_per_byte": min(families, key=lambda f: families[f]["bits_per_byte"]["blocks"]),
         "families": families,
         "autoregressive": ar,
-        "true_continuations": text(windows[:SAMPLES, any_config.prefix_len :]),
-        "prefixes": text(windows[:SAMPLES, : any_config.prefix_len]),
+        "true_continuations": text(windows[:SAMPLES, any_config.prefix_len :], any_config),
+        "prefixes": text(windows[:SAMPLES, : any_config.prefix_len], any_config),
+        # the same validation text through general-purpose compressors (swarm/model/compressors.py)
+        "compressors": compressor_bits_per_byte(corpus.raw("validation"), corpus.raw("train")),
         "parameters": {t["name"]: t["parameters"] for t in trained},
         **training_costs(by_name, any_config),
         "curves": {t["name"]: t["curve"] for t in trained},  # (step, training seconds, bits per byte)

@@ -81,8 +81,8 @@ from swarm.cli.console import setup_logging
 from swarm.errors import SwarmError
 from swarm.lab.trainjobs import peak_rss_bytes, reset_peak_rss
 from swarm.model.checkpoint import decode_block, encode_block, load_block, save_block, write_atomic
-from swarm.model.data import ByteWindows, load_corpus
-from swarm.model.denoiser import MASK_ID, ModelConfig, build_block, count_parameters
+from swarm.model.data import Windows, load_corpus
+from swarm.model.denoiser import ModelConfig, build_block, count_parameters
 from swarm.model.families import family_of
 from swarm.model.steps import Sampling
 from swarm.model.train import TrainConfig, Trainer, block_trainer, checked_device
@@ -266,7 +266,7 @@ def train_for_memory(job: dict) -> dict:
     returned = job["return_freed"] and return_freed_memory()  # first, as the peer does
     torch.set_num_threads(job["threads"])
     config, device = ModelConfig.from_dict(job["config"]), job["device"]
-    windows = ByteWindows(job["train"], config.seq_len)
+    windows = Windows(job["train"], config.seq_len)
     train_config = TrainConfig(batch_size=job["batch_size"], checkpoint_activations=job["checkpoint_activations"])
     warm_up(windows, train_config, device)
     overhead = psutil.Process().memory_info().rss  # torch, its runtime, the data: what any size pays
@@ -287,7 +287,7 @@ def train_for_memory(job: dict) -> dict:
     return figures
 
 
-def warm_up(windows: ByteWindows, train_config: TrainConfig, device: str) -> None:
+def warm_up(windows: Windows, train_config: TrainConfig, device: str) -> None:
     """One step of the smallest block there is, thrown away: the first step of any model loads
     torch's kernels and thread pools and grows its allocator's arenas, which no size's own
     tensors cause and the process keeps (they count in the fixed overhead, not against the block)."""
@@ -367,7 +367,7 @@ def measure_checkpoint(module: torch.nn.Module, config: ModelConfig, args) -> di
 
 
 def measure_spot_check(module: torch.nn.Module, config: ModelConfig, validation: torch.Tensor, args) -> float:
-    spot_check = SpotCheck(ByteWindows(validation, config.seq_len).fixed(args.spot_check_windows))
+    spot_check = SpotCheck(Windows(validation, config.seq_len).fixed(args.spot_check_windows))
     return median_seconds(lambda: spot_check.measure(module, config, args.block), args.repeats)
 
 
@@ -377,8 +377,8 @@ def measure_denoise(module: torch.nn.Module, config: ModelConfig, args) -> float
     if config.family != "masked":
         raise SwarmError("the denoise figure is built for the masked family (the default)")
     family = family_of(config)
-    prefix = torch.randint(0, 256, (1, config.prefix_len), generator=torch.Generator().manual_seed(0))
-    tensors = [prefix, torch.full((1, config.gen_len), MASK_ID), family.schedule(args.block, args.steps_per_block)]
+    prefix = torch.randint(0, config.vocab_size, (1, config.prefix_len), generator=torch.Generator().manual_seed(0))
+    tensors = [prefix, torch.full((1, config.gen_len), config.mask_id), family.schedule(args.block, args.steps_per_block)]
 
     def request() -> None:
         with torch.no_grad():
@@ -392,7 +392,7 @@ def measure_denoise(module: torch.nn.Module, config: ModelConfig, args) -> float
 
 def measure_size(size: str, corpus, args, bar: tqdm) -> dict:
     config = model_config(size)
-    train = ByteWindows(corpus.train, config.seq_len)
+    train = corpus.windows("train", config)
     trainer = block_trainer(config, args.block, train, TrainConfig(batch_size=args.batch_size), args.device)
     parameters = count_parameters(trainer.module)
     logger.info("%s: %s parameters", size, f"{parameters:,}")
@@ -401,9 +401,9 @@ def measure_size(size: str, corpus, args, bar: tqdm) -> dict:
     stages = {"training": lambda: measure_training(trainer, args.repeats),
               "sync": lambda: {"sync": measure_sync(trainer, args.replicas, args.repeats)},
               "checkpoint": lambda: {"checkpoint": measure_checkpoint(trainer.module, config, args)},
-              "spot check": lambda: {"spot_check_s": measure_spot_check(trainer.module, config, corpus.validation, args)},
+              "spot check": lambda: {"spot_check_s": measure_spot_check(trainer.module, config, corpus.stream("validation", config.units()), args)},
               "denoise": lambda: {"denoise_s": measure_denoise(trainer.module, config, args)},
-              "memory": lambda: {mode: measure_memory(config, corpus.train, args, mode) for mode in MEMORY_MODES}}  # fmt: skip
+              "memory": lambda: {mode: measure_memory(config, corpus.stream("train", config.units()), args, mode) for mode in MEMORY_MODES}}  # fmt: skip
     for stage, measure in stages.items():
         bar.set_postfix_str(f"{size}: {stage}")
         result.update(measure())

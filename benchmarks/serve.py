@@ -55,7 +55,7 @@ def autoregressive(loop: EventLoopThread, p2p, stage_peers: list[str], config, l
 
 
 def measure(client: SwarmClient, lengths: list[int], repeats: int, steps_per_block: int) -> dict:
-    config = client.directory.wait_for_model(30)
+    config = client.wait_for_model(30)
     runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=REQUEST_TIMEOUT_S)
     loop, p2p = client.loop, client.p2p
     stage_peers = [runner.choose(block).peer_id for block in range(config.n_blocks)]
@@ -128,7 +128,7 @@ def main() -> None:
 def start_replicas(args, local: LocalSwarm, client: SwarmClient) -> None:
     """`--replicas` serving peers per block: the first trains 2 steps, the others start from its
     checkpoint, so that a block's replicas announce one checkpoint and can check each other."""
-    n_blocks = client.directory.wait_for_model(30).n_blocks
+    n_blocks = client.wait_for_model(30).n_blocks
     extra = ["--max-steps", "2", "--save-every", "2", "--announce-period", "2", "--serve-ar-stage"]
     for replica in range(args.replicas):
         for block in range(n_blocks):

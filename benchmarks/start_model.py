@@ -2,9 +2,10 @@
 
 `swarm-demo` starts its peers from the blocks in swarm/cli/demo_start (an earlier demo swarm's,
 trained for thousands of steps per block; its manifest.json says how) and trains on from them.
-This scores those blocks on the long run's validation windows (bits per byte, the share of
-written words that are words of the training text, and distinct words) under each reveal order
-of the sampler, and writes samples after the long run's prompts, so that what the README says
+This scores those blocks on the long run's validation windows (bits per byte beside the
+compressors' on the same text, the share of written words that are words of the training text,
+distinct words and word entropy) under each reveal order of the sampler, and writes samples after
+the long run's validation passages beside their true continuations, so that what the README says
 the demo writes comes from a results file. With `--judge`, an autoregressive model folder
 (`swarm-train --kind autoregressive`), it also gives `gen_nll`: the judge's NLL of the writing
 over the true continuation's.
@@ -19,12 +20,13 @@ import argparse
 import json
 from pathlib import Path
 
-from long_run import PROMPTS, by_reveal, samples
+from long_run import by_reveal, sample_texts
 
 from swarm.cli.console import setup_logging
 from swarm.cli.demo import SHIPPED_START, StartModel
 from swarm.model.checkpoint import load_model_folder, write_atomic
-from swarm.model.data import ByteWindows, load_corpus
+from swarm.model.compressors import compressor_bits_per_byte
+from swarm.model.data import load_corpus
 from swarm.model.evaluate import evaluate_denoiser
 from swarm.model.steps import REVEAL_ORDERS, Sampling
 from swarm.model.words import vocabulary
@@ -43,7 +45,7 @@ def main() -> None:
     setup_logging()
     start = StartModel.load(SHIPPED_START)
     config, corpus = start.model.config, load_corpus()
-    windows = ByteWindows(corpus.validation, config.seq_len).fixed(args.windows)
+    windows = corpus.windows("validation", config).fixed(args.windows)
     judged = load_model_folder(args.judge) if args.judge else None
     if judged is not None and judged.kind != "autoregressive":
         raise SystemExit(f"--judge {args.judge} holds a {judged.kind} model, not an autoregressive one")
@@ -52,7 +54,7 @@ def main() -> None:
     figures = evaluate_denoiser(
         blocks, config, windows, args.steps_per_block, judge, known, Sampling(reveal=args.reveal)
     )
-    written = {order: samples(blocks, config, argparse.Namespace(**{**vars(args), "reveal": order}))
+    written = {order: sample_texts({"blocks": blocks}, config, corpus, argparse.Namespace(**{**vars(args), "reveal": order}))
                for order in REVEAL_ORDERS}  # fmt: skip
     result = {
         "settings": {**vars(args), "judge": Path(args.judge).name if args.judge else None},  # a name, not a path
@@ -63,7 +65,9 @@ def main() -> None:
         "block_steps": start.steps,
         "figures": figures,
         "by_reveal": by_reveal(blocks, config, windows, judge, known, args),
-        "samples": {"prompts": PROMPTS, **written},
+        "samples": {"prompts": written[args.reveal]["prompts"], "true": written[args.reveal]["true"],
+                    **{order: w["blocks"] for order, w in written.items()}},
+        "compressors": compressor_bits_per_byte(corpus.raw("validation"), corpus.raw("train")),
     }
     out = Path(args.out)
     write_atomic(out / "start_model.json", json.dumps(result, indent=2).encode())

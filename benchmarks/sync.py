@@ -197,7 +197,7 @@ def follow(
 def validation_windows(config: ModelConfig) -> torch.Tensor:
     """The windows every checkpoint is scored on: the same ones (and, in `block_denoise_ce`, the same
     noise) for every run, mode and benchmark that compares validation losses with this one's."""
-    return load_corpus(None).windows("validation", config.seq_len).fixed(VALIDATION_WINDOWS)
+    return load_corpus(None).windows("validation", config).fixed(VALIDATION_WINDOWS)
 
 
 def summarize(args, config: ModelConfig, mode, replicas, steps, records, curve, checkpoints: list[Path]) -> dict:

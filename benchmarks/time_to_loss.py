@@ -281,7 +281,7 @@ def run_all(args, workdir: Path) -> dict:
     """Both placements of every mode; each mode's efficiency. A mode whose run fails is recorded
     with its error, and the others still run."""
     regions, one_way_s = netlab.load_regions(Path(args.regions))
-    train_windows = load_corpus(None).windows("train", args.config.seq_len)
+    train_windows = load_corpus(None).windows("train", args.config)
     start = block_trainer(args.config, args.block, train_windows, TrainConfig()).module  # every replica's start weights
     start_loss = block_denoise_ce(start, args.config, args.block, args.windows)
     modes, total = {}, len(args.modes) * len(PLACEMENTS)

@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarm.model.data import ByteWindows
+from swarm.model.data import Windows
 from swarm.model.denoiser import ModelConfig
 
-TINY = {"prefix_len": 16, "gen_len": 8, "d_model": 32, "n_heads": 2, "n_layers": 4, "n_blocks": 2}
+# Raw bytes, not the built-in tokenizer's 8192 units: a tiny model of bytes trains in the seconds a
+# test has. tests/test_units.py runs the same paths (training, a swarm, generation) on tokens.
+TINY = {"prefix_len": 16, "gen_len": 8, "d_model": 32, "n_heads": 2, "n_layers": 4, "n_blocks": 2,
+        "vocab_size": 256, "tokenizer": None, "tie_embeddings": False}
 
 SAMPLE_TEXT = (
     "The quick brown fox jumps over the lazy dog. "
@@ -25,8 +28,8 @@ def tiny_config() -> ModelConfig:
 
 
 @pytest.fixture
-def tiny_windows(tiny_config) -> ByteWindows:
-    return ByteWindows(torch.tensor(list(SAMPLE_TEXT.encode()), dtype=torch.uint8), tiny_config.seq_len)
+def tiny_windows(tiny_config) -> Windows:
+    return Windows(torch.tensor(list(SAMPLE_TEXT.encode()), dtype=torch.uint8), tiny_config.seq_len)
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ from swarm_helpers import HOSTS_SWARM, client_of
 
 from swarm.checkpoints.choice import (
     MEASURED_WHERE_KEYS_COUNT,
-    UNIFORM_CE,
     Candidate,
     Measured,
     SpotCheck,
     believable,
     choose_checkpoint,
     rank,
+    uniform_ce,
 )
 from swarm.checkpoints.transfer import max_checkpoint_bytes
 from swarm.lab.attacks import degraded_block, overflowing_block
@@ -30,6 +30,8 @@ from swarm.p2p.directory import Host
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo
 
 TOLERANCE = SpotCheck.tolerance
+
+BYTE_UNIFORM_CE = math.log(256)  # what knowing nothing scores over raw bytes, the tiny models' units
 
 
 def host(name: str, step: int, size: int = 1000, loss: float | None = None) -> Host:
@@ -69,7 +71,7 @@ def measured(name: str, step: int, loss: float, announced: float | None = None) 
     [
         # each scenario has one rule that rejects the liar, and nothing else that could
         ([measured("liar", 11, 2.0 + 2 * TOLERANCE), measured("honest", 10, 2.0)], [10]),  # far worse than the best
-        ([measured("liar", 11, UNIFORM_CE + 1.0)], []),  # alone, and worse than knowing nothing
+        ([measured("liar", 11, BYTE_UNIFORM_CE + 1.0)], []),  # alone, and worse than knowing nothing
         ([measured("liar", 11, 4.0, announced=0.5)], []),  # alone, far worse than its host says
         ([measured("liar", 11, math.nan)], []),  # alone, and not a number
         # a NaN is not the best loss: were it, no comparison with it would reject the poor one
@@ -78,7 +80,7 @@ def measured(name: str, step: int, loss: float, announced: float | None = None) 
     ids=["worse than the best", "worse than uniform", "worse than announced", "not a number", "NaN is no best"],
 )
 def test_a_measured_candidate_is_believed_only_if_every_rule_passes(candidates, kept):
-    assert [m.candidate.checkpoint.step for m in believable(candidates, TOLERANCE)] == kept
+    assert [m.candidate.checkpoint.step for m in believable(candidates, TOLERANCE, BYTE_UNIFORM_CE)] == kept
 
 
 @pytest.fixture
@@ -140,8 +142,8 @@ def test_a_degraded_checkpoint_many_keys_vouch_for_loses_to_a_lone_honest_host(s
         choice = client.run(choose_checkpoint(client.p2p, hosts, tiny_config, 0, spot_check, show_progress=False), 120)
     losses = {m.candidate.checkpoint.step: m.loss for m in choice.measured}
     assert list(losses) == [11, 10], losses  # the Sybils' checkpoint ranks first; both are measured
-    assert losses[11] >= losses[10] + worse_by and losses[11] < UNIFORM_CE, losses
-    assert believable(choice.measured[:1], spot_check.tolerance), losses  # alone, it would pass
+    assert losses[11] >= losses[10] + worse_by and losses[11] < uniform_ce(tiny_config), losses
+    assert believable(choice.measured[:1], spot_check.tolerance, uniform_ce(tiny_config)), losses  # alone, it would pass
     assert choice.checkpoint == good, losses
 
 
@@ -179,6 +181,6 @@ def test_free_keys_each_serving_another_degraded_checkpoint_cannot_keep_a_lone_h
     assert choice.checkpoint == good, choice.measured
     assert [m.candidate.checkpoint for m in choice.measured] == ranked, choice.measured  # every candidate measured
     sybils_measured = choice.measured[:3]
-    assert believable(sybils_measured, spot_check.tolerance) == sybils_measured  # alone, each would pass
+    assert believable(sybils_measured, spot_check.tolerance, uniform_ce(tiny_config)) == sybils_measured  # alone, each would pass
     assert all(m.loss >= choice.loss + 5 * spot_check.tolerance for m in sybils_measured), choice.measured
     assert len(where_keys_count.measured) == MEASURED_WHERE_KEYS_COUNT  # where keys cost something: the top 3 only

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from swarm.errors import SwarmError
-from swarm.model.data import ByteWindows, load_corpus, load_documents, load_text_bytes
+from swarm.model.data import Windows, load_corpus, load_documents, load_text_units
 
 
 def test_builtin_corpus_splits_by_article_with_a_fixed_seed():
@@ -27,7 +27,7 @@ def test_text_file_and_folder_take_the_same_path(tmp_path, text_file):
     for i in range(5):
         (folder / f"{i}.txt").write_text(f"document number {i} " * 20)
     assert len(load_documents(str(folder))) == 5
-    assert len(load_text_bytes(str(folder))) > 5 * 300
+    assert len(load_text_units(str(folder))) > 5 * 300
 
 
 def test_missing_or_too_small_text_is_a_user_error(tmp_path):
@@ -38,12 +38,12 @@ def test_missing_or_too_small_text_is_a_user_error(tmp_path):
     with pytest.raises(SwarmError, match="needs 2"):
         load_corpus(str(one))
     with pytest.raises(SwarmError, match="at least"):
-        ByteWindows(torch.zeros(10, dtype=torch.uint8), 96)
+        Windows(torch.zeros(10, dtype=torch.uint8), 96)
 
 
 def test_fixed_windows_are_the_same_every_time():
     stream = torch.arange(1000, dtype=torch.int64).to(torch.uint8)
-    windows = ByteWindows(stream, 20)
+    windows = Windows(stream, 20)
     assert torch.equal(windows.fixed(8), windows.fixed(8))
     batch = windows.fixed(8)
     assert batch.shape == (8, 20) and batch.dtype == torch.int64

@@ -83,7 +83,7 @@ def test_the_shipped_start_model_is_small_fits_the_built_in_config_and_has_learn
     assert size <= SHIPPED_LIMIT_BYTES
     start = StartModel.load(SHIPPED_START)
     assert start.fits(ModelConfig()) and min(start.steps) >= 1000
-    windows = load_corpus().windows("validation", start.model.config.seq_len).fixed(16)
+    windows = load_corpus().windows("validation", start.model.config).fixed(16)
     assert elbo_bits_per_byte(start.model.denoiser_for_block, start.model.config, windows)["overall"] < 4.0
 
 

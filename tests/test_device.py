@@ -27,7 +27,7 @@ from safetensors.torch import load as load_safetensors_bytes
 
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block, encode_block
-from swarm.model.denoiser import MASK_ID, ModelConfig, build_block
+from swarm.model.denoiser import ModelConfig, build_block
 from swarm.model.evaluate import block_denoise_ce, block_elbo_bits
 from swarm.model.families import family_of
 from swarm.model.steps import Sampling
@@ -42,6 +42,8 @@ from swarm.sync.modes import MODES, SyncInputs
 from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer
 from swarm.sync.reconcile import Voice, median_of
 from swarm.sync.strategy import train_step
+
+MASK_ID = 256  # the mask unit of the tests' byte models (ModelConfig.mask_id)
 
 WIDE = torch.float64  # not the default dtype: a hidden float32 fails
 NARROW = torch.bfloat16  # a float32 input to a bfloat16 layer fails where float64 would promote it

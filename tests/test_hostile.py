@@ -28,7 +28,7 @@ def test_a_hostile_replica_cannot_poison_or_derail_honest_ones(tmp_path, attack)
         config = client.directory.wait_for_model(30)  # no peer was waited for: the bootstrap may not have published it yet
         with HostileNode("hostilesync", local.initial_peers) as node:
             if attack == "nan payloads":
-                windows = load_corpus(local.data).windows("train", config.seq_len)
+                windows = load_corpus(local.data).windows("train", config)
                 node.serve(HostileReplica(node, config, 0, DeMoConfig(), 2e-3, "nan", windows))
             else:
                 node.serve(LyingSyncReplies(0))

@@ -8,12 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from swarm.model.denoiser import MASK_ID, ModelConfig, build_block
+from swarm.model.denoiser import ModelConfig, build_block
 from swarm.model.evaluate import elbo_bits_per_byte
 from swarm.model.families import family_of, generate_span, local_runner
 from swarm.model.masked import MaskedFamily, unmask_steps
 from swarm.model.steps import REVEAL_ORDERS, Sampling
 from swarm.p2p.messages import DenoiseRequest, MessageError
+
+MASK_ID = 256  # the mask unit of the tests' byte models (ModelConfig.mask_id)
 
 
 class Recorder(nn.Module):

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from swarm.errors import SwarmError
-from swarm.model.denoiser import MASK_ID, ModelConfig, build_block, build_end_to_end, count_parameters
+from swarm.model.denoiser import ModelConfig, build_block, build_end_to_end, count_parameters
 from swarm.model.families import family_of
 from swarm.model.steps import REVEAL_ORDERS, Sampling
 
@@ -49,7 +49,7 @@ def test_denoiser_gives_logits_for_every_target_position(tiny_config, family):
     if family == "gaussian":
         target, level = torch.randn(3, config.gen_len, config.d_model), torch.full((3,), 2.0)
     else:
-        target, level = torch.randint(0, MASK_ID + 1, (3, config.gen_len)), torch.full((3,), 0.3)
+        target, level = torch.randint(0, config.mask_id + 1, (3, config.gen_len)), torch.full((3,), 0.3)
     logits = block(prefix, target, level)
     assert logits.shape == (3, config.gen_len, 256)
     assert torch.isfinite(logits).all()
@@ -83,7 +83,7 @@ def family_inputs(config: ModelConfig, n: int = 3, seed: int = 0) -> tuple[torch
     prefix = torch.randint(0, 256, (n, config.prefix_len), generator=generator)
     if config.family == "gaussian":
         return prefix, torch.randn(n, config.gen_len, config.d_model, generator=generator), torch.full((n,), 2.0)
-    return prefix, torch.randint(0, MASK_ID + 1, (n, config.gen_len), generator=generator), torch.full((n,), 0.4)
+    return prefix, torch.randint(0, config.mask_id + 1, (n, config.gen_len), generator=generator), torch.full((n,), 0.4)
 
 
 def prefix_rows(
@@ -101,11 +101,16 @@ def prefix_rows(
     return seen
 
 
-def test_a_config_without_the_prefix_cache_keeps_the_hash_it_had_before_the_field():
-    """Checkpoints and swarm records written before `prefix_cache` existed stay valid; turning it on
-    is another model."""
-    assert ModelConfig().hash() == "abde5cb9e403f392867f5b82e0688e941cd147170c2964211ac4d6579fd6e3e8"
-    assert ModelConfig(prefix_cache=True).hash() != ModelConfig().hash()
+BYTE_MODEL = {"prefix_len": 64, "gen_len": 32, "vocab_size": 256, "tokenizer": None, "tie_embeddings": False}
+
+
+def test_a_config_without_the_later_fields_keeps_the_hash_it_had_before_them():
+    """Checkpoints and swarm records written before `prefix_cache` and the units fields existed (the
+    byte model that was the default until tokens) stay valid; turning any of them on is another model."""
+    before = ModelConfig(**BYTE_MODEL)
+    assert before.hash() == "abde5cb9e403f392867f5b82e0688e941cd147170c2964211ac4d6579fd6e3e8"
+    assert ModelConfig(**BYTE_MODEL, prefix_cache=True).hash() != before.hash()
+    assert ModelConfig(**{**BYTE_MODEL, "tie_embeddings": True}).hash() != before.hash()
 
 
 @pytest.mark.parametrize("family", ["masked", "gaussian"])
@@ -156,7 +161,7 @@ class FullForward(nn.Module):
 def start_state(config: ModelConfig) -> torch.Tensor:
     """What a pass hands block 0: all bytes hidden, or the gaussian family's noisy embeddings."""
     if config.family == "masked":
-        return torch.full((3, config.gen_len), MASK_ID)
+        return torch.full((3, config.gen_len), config.mask_id)
     return torch.randn(3, config.gen_len, config.d_model, generator=torch.Generator().manual_seed(2)) * 10
 
 
@@ -176,7 +181,7 @@ def test_a_blocks_steps_over_the_cached_prefix_write_what_the_full_forward_write
     steps.run_steps(block, prefix, start, schedule[-2:], 7, sampling)  # one step: the full forward, no encoding
     assert rows[8:] == [config.seq_len]
     if family == "masked":
-        assert torch.equal(cached, full) and (cached != MASK_ID).any()
+        assert torch.equal(cached, full) and (cached != config.mask_id).any()
     else:
         assert torch.allclose(cached, full, atol=1e-5, rtol=0) and not torch.allclose(cached, start)
     assert torch.allclose(cached_logits, full_logits, atol=1e-5, rtol=0)

@@ -56,13 +56,14 @@ def input_only_ce_under_training(config: ModelConfig, block: int | None, points:
 
 
 LEAKING = {"sigma_min": 0.3, "sigma_max": 10.0, "p_mean": math.log(2.0)}
+BYTE_UNITS = {"vocab_size": 256, "tokenizer": None, "tie_embeddings": False}  # the units this range was measured on
 
 
 def test_default_range_does_not_leak_the_answer_through_the_input():
     """Reading the noisy input alone (the Bayes posterior, the best any reader can do) must
     leave most of the loss to be earned from the prefix, and the chain's starting noise must
     carry no answer. An obviously leaking range gives the answer away on both counts."""
-    default, leaking = ModelConfig(), ModelConfig(**LEAKING)
+    default, leaking = ModelConfig(**BYTE_UNITS), ModelConfig(**BYTE_UNITS, **LEAKING)
     ln256 = math.log(256)
 
     assert input_only_ce_under_training(default, None) > 2.5
@@ -75,3 +76,15 @@ def test_default_range_does_not_leak_the_answer_through_the_input():
     generator = torch.Generator().manual_seed(1)
     assert input_only_ce(make_codebook(default), default.sigma_max, 4000, generator) > 0.98 * ln256
     assert input_only_ce(make_codebook(leaking), leaking.sigma_max, 4000, generator) < 0.96 * ln256
+
+
+def test_the_default_range_does_not_leak_with_the_built_in_tokenizers_units_either():
+    """The same bounds, as shares of a uniform guess, for a codebook of the built-in tokenizer's 8192
+    units: more rows in the same width make the input say less, never more."""
+    default = ModelConfig(family="gaussian", tie_embeddings=False)
+    uniform = math.log(default.vocab_size)
+    assert default.vocab_size > 256
+    assert input_only_ce_under_training(default, None) > 2.5 / math.log(256) * uniform
+    assert input_only_ce_under_training(default, default.n_blocks - 1) > 0.2
+    generator = torch.Generator().manual_seed(1)
+    assert input_only_ce(make_codebook(default), default.sigma_max, 4000, generator) > 0.98 * uniform

@@ -14,7 +14,6 @@ from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 
 from swarm.checkpoints.choice import SpotCheck
 from swarm.model.checkpoint import load_model_folder
-from swarm.model.denoiser import MASK_ID
 from swarm.model.families import family_of, generate_span, local_runner
 from swarm.model.generate import continue_text, prefix_tensor
 from swarm.model.steps import Sampling
@@ -22,6 +21,8 @@ from swarm.p2p.limits import MAX_REQUEST_BYTES
 from swarm.p2p.messages import DenoiseRequest, refusal
 from swarm.serving.remote import RemoteBlocks
 from swarm.serving.server import MAX_BATCH, DenoiseServicer
+
+MASK_ID = 256  # the mask unit of the tests' byte models (ModelConfig.mask_id)
 
 SWARM = "servetest"
 

@@ -301,7 +301,7 @@ def test_outer_steps_of_two_replicas_take_where_their_changes_agree_and_keep_the
     peers = [final_checkpoint(local, name, steps) for name in ("r1", "r2")]
     assert [r.sync_steps for r in records] == [steps, steps]
     assert all(torch.equal(peers[0][k], peers[1][k]) for k in peers[0])
-    windows = load_corpus(local.data).windows("train", config.seq_len)
+    windows = load_corpus(local.data).windows("train", config)
     replayed = {}
     for rule, combine in (("agreeing", agreeing_minimum), ("mean", lambda changes: torch.stack(changes).mean(dim=0))):
         replicas = [replica_trainer(config, 0, windows, TrainConfig(steps=steps), r.peer_id) for r in records]

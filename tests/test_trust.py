@@ -19,7 +19,7 @@ import torch
 from hivemind.utils import get_dht_time
 from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 
-from swarm.checkpoints.choice import Candidate, Measured, SpotCheck, believable, rank
+from swarm.checkpoints.choice import Candidate, Measured, SpotCheck, believable, rank, uniform_ce
 from swarm.checkpoints.download import download_verified
 from swarm.checkpoints.store import CheckpointStore
 from swarm.cli.fetch import choose_block
@@ -200,7 +200,7 @@ def test_sybil_keys_serving_a_degraded_block_beside_a_lone_honest_host_are_measu
     store = CheckpointStore(tmp_path, config, 0, SWARM, keep=3)
     vouched, *ahead = sybils = [store.save(poison, honest.step + saves) for saves in (1, 2, 3)]
     alone = Measured(Candidate(vouched, (), plausible=True), b"", record_of("sybil", vouched), loss(poison))
-    assert believable([alone], runner.spot_check.tolerance), alone  # nothing about it alone gives it away
+    assert believable([alone], runner.spot_check.tolerance, uniform_ce(runner.config)), alone  # nothing about it alone gives it away
     assert alone.loss >= loss(model.denoiser_for_block(0)) + worse_by, alone
     with contextlib.ExitStack() as stack:
         for info, keys in [(vouched, 3), *((info, 1) for info in ahead)]:

@@ -51,15 +51,19 @@ from swarm.checkpoints.transfer import TransferError, max_checkpoint_bytes
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block
 from swarm.model.data import Corpus, load_corpus
-from swarm.model.denoiser import VOCAB_SIZE, Denoiser, ModelConfig
+from swarm.model.denoiser import Denoiser, ModelConfig
 from swarm.model.evaluate import block_denoise_ce
 from swarm.p2p.directory import Host
 from swarm.p2p.records import CheckpointInfo
 
 logger = logging.getLogger(__name__)
 
+def uniform_ce(config: ModelConfig) -> float:
+    """The loss of a block that knows nothing: a uniform guess over the model's units."""
+    return math.log(config.vocab_size)
+
+
 STEP_LEAD = 100  # a checkpoint step beyond 2 x (others' newest step) + this is implausible
-UNIFORM_CE = math.log(VOCAB_SIZE)  # the loss of a block that knows nothing
 SPOT_CHECK_WINDOWS = 32
 MEASURED_WHERE_KEYS_COUNT = 3  # candidates measured where keys cost something: agreement ranks them
 MEASURED_AT_MOST = 32  # where keys are free: every candidate, but a flood stops here
@@ -117,7 +121,7 @@ class SpotCheck:
 
     @classmethod
     def from_corpus(cls, corpus: Corpus, config: ModelConfig, count: int = SPOT_CHECK_WINDOWS) -> "SpotCheck":
-        return cls(corpus.windows("validation", config.seq_len).fixed(count))
+        return cls(corpus.windows("validation", config).fixed(count))
 
     def measure(self, denoiser: Denoiser, config: ModelConfig, block: int) -> float:
         started = time.perf_counter()
@@ -172,7 +176,7 @@ async def choose_checkpoint(
                 len(candidates), [c.checkpoint.step for c in candidates], max_candidates)  # fmt: skip
     measured = await measure_candidates(p2p, candidates[:max_candidates], config, block, spot_check, show_progress)
     own_loss = spot_check.measure(decode_block(own[0], config, block)[0], config, block) if own else None
-    passed = believable(measured, spot_check.tolerance, own_loss)
+    passed = believable(measured, spot_check.tolerance, uniform_ce(config), own_loss)
     for m in passed:
         if own is None or m.candidate.checkpoint.step > own[1].step:
             return Choice(m.data, m.candidate.checkpoint, m.loss, m, measured, passed)
@@ -198,22 +202,25 @@ async def measure_candidates(p2p: P2P, candidates: list[Candidate], config: Mode
     return measured
 
 
-def believable(measured: list[Measured], tolerance: float, own_loss: float | None = None) -> list[Measured]:
-    """Those of `measured` that pass (see `_believable`), compared with the best loss among them
-    and `own_loss` (the caller's own checkpoint's); every rejection is logged."""
+def believable(
+    measured: list[Measured], tolerance: float, uniform: float, own_loss: float | None = None
+) -> list[Measured]:
+    """Those of `measured` that pass (see `_believable`), compared with the best loss among them,
+    `uniform` (`uniform_ce`: what knowing nothing scores) and `own_loss` (the caller's own
+    checkpoint's); every rejection is logged."""
     losses = [m.loss for m in measured] + ([own_loss] if own_loss is not None else [])
     best = min(filter(math.isfinite, losses), default=math.inf)  # a NaN is no loss to compare with
-    return [m for m in measured if _believable(m, best, tolerance)]
+    return [m for m in measured if _believable(m, best, tolerance, uniform)]
 
 
-def _believable(m: Measured, best: float, tolerance: float) -> bool:
+def _believable(m: Measured, best: float, tolerance: float, uniform: float) -> bool:
     """A number, close to the best measured loss, better than knowing nothing, and near what its
     hosts announce. Each test names what rejects (a NaN fails no comparison)."""
     announced = m.candidate.announced_loss()
     checks = {
         f"loss {m.loss} is not a finite number": not math.isfinite(m.loss),
         f"loss {m.loss:.3f} is more than {tolerance} above the best candidate's {best:.3f}": m.loss > best + tolerance,
-        f"loss {m.loss:.3f} is worse than a uniform guess": m.loss > UNIFORM_CE + 0.5,
+        f"loss {m.loss:.3f} is worse than a uniform guess": m.loss > uniform + 0.5,
         f"loss {m.loss:.3f} is far above the {announced} its hosts announce": (
             announced is not None and m.loss > 2 * announced + 1.5
         ),

@@ -46,7 +46,7 @@ REQUEST_TIMEOUT_S = 60.0
 def measure_latency(
     client: SwarmClient, samples: int, gen_bytes: int, steps_per_block: int, autoregressive: bool, downloads: bool
 ) -> dict:
-    config = client.directory.wait_for_model(30)
+    config = client.wait_for_model(30)
     lookups, hosts = {}, []
     for block in range(config.n_blocks):
         started = time.perf_counter()

@@ -187,7 +187,7 @@ def report(model_dir: Path, data: str | None, prompt: str) -> None:
     run_block = local_runner(model.denoiser_for_block, model.config)
     spans = continue_text(run_block, model.config, prompt.encode(), 64, steps_per_block=4)
     click.echo(f"{prompt}|{b''.join(spans).decode('utf-8', errors='replace')}")
-    windows = load_corpus(data).windows("validation", model.config.seq_len).fixed(128)
+    windows = load_corpus(data).windows("validation", model.config).fixed(128)
     figures = evaluate_denoiser(model.denoiser_for_block, model.config, windows, steps_per_block=4)
     click.echo(json.dumps({"model": str(model_dir), "manifest": model.manifest, **figures}, indent=2))
 

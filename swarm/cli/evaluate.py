@@ -12,7 +12,7 @@ from swarm.cli.console import Command, run_command
 from swarm.cli.options import checked_text_source, reveal_option, steps_per_block_option
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import load_model_folder
-from swarm.model.data import ByteWindows, load_corpus, load_text_bytes
+from swarm.model.data import Windows, load_corpus, load_text_units
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import evaluate_autoregressive, evaluate_denoiser
 from swarm.model.steps import Sampling
@@ -21,8 +21,8 @@ from swarm.model.words import vocabulary
 
 def evaluation_windows(text: str | None, data: str | None, config: ModelConfig, count: int) -> torch.Tensor:
     """Fixed windows of a user's text file, or of the validation split of a source."""
-    stream = load_text_bytes(text) if text else load_corpus(data).validation
-    return ByteWindows(stream, config.seq_len).fixed(count)
+    stream = load_text_units(text, config.units()) if text else load_corpus(data).stream("validation", config.units())
+    return Windows(stream, config.seq_len).fixed(count)
 
 
 @click.command("swarm-eval", cls=Command)

@@ -31,7 +31,7 @@ def fetch_command(out, model_timeout, data, **kwargs):
     """Assemble the model from the swarm: for every block, the checkpoint its hosts agree on
     that verifies and passes a spot check of its quality (see swarm/checkpoints/choice.py)."""
     with swarm_client(kwargs) as client:
-        config = client.directory.wait_for_model(model_timeout)
+        config = client.wait_for_model(model_timeout)
         hosts = client.directory.all_hosts(config.n_blocks)
         missing = [b for b, h in hosts.items() if not rank(h, config)]
         if missing:

@@ -72,7 +72,7 @@ def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature,
         write_continuation(local_runner(model.denoiser_for_block, model.config), model.config, prompt, settings)
         return
     with swarm_client(swarm_kwargs) as client:
-        config = client.directory.wait_for_model(MODEL_TIMEOUT_S)
+        config = client.wait_for_model(MODEL_TIMEOUT_S)
         spot_check = SpotCheck.from_source(data, config) if data is not None else None  # None: loaded when needed
         runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, spot_check=spot_check,
                               witness=client.witness())  # fmt: skip

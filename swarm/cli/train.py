@@ -68,7 +68,7 @@ def train_command(out, kind, block_choice, checkpoint_dir, steps, batch_size, lr
     checked_device(device)
     config = ModelConfig.from_json_file(config_path)
     blocks = parse_block_choice(block_choice, config) if kind == "blocks" else []
-    windows = load_corpus(data).windows("train", config.seq_len)
+    windows = load_corpus(data).windows("train", config)
     train_config = TrainConfig(steps=steps, batch_size=batch_size, lr=lr or default_lr(kind), seed=seed)
     if kind != "blocks":
         make = end_to_end_trainer if kind == "end-to-end" else autoregressive_trainer

@@ -48,7 +48,7 @@ from swarm.checkpoints.store import CheckpointStore
 from swarm.checkpoints.transfer import BlockServicer
 from swarm.lab.hosting import InProcessNode
 from swarm.model.checkpoint import save_block
-from swarm.model.data import ByteWindows, Corpus, load_corpus
+from swarm.model.data import Windows, Corpus, load_corpus
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block
 from swarm.model.steps import Sampling
 from swarm.model.train import TrainConfig, block_trainer
@@ -110,7 +110,7 @@ def shuffled_corpus(source: str | None, folder: Path) -> Corpus:
 
 def poisoned_block(config: ModelConfig, block: int, source: str | None, folder: Path, steps: int) -> Denoiser:
     """A block trained as honestly as any on text whose bytes were shuffled: plausible, useless."""
-    windows = shuffled_corpus(source, folder).windows("train", config.seq_len)
+    windows = shuffled_corpus(source, folder).windows("train", config)
     trainer = block_trainer(config, block, windows, TrainConfig(steps=steps, batch_size=16, seed=7))
     for _ in range(steps):
         trainer.step()
@@ -369,7 +369,7 @@ class HostileReplica(Impersonating, PayloadServicer):
     KEEP = 8  # steps answered for late askers
 
     def __init__(self, node: HostileNode, config: ModelConfig, block: int, de_mo: DeMoConfig, lr: float,
-                 mode: str, windows: ByteWindows):  # fmt: skip
+                 mode: str, windows: Windows):  # fmt: skip
         super().__init__(block, deadline=5.0)
         assert mode in self.MODES, mode
         self.node, self.mode = node, mode
@@ -435,7 +435,7 @@ class MergePoisoner(HostileReplica):
     beside an info service and `BlockServicer(block, store)`."""
 
     def __init__(self, node: HostileNode, config: ModelConfig, block: int, de_mo: DeMoConfig, lr: float,
-                 windows: ByteWindows, store: CheckpointStore, poison: Denoiser, merge_step: int):  # fmt: skip
+                 windows: Windows, store: CheckpointStore, poison: Denoiser, merge_step: int):  # fmt: skip
         super().__init__(node, config, block, de_mo, lr, "honest", windows)
         self.store, self.poison, self.merge_step = store, poison, merge_step
         self.poisoned: CheckpointInfo | None = None  # the checkpoint it announced, once it did

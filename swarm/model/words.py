@@ -18,6 +18,7 @@ over spans) stands beside the share for that.
 
 from __future__ import annotations
 
+import math
 import string
 from collections import Counter
 from typing import Iterable
@@ -57,10 +58,19 @@ def whole_words(prefix: bytes, span: bytes) -> list[str]:
 
 def real_word_share(prefixes: Iterable[bytes], spans: Iterable[bytes], known: frozenset[str]) -> dict:
     """{'share': the share of whole words written that are known words, 'words': how many were
-    counted, 'distinct': the share of each span's whole words that differ, averaged over spans}."""
+    counted, 'distinct': the share of each span's whole words that differ, averaged over spans,
+    'entropy': the entropy in bits of the words written, pooled over all spans}."""
     per_span = [whole_words(prefix, span) for prefix, span in zip(prefixes, spans)]
     written = [word for span in per_span for word in span]
     share = sum(word in known for word in written) / len(written) if written else 0.0
     spans_with_words = [span for span in per_span if span]
     distinct = sum(len(set(s)) / len(s) for s in spans_with_words) / len(spans_with_words) if spans_with_words else 0.0
-    return {"share": share, "words": len(written), "distinct": distinct}
+    return {"share": share, "words": len(written), "distinct": distinct, "entropy": unigram_entropy(written)}
+
+
+def unigram_entropy(written: list[str]) -> float:
+    """The entropy in bits of the words' frequencies: a text that repeats a few common words
+    scores low however real they are (log2 of the count for words all different)."""
+    counts = Counter(written)
+    total = sum(counts.values())
+    return -sum(n / total * math.log2(n / total) for n in counts.values()) if total else 0.0

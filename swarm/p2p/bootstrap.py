@@ -24,11 +24,13 @@ from typing import Callable
 
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
+from swarm.model.units import TokenUnits
 from swarm.p2p.directory import SwarmDirectory
 from swarm.p2p.members import read_revocations
 from swarm.p2p.network import NetworkOptions, load_or_create_key, start_dht, stop_child, visible_maddrs
-from swarm.p2p.reachability import serve_reachability
+from swarm.p2p.reachability import PROBE_TIMEOUT_S, serve_reachability
 from swarm.p2p.records import IdentityWork
+from swarm.p2p.tokenizer import TokenizerServicer
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,8 @@ def run_bootstrap(config: BootstrapConfig, on_ready: Callable[[str], None]) -> N
         raise SwarmError("--identity-work goes with --new-swarm: the creator's model record says it")
     if config.members_only:
         read_revocations(config.revocations)  # a file that does not read is one line now, not a warning later
+    if config.new_swarm is not None:
+        config.new_swarm.units()  # the creator must hold the tokenizer its model names: one line now if not
     key = load_or_create_key(config.creator_key) if config.new_swarm else None
     dht = start_dht(config.swarm, config.network, key)
     stopping = threading.Event()
@@ -64,6 +68,9 @@ def run_bootstrap(config: BootstrapConfig, on_ready: Callable[[str], None]) -> N
     loop = p2p = None
     try:
         loop, p2p = serve_reachability(dht)  # joining peers ask it to dial them back; its daemon relays for those behind NAT
+        units = config.new_swarm.units() if config.new_swarm else None
+        if isinstance(units, TokenUnits):  # the creator hands its tokenizer to the first peers
+            loop.run(TokenizerServicer(units).add_p2p_handlers(p2p), PROBE_TIMEOUT_S)
         directory = SwarmDirectory(dht, config.swarm, key, config.creator, config.network.dht_timeout)
         if config.new_swarm:
             directory.membership.set_terms(directory.owner_subkey, config.members_only)

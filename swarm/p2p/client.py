@@ -9,6 +9,7 @@ membership, which the peers of a members-only swarm ask before they serve it (ga
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Awaitable
 
 from hivemind.utils.crypto import RSAPrivateKey
@@ -19,7 +20,9 @@ from swarm.p2p.info import InfoServicer
 from swarm.p2p.ledger import Witness
 from swarm.p2p.members import Credentials
 from swarm.p2p.messages import PeerInfo
+from swarm.model.denoiser import ModelConfig
 from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht, stop_child
+from swarm.p2p.tokenizer import swarm_peer_ids, units_from_swarm
 
 P2P_START_TIMEOUT_S = 30.0
 
@@ -51,6 +54,14 @@ class SwarmClient:
     def __exit__(self, *exc) -> None:
         self.loop.close(self.p2p)
         stop_child(self.dht, self.dht.shutdown)
+
+    def wait_for_model(self, timeout_s: float) -> ModelConfig:
+        """The swarm's model config (directory.wait_for_model), with its units at hand: a tokenizer this
+        machine lacks is fetched from the swarm's peers and checked against the config's hash."""
+        config = self.directory.wait_for_model(timeout_s)
+        peer_ids = functools.partial(swarm_peer_ids, self.network.initial_peers, self.directory, config.n_blocks)
+        units_from_swarm(config, self.loop, self.p2p, peer_ids)
+        return config
 
     def witness(self) -> Witness:
         """A witness of what this client checks of the peers (swarm/p2p/ledger.py), signing with the

@@ -22,6 +22,7 @@ from hivemind.proto import runtime_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from swarm.model.steps import MAX_TEMPERATURE, Reveal, Sampling
+from swarm.model.units import MAX_TOKENIZER_BYTES
 from swarm.p2p.records import MAX_BLOCKS, BlockAnnouncement, MemberProof
 
 MAX_MESSAGE_BYTES = 4 * 1024**2  # hivemind's own cap on one message
@@ -114,6 +115,19 @@ class ChunkListReply(Message):
     hashes: bytes = Field(default=b"", max_length=MAX_CHUNKS * HASH_BYTES)
     error: str = Field(default="", max_length=MAX_ERROR_CHARS)
     busy: bool = False
+
+
+class TokenizerRequest(Message):
+    """Ask a peer for the tokenizer.json whose bytes hash to `sha256` (the model record's `tokenizer`)."""
+
+    sha256: Sha256
+
+
+class TokenizerReply(Message):
+    """The tokenizer file asked for (a claim until it hashes right: units.add_tokenizer), or why not."""
+
+    data: bytes = Field(default=b"", max_length=MAX_TOKENIZER_BYTES)
+    error: str = Field(default="", max_length=MAX_ERROR_CHARS)
 
 
 class PayloadRequest(Message):

@@ -46,13 +46,15 @@ from swarm.checkpoints.store import CheckpointStore
 from swarm.checkpoints.transfer import BlockServicer
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block
-from swarm.model.data import ByteWindows, load_corpus
+from swarm.model.data import Windows, load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.train import TrainConfig, Trainer, block_trainer, trainable
+from swarm.model.units import TokenUnits
 from swarm.p2p import reachability
 from swarm.p2p.directory import DHTUnavailable, SwarmDirectory, least_hosted_block
 from swarm.p2p.gate import MemberGate
 from swarm.p2p.info import InfoServicer
+from swarm.p2p.tokenizer import TokenizerServicer, swarm_peer_ids, units_from_swarm
 from swarm.p2p.ledger import Witness
 from swarm.p2p.limits import OPEN, CallerGate
 from swarm.p2p.members import Credentials, load_credentials
@@ -97,7 +99,7 @@ class PeerHooks:
 
 
 def replica_trainer(
-    config: ModelConfig, block: int, windows: ByteWindows, train: TrainConfig, peer_id: str, device: str = "cpu"
+    config: ModelConfig, block: int, windows: Windows, train: TrainConfig, peer_id: str, device: str = "cpu"
 ) -> Trainer:
     """Block `block`'s trainer as the replica `peer_id` runs it: the block's start weights, and
     batches of its own (drawn from a stream seeded by its peer id)."""
@@ -265,14 +267,24 @@ class Peer:
         self.p2p = self.loop.run(self.dht.replicate_p2p(), P2P_CALL_TIMEOUT_S)
         # who it is, from now on: hosts it downloads its start checkpoint from ask (members-only swarms)
         self.loop.run(InfoServicer(self.info).add_p2p_handlers(self.p2p), P2P_CALL_TIMEOUT_S)
+        self._serve_units()
         self.gate = MemberGate.over(self.directory.membership, self.p2p)
         corpus = load_corpus(self.config.data)
-        windows = corpus.windows("train", self.model_config.seq_len)
+        windows = corpus.windows("train", self.model_config)
         self.spot_check = SpotCheck.from_corpus(corpus, self.model_config)
         self.trainer = replica_trainer(
             self.model_config, self.block, windows, self.config.train_config(), self.peer_id, self.config.device
         )
         self.denoise_service = DenoiseServicer(self.model_config, self.block, self.gate)
+
+    def _serve_units(self) -> None:
+        """The model's units, fetched from the swarm's peers if this machine lacks its tokenizer
+        (checked against the config's hash), and served to the peers that ask next."""
+        n_blocks, initial_peers = self.model_config.n_blocks, self.config.network.initial_peers
+        units = units_from_swarm(self.model_config, self.loop, self.p2p,
+                                 lambda: swarm_peer_ids(initial_peers, self.directory, n_blocks))  # fmt: skip
+        if isinstance(units, TokenUnits):
+            self.loop.run(TokenizerServicer(units).add_p2p_handlers(self.p2p), P2P_CALL_TIMEOUT_S)
 
     def _serve_block(self) -> None:
         """Serve the start weights and every P2P service, and start measuring the neighbours."""

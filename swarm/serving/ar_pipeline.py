@@ -23,7 +23,7 @@ from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
 
 from swarm.model.autoregressive import ByteTransformer
-from swarm.model.denoiser import VOCAB_SIZE, ModelConfig
+from swarm.model.denoiser import ModelConfig
 from swarm.model.steps import pick_bytes
 from swarm.model.generate import prefix_tensor
 from swarm.p2p.messages import StageRequest, error_reply, refusal
@@ -46,7 +46,7 @@ def run_stage(model: ByteTransformer, stage: int, n_stages: int, x: torch.Tensor
     for index in stage_layers(len(model.layers), n_stages, stage):
         x = model.layers[index](x)
     if stage == n_stages - 1:
-        return model.head(model.norm_out(x[:, -1]))
+        return model.logits(x[:, -1])
     return x
 
 
@@ -55,8 +55,8 @@ def check_stage_input(config: ModelConfig, stage: int, x: torch.Tensor) -> None:
     if not (1 <= n <= MAX_BATCH and 1 <= t <= config.seq_len):
         raise RequestError(f"batch must be 1..{MAX_BATCH} and length 1..{config.seq_len}")
     if stage == 0:
-        if x.dtype != torch.int64 or x.dim() != 2 or x.min() < 0 or x.max() >= VOCAB_SIZE:
-            raise RequestError("stage 0 takes bytes: int64 (N, T) in 0..255")
+        if x.dtype != torch.int64 or x.dim() != 2 or x.min() < 0 or x.max() >= config.vocab_size:
+            raise RequestError(f"stage 0 takes units: int64 (N, T) in 0..{config.vocab_size - 1}")
     elif x.dtype != torch.float32 or x.shape != (n, t, config.d_model) or not torch.isfinite(x).all():
         raise RequestError(f"stage {stage} takes finite float32 hidden states (N, T, {config.d_model})")
 
@@ -103,7 +103,7 @@ def generate_autoregressive(
     loop: EventLoopThread, p2p: P2P, stage_peers: list[str], config: ModelConfig, prompt: bytes, length: int,
     timeout: float,
 ) -> tuple[bytes, int]:
-    """Greedy bytes after `prompt`, one trip through every stage peer per byte: (bytes, hops)."""
+    """Greedy units after `prompt`, one trip through every stage peer per unit: (their bytes, hops)."""
     context, hops = prefix_tensor(prompt, config), 0
     for _ in range(length):
         x = context[:, -config.seq_len :]
@@ -111,4 +111,4 @@ def generate_autoregressive(
             x = loop.run(call_stage(p2p, peer_id, stage, x, timeout), timeout)
             hops += 1
         context = torch.cat([context, pick_bytes(x, 0.0, torch.Generator())[:, None]], dim=1)
-    return bytes(context[0, -length:].tolist()), hops
+    return config.units().decode(context[0, -length:].tolist()), hops

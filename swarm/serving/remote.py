@@ -411,7 +411,7 @@ class RemoteBlocks:
             self.family.check_answer(request.state, request.schedule, outputs[0])
         except ValueError as error:
             raise SwarmError(f"malformed reply: {error}") from None
-        if want_logits and (outputs[1].shape != (*request.state.shape[:2], 256) or not torch.isfinite(outputs[1]).all()):
+        if want_logits and (outputs[1].shape != (*request.state.shape[:2], self.config.vocab_size) or not torch.isfinite(outputs[1]).all()):
             raise SwarmError("malformed logits")
         return outputs[0], (outputs[1] if want_logits else None)
 

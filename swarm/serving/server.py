@@ -5,7 +5,7 @@ Request (`ExpertRequest`): tensors [prefix (N, P) int64 bytes, the span's state,
 return logits, the checkpoint the client wants answers from, the seed and temperature of the
 block's draws). The state is the family's (swarm/model/families.py): byte ids (N, G) int64 with
 the mask id where hidden (masked), or noisy embeddings z (N, G, d) float32 (gaussian).
-Reply (`ExpertResponse`): tensors [the state after the K steps, and logits (N, G, 256) float32
+Reply (`ExpertResponse`): tensors [the state after the K steps, and logits (N, G, vocab_size) float32
 if asked], or metadata an `ErrorReply` for a request that is refused. Every request is checked
 (shapes, dtypes, sizes, finite values, the block this peer hosts) before any work; the
 forward pass runs in a worker thread, on the peer's device (`--device`) in the block's own
@@ -30,7 +30,7 @@ from hivemind.compression import deserialize_torch_tensor, serialize_torch_tenso
 from hivemind.p2p import P2PContext, ServicerBase
 from hivemind.proto import runtime_pb2
 
-from swarm.model.denoiser import VOCAB_SIZE, Denoiser, ModelConfig, build_block
+from swarm.model.denoiser import Denoiser, ModelConfig, build_block
 from swarm.model.families import Family, family_of
 from swarm.model.steps import Sampling
 from swarm.p2p.limits import MAX_REQUEST_BYTES, NOT_A_MEMBER, OPEN, Busy, CallerGate, PerPeerLimit
@@ -57,8 +57,8 @@ def check_request(family: Family, config: ModelConfig, tensors: list[torch.Tenso
     n = prefix.shape[0] if prefix.dim() == 2 else -1
     if prefix.dtype != torch.int64 or prefix.shape != (n, config.prefix_len) or not 1 <= n <= MAX_BATCH:
         raise RequestError(f"prefix must be int64 of shape (N <= {MAX_BATCH}, {config.prefix_len})")
-    if prefix.min() < 0 or prefix.max() >= VOCAB_SIZE:
-        raise RequestError("prefix values must be bytes (0..255)")
+    if prefix.min() < 0 or prefix.max() >= config.vocab_size:
+        raise RequestError(f"prefix values must be units (0..{config.vocab_size - 1})")
     if schedule.dtype != torch.float32 or schedule.dim() != 1 or not 2 <= len(schedule) <= MAX_STEPS + 1:
         raise RequestError(f"the schedule must be float32 of 2..{MAX_STEPS + 1} noise levels")
     try:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from hivemind.p2p import P2P
 
-from swarm.checkpoints.choice import Candidate, Measured, SpotCheck, believable, measure_candidates, rank
+from swarm.checkpoints.choice import Candidate, Measured, SpotCheck, believable, measure_candidates, rank, uniform_ce
 from swarm.checkpoints.download import download_verified, independent
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block
@@ -96,7 +96,8 @@ class Vetting:
                 logger.warning("block %d: measuring step %d ran past %.0fs", block, candidate.checkpoint.step,
                                MEASURE_TIMEOUT_S)  # fmt: skip
         earlier = [m for m in self.passed.values() if m.host.block == block]
-        kept = {m.candidate.checkpoint: m for m in believable(measured + earlier, spot_check.tolerance)}
+        passed = believable(measured + earlier, spot_check.tolerance, uniform_ce(self.config))
+        kept = {m.candidate.checkpoint: m for m in passed}
         served = {m.candidate.checkpoint for m in measured}
         for info in [c.checkpoint for c in candidates] + [m.candidate.checkpoint for m in earlier]:
             if info in kept:
