@@ -158,6 +158,17 @@ def test_without_matplotlib_swarm_bench_says_which_extra_to_install(monkeypatch)
         pyplot()
 
 
+def test_an_option_given_wins_over_the_environment(monkeypatch):
+    command = command_of("swarm.cli.status")
+    monkeypatch.setenv(JOIN_VARIABLES["swarm"], "fromenv")
+    monkeypatch.setenv(JOIN_VARIABLES["initial_peers"], "/ip4/127.0.0.1/tcp/1/p2p/A  /ip4/127.0.0.1/tcp/2/p2p/B")
+    from_environment = command.make_context("swarm-status", []).params
+    assert from_environment["swarm"] == "fromenv"
+    assert from_environment["initial_peers"] == ("/ip4/127.0.0.1/tcp/1/p2p/A", "/ip4/127.0.0.1/tcp/2/p2p/B")
+    given = command.make_context("swarm-status", ["--swarm", "given", "--initial-peers", "/ip4/127.0.0.1/tcp/3/p2p/C"])
+    assert given.params["swarm"] == "given" and given.params["initial_peers"] == ("/ip4/127.0.0.1/tcp/3/p2p/C",)
+
+
 def join_environment(bootstrap_log: str) -> dict[str, str]:
     """The variables of the `export` line the bootstrap logged."""
     line = next(line for line in bootstrap_log.splitlines() if "export BLOCKSWARM_" in line)

@@ -74,6 +74,8 @@ def test_a_built_wheel_installs_in_a_fresh_venv_and_its_commands_run(tmp_path):
     run(venv / "bin" / "pip", "install", f"torch=={version('torch')}", wheel, cwd=tmp_path)
     helped = run(venv / "bin" / "swarm-demo", "--help", cwd=tmp_path)
     assert "Usage: swarm-demo" in helped.stdout
+    listed = run(venv / "bin" / "python", "-m", "swarm", cwd=tmp_path)
+    assert "python -m swarm_peer.main" in listed.stdout
     # the installed package, not this checkout: run from elsewhere, the import finds the venv's copy
     where = run(venv / "bin" / "python", "-c", "import swarm; print(swarm.__file__)", cwd=tmp_path).stdout
     assert str(venv) in where and str(ROOT) not in where
