@@ -45,7 +45,8 @@ def check_wheel(wheel: Path) -> None:
     assert tops == {"swarm", "swarm_peer", "swarm_bootstrap", DIST_INFO}, tops
     for expected in ("swarm_peer/main.py", "swarm_bootstrap/main.py", "swarm/cli/demo_start/manifest.json"):
         assert expected in names, expected
-    assert any(name.startswith("swarm/health/static/") for name in names)
+    for data in ("swarm/health/static/", "swarm/model/tokenizers/"):  # the page; the built-in config's tokenizer
+        assert any(name.startswith(data) for name in names), data
     assert f"{DIST_INFO}/licenses/LICENSE" in names
     assert "License-Expression: MIT" in metadata
     core = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
@@ -76,6 +77,9 @@ def test_a_built_wheel_installs_in_a_fresh_venv_and_its_commands_run(tmp_path):
     assert "Usage: swarm-demo" in helped.stdout
     listed = run(venv / "bin" / "python", "-m", "swarm", cwd=tmp_path)
     assert "python -m swarm_peer.main" in listed.stdout
+    # the built-in config's tokenizer is package data: the installed package finds it
+    code = "from swarm.model.denoiser import ModelConfig; print(ModelConfig.from_json_file(None).units().encode('The'))"
+    assert run(venv / "bin" / "python", "-c", code, cwd=tmp_path).stdout.strip().startswith("[")
     # the installed package, not this checkout: run from elsewhere, the import finds the venv's copy
     where = run(venv / "bin" / "python", "-c", "import swarm; print(swarm.__file__)", cwd=tmp_path).stdout
     assert str(venv) in where and str(ROOT) not in where
