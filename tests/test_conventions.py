@@ -189,6 +189,29 @@ def test_the_join_line_comes_from_the_environment(module_bootstrap, tmp_path):
     assert json.loads(status.stdout)["swarm"] == local.swarm
 
 
+def test_a_call_on_the_event_loop_ends_soon_after_a_stop():
+    """What a joining peer's download of its start checkpoint waits in (EventLoopThread.run): a stop
+    cancels it at once; without one, the result or the timeout as before."""
+    import asyncio
+    import threading
+
+    from swarm.p2p.network import EventLoopThread
+    from swarm.waiting import WaitStopped
+
+    loop, stop = EventLoopThread(name="test-loop"), threading.Event()
+    try:
+        assert loop.run(asyncio.sleep(0, result=7), 5, stop=stop) == 7
+        with pytest.raises(TimeoutError):
+            loop.run(asyncio.sleep(5), 0.2, stop=stop)
+        threading.Timer(0.3, stop.set).start()
+        started = time.monotonic()
+        with pytest.raises(WaitStopped):
+            loop.run(asyncio.sleep(30), 60, stop=stop)
+        assert time.monotonic() - started < 2
+    finally:
+        loop.close()
+
+
 def test_a_peer_told_to_stop_while_it_waits_to_join_leaves_within_seconds(lent_swarm):
     """A peer of a swarm with no model record waits for one (up to its join timeout, 30 s); SIGTERM
     then ends it cleanly, at once."""

@@ -31,6 +31,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import write_atomic
 from swarm.p2p.records import SwarmRecordValidator, check_swarm_name
+from swarm.waiting import WaitStopped
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ DHT_CALL_TIMEOUT_S = 20.0
 # writer finds, and readers (directory.py) ask exactly those (hivemind's default, made ours).
 RECORD_COPIES = 5
 CHILD_STOP_TIMEOUT_S = 10.0
+STOP_POLL_S = 0.2  # how often a call told of a stop event looks at it (EventLoopThread.run)
 
 
 def parse_maddrs(values: Sequence[str], option: str, need_peer_id: bool = False) -> list[str]:
@@ -239,10 +241,19 @@ class EventLoopThread:
     def submit(self, coro: Awaitable[Any]) -> Future:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def run(self, coro: Awaitable[Any], timeout: float) -> Any:
-        """Run a coroutine on the loop and wait for it; TimeoutError (and a cancel) past `timeout`."""
+    def run(self, coro: Awaitable[Any], timeout: float, stop: threading.Event | None = None) -> Any:
+        """Run a coroutine on the loop and wait for it; TimeoutError (and a cancel) past `timeout`.
+        With `stop`, WaitStopped (and a cancel) soon after it is set: a peer told to stop while it
+        downloads its start checkpoint leaves without waiting for the download's end."""
         future = self.submit(asyncio.wait_for(coro, timeout))
-        return future.result(timeout + 1.0)
+        if stop is None:
+            return future.result(timeout + 1.0)
+        deadline = time.monotonic() + timeout + 1.0
+        while not future.done() and time.monotonic() < deadline:
+            if stop.wait(min(STOP_POLL_S, max(0.0, deadline - time.monotonic()))):
+                future.cancel()
+                raise WaitStopped("stopped while waiting for a call on the event loop")
+        return future.result(0)  # TimeoutError if the deadline came first
 
     def close(self, *p2ps: P2P | None) -> None:
         """Shut down this process's P2P handles on the loop, then stop the loop."""

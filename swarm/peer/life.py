@@ -386,7 +386,7 @@ class Peer:
         coro = choose_checkpoint(self.p2p, others, self.model_config, self.block, self.spot_check, own,
                                  keys_count=self.directory.keys_count)  # fmt: skip
         try:
-            choice = self.loop.run(coro, JOIN_FETCH_TIMEOUT_S)
+            choice = self.loop.run(coro, JOIN_FETCH_TIMEOUT_S, stop=self.stopping)
         except (SwarmError, TimeoutError) as error:
             logger.warning("block %d: %s; starting fresh", self.block, error)
             return
