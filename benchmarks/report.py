@@ -27,7 +27,7 @@ PAGE = HERE / "README.md"
 NOT_SETTINGS = {"out", "from_json", "model_path", "regions"}  # where files went, not what was measured
 DASH = "–"
 TITLES = {  # the heading of each results folder's section, in the page's order
-    "quality": "Quality", "long_run": "A long run through the swarm", "start_model": "The demo's start model", "serve": "Serving", "sync": "Replica sync", "outer_gap": "The outer mode's loss gap",
+    "quality": "Quality", "lr_sweep": "The recipe at equal CPU time", "long_run": "A long run through the swarm", "start_model": "The demo's start model", "serve": "Serving", "sync": "Replica sync", "outer_gap": "The outer mode's loss gap",
     "time_to_loss": "Time to a loss across regions",
     "scale": "Cost as a block grows", "transfer": "Checkpoint transfer", "regions": "Emulated regions",
     "blocks_latency": "Generation latency as B grows", "discovery": "Discovery",
@@ -270,6 +270,7 @@ def quality(folder: Folder) -> list[str]:
         table(header, rows),
         f"Bits per byte: {'; '.join(ratios)}. Default family: `{q['default_family']}`; lowest blocks' bits per "
         f"byte: `{q['best_family_by_blocks_bits_per_byte']}`. {reveal_order(q['settings'])}",
+        compressors_line(q),
         costs,
         samples(Node(texts, q.file)),
         folder.pictures(),
@@ -283,6 +284,38 @@ def quality_row(label: str, figures: Node, path_norms: Node | None, name: str) -
             norms]  # fmt: skip
 
 
+COMPRESSORS = {"gzip": "`gzip -9`", "bzip2": "`bzip2 -9`", "xz": "`xz -9e`",
+               "xz_after_train": "`xz -9e` after reading the training text"}  # fmt: skip
+
+
+def compressors_line(r: Node) -> str:
+    """The compressors' bits per byte on the same validation text, where the run computed them."""
+    if r.get("compressors") is None:
+        return ""
+    figures = ", ".join(f"{COMPRESSORS.get(name, name)} {fixed(value)}" for name, value in r["compressors"].items())
+    return f"General-purpose compressors on the same validation text, in bits per byte (computed by the run): {figures}."
+
+
+def lr_sweep(folder: Folder) -> list[str]:
+    r = folder.json("lr_sweep.json")
+    s = r["settings"]
+    rows = [[plain(v["name"]), fixed(v.num("bits_per_byte")), plain(v["steps"]), plain(v.num("lr")),
+             plain(v.num("batch_size")), plain(v.num("vocab_size")), yes(v["tie_embeddings"]),
+             yes(v["stratified_noise"])] for v in r["variants"]]  # fmt: skip
+    return section(
+        "lr_sweep",
+        "Variants of the recipe side by side at equal CPU time: every block of the built-in model trained alone "
+        f"for {plain(s.num('cpu_seconds'))} CPU seconds per variant ({plain(s.num('threads'))} thread, so that "
+        "another job on the machine cannot waste a variant's budget), on the peer's schedule sized to the steps "
+        "that fit, then the whole model scored on the same validation windows. A variant of `vocab` trains its "
+        "own byte-level BPE on the training split first.",
+        command("lr_sweep.py", s.data),
+        table(["variant", "bits per byte", "steps per block", "lr", "batch", "units", "tied", "stratified t"], rows),
+        f"Best: `{r['best']}`.",
+        folder.pictures(),
+    )
+
+
 def long_run(folder: Folder) -> list[str]:
     r = folder.json("long_run.json")
     figures, bpb = r["figures"], r["bits_per_byte"]
@@ -294,7 +327,8 @@ def long_run(folder: Folder) -> list[str]:
     blocks = figures["blocks"]
     rows.append(["true continuation", DASH, percent(blocks.num("true_real_words")),
                  percent(blocks.num("true_distinct_words")), fixed(blocks.num("true_nll")), DASH])  # fmt: skip
-    texts = {name: r["samples"][name].data for name in ("prompts", "blocks", "end_to_end", "autoregressive")}
+    named = ("prompts", "true", "blocks", "end_to_end", "autoregressive")
+    texts = {name: r["samples"][name].data for name in named if name in r["samples"].data}
     return section(
         "long_run",
         "Trains the model through the swarm itself: a bootstrap node and one `swarm-peer` per block (real "
@@ -308,6 +342,7 @@ def long_run(folder: Folder) -> list[str]:
         f"The blocks took {plain(r['block_steps'])} steps in {fixed(r.num('swarm_seconds') / 60, 1)} minutes of "
         f"the swarm's wall time; each baseline took {r['steps_each']} steps.",
         table(["model", "bits per byte", "real words", "distinct words", "gen_nll", "chain_ce"], rows),
+        compressors_line(r),
         f"Blocks over end-to-end {times(r.num('blocks_over_end_to_end'))}, blocks over autoregressive "
         f"{times(r.num('blocks_over_autoregressive'))} (bits per byte); the blocks' `gen_nll` over the true "
         f"continuation's {times(r.num('gen_nll_over_true'))}.",
@@ -321,17 +356,19 @@ def start_model(folder: Folder) -> list[str]:
     r = folder.json("start_model.json")
     f, made, judge = r["figures"], r["made_by"], r.get("judge")
     judged = judge is not None
-    rows = [[f"`{order}`" + (" (the figures' order)" if order == r["settings"]["reveal"] else ""), percent(row.num("real_words")),
-             percent(row.num("distinct_words"))] + ([times(row.num("gen_nll_over_true"))] if judged else [])
+    entropy = "word_entropy" in f.data
+    rows = [[f"`{order}`" + (" (the figures' order)" if order == r["settings"]["reveal"] else ""),
+             percent(row.num("real_words")), percent(row.num("distinct_words"))]
+            + ([fixed(row.num("word_entropy"), 2)] if entropy else [])
+            + ([times(row.num("gen_nll_over_true"))] if judged else [])
             for order, row in r["by_reveal"].items()]  # fmt: skip
     rows.append(["true continuation", percent(f.num("true_real_words")), percent(f.num("true_distinct_words"))]
-                + (["1.000x"] if judged else []))  # fmt: skip
+                + ([fixed(f.num("true_word_entropy"), 2)] if entropy else []) + (["1.000x"] if judged else []))  # fmt: skip
     steps = "" if not judged or judge.get("steps") is None else f" of {plain(judge['steps'])} steps"
     judge_line = (f"The judge: an {judge['kind']} model{steps} (`swarm-train --kind autoregressive`), not the long "
                   "run's; `gen_nll` is its NLL of the writing over the true continuation's." if judged
                   else "No judge was given, so no `gen_nll`.")  # fmt: skip
-    texts = {"prompts": r["samples"]["prompts"].data}
-    texts.update({order: r["samples"][order].data for order in r["by_reveal"].names()})
+    header = ["reveal order", "real words", "distinct words"] + (["word entropy (bits)"] if entropy else [])
     return section(
         "start_model",
         f"Scores the blocks `swarm-demo` starts its peers from ([`{r['start_model']}`](../{r['start_model']}), "
@@ -341,10 +378,26 @@ def start_model(folder: Folder) -> list[str]:
         f"How they were made: `{made['command']} --steps {made['steps']}` with {plain(made['replicas'])} "
         f"peer(s) per block on the {made['data']} corpus, started from {made['started_from']}. Blocks at steps "
         f"{plain(r['block_steps'])}: {fixed(f['bits_per_byte'].num('overall'))} bits per byte.",
+        compressors_line(r),
         judge_line,
-        table(["reveal order", "real words", "distinct words"] + (["gen_nll / true"] if judged else []), rows),
-        samples(Node(texts, r.file), "What they wrote after the first prompt, by reveal order:"),
+        table(header + (["gen_nll / true"] if judged else []), rows),
+        start_model_samples(r),
     )
+
+
+def start_model_samples(r: Node) -> list[str]:
+    """Every sample in the figures' reveal order beside the true continuation (older runs: the first
+    sample of each order)."""
+    written = r["samples"]
+    if "true" not in written.data:
+        texts = {"prompts": written["prompts"].data}
+        texts.update({order: written[order].data for order in r["by_reveal"].names()})
+        return samples(Node(texts, r.file), "What they wrote after the first prompt, by reveal order:")
+    order = r["settings"]["reveal"]
+    rows = [[code(prompt), code(text), code(truth)]
+            for prompt, text, truth in zip(written["prompts"].data, written[order].data, written["true"].data)]  # fmt: skip
+    caption = f"What they wrote (`{order}` order) after the opening of validation passages, beside the true text:"
+    return [caption, ""] + table(["prompt", "written", "true continuation"], rows)
 
 
 def reveal_line(r: Node) -> str:
@@ -909,7 +962,7 @@ def health(folder: Folder) -> list[str]:
 
 Renderer = Callable[[Folder], list[str]]
 RENDERERS: dict[str, Renderer] = {
-    "quality": quality, "long_run": long_run, "start_model": start_model, "serve": serve, "sync": sync, "outer_gap": outer_gap, "scale": scale,
+    "quality": quality, "lr_sweep": lr_sweep, "long_run": long_run, "start_model": start_model, "serve": serve, "sync": sync, "outer_gap": outer_gap, "scale": scale,
     "time_to_loss": time_to_loss,
     "transfer": transfer,
     "regions": regions, "blocks_latency": blocks_latency, "discovery": discovery, "chaos": chaos, "attacks": attacks, "identity_cost": identity_cost,

@@ -102,9 +102,12 @@ def test_swarm_demo_trains_on_from_the_shipped_start_and_prints_the_continuation
                          "--prompt", "The history of the city", timeout=DEMO_TIMEOUT_S)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"starts from the start model in {SHIPPED_START}" in result.stdout
-    continuation = result.stdout.index("The history of the city|")
-    figures = json.loads(result.stdout[result.stdout.rindex("\n{") :])  # indented JSON: only its start is at column 0
-    assert continuation < result.stdout.rindex("\n{")
+    lines = result.stdout.splitlines()
+    written = [n for n, line in enumerate(lines) if line.startswith("The history of the city|")]
+    assert written and len(lines) - written[0] == 4, lines[-6:]  # the continuation, then three lines a person reads
+    assert "gzip -9 on the validation text" in lines[-3] and lines[-1].startswith("next: swarm-generate --model")
+    figures = json.loads((tmp_path / "demo" / "figures.json").read_text())
+    assert lines[-3].startswith(f"bits per byte on 128 validation windows: {figures['bits_per_byte']['overall']:.3f}")
     steps = [figures["manifest"]["blocks"][str(b)]["step"] for b in range(len(start.steps))]
     assert steps == [s + DEMO_STEPS for s in start.steps]
     assert figures["bits_per_byte"]["overall"] < 4.0

@@ -24,7 +24,8 @@ MAY_IMPORT = {
     "health": {"model", "p2p", "checkpoints"},  # checks.py downloads the checkpoints hosts announce
     "peer": {"model", "p2p", "checkpoints", "sync", "serving"},
     "lab": {"model", "p2p", "checkpoints", "sync", "serving"},
-    "cli": {"model", "p2p", "checkpoints", "sync", "serving", "peer", "lab", "health"},
+    "api": {"model", "p2p", "checkpoints", "serving"},  # swarm.load, swarm.connect, swarm.fetch
+    "cli": {"model", "p2p", "checkpoints", "sync", "serving", "peer", "lab", "health", "api"},
 }
 # the programs, by the names they install under (pyproject.toml) and the folders they live in
 PROGRAMS = ("swarm_peer", "swarm_bootstrap", "peers", "bootstrap", "benchmarks", "tests")

@@ -22,7 +22,7 @@ from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 from swarm.checkpoints.choice import Candidate, Measured, SpotCheck, believable, rank, uniform_ce
 from swarm.checkpoints.download import download_verified
 from swarm.checkpoints.store import CheckpointStore
-from swarm.cli.fetch import choose_block
+from swarm.checkpoints.assemble import choose_block
 from swarm.errors import SwarmError
 from swarm.lab.attacks import (
     STEP_LIE,

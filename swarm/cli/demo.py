@@ -31,12 +31,13 @@ from swarm.cli.console import Command, run_command
 from swarm.cli.options import checked_text_source
 from swarm.errors import SwarmError
 from swarm.lab.launch import LocalSwarm
-from swarm.model.checkpoint import LoadedModel, load_model_folder, save_model_folder
+from swarm.model.checkpoint import LoadedModel, load_model_folder, save_model_folder, write_atomic
+from swarm.model.compressors import compressor_bits_per_byte
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import evaluate_denoiser
 from swarm.model.families import local_runner
-from swarm.model.generate import continue_text
+from swarm.model.generate import STEPS_PER_BLOCK, continue_text
 from swarm.p2p.directory import SwarmDirectory
 from swarm.waiting import wait_for
 
@@ -44,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 SWARM = "demo"
 SHIPPED_START = Path(__file__).resolve().parent / "demo_start"  # package data: see its manifest.json
+REPORT_WINDOWS = 128  # validation windows the demo scores its model on
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,12 @@ def wait_until_trained(
 @click.option("--fresh", is_flag=True, help="Start every block from nothing, not from the shipped start model.")
 @click.option("--start", default=None, help="A blocks model folder to start from instead of the shipped one.")
 @click.option("--save-start", default=None, help="Also write the fetched model here as a start model (bfloat16).")
-def demo_command(workdir, steps, config_path, data, prompt, timeout, replicas, health_port, fresh, start, save_start):
+@click.option("--device", default="cpu", show_default=True, help="Where every peer trains (cpu, cuda, cuda:1, mps).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Every peer's batch (default: swarm-peer's).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print every figure as JSON instead of the few lines.")
+def demo_command(workdir, steps, config_path, data, prompt, timeout, replicas, health_port, fresh, start, save_start,
+                 device, batch_size, as_json):  # fmt: skip
     """Run a demo swarm on this machine: start, train, fetch, generate, evaluate, stop."""
     if fresh and start:
         raise SwarmError("--fresh and --start exclude each other: start from nothing, or from a model")
@@ -156,12 +163,13 @@ def demo_command(workdir, steps, config_path, data, prompt, timeout, replicas, h
         health = local.start_health(["--port", str(health_port), "--poll-period", "2"])  # up while the swarm is
         click.echo(f"swarm health page: {health}")
         with local.client() as client:
-            config = client.directory.wait_for_model(30)
+            config = client.wait_for_model(30)
             start_steps = start_model.steps if start_model else [0] * config.n_blocks
             if start_model:
                 click.echo(f"every block starts from the start model in {start_model.folder} (steps {start_steps}), "
                            f"not from nothing, and trains {steps} steps on: --fresh starts from nothing")  # fmt: skip
-            extra = ["--save-every", str(max(1, steps // 4)), "--announce-period", "3"]
+            extra = ["--save-every", str(max(1, steps // 4)), "--announce-period", "3", "--device", device]
+            extra += ["--batch-size", str(batch_size)] if batch_size else []
             # one peer per block has no replica to sync with
             extra += ["--sync", "demo", "--wait-for-replicas", str(replicas)] if replicas > 1 else ["--sync", "none"]
             for block in range(config.n_blocks):
@@ -175,21 +183,36 @@ def demo_command(workdir, steps, config_path, data, prompt, timeout, replicas, h
         fetched = local.run("swarm-fetch", "--out", str(workdir / "model"))
         if fetched.returncode != 0:
             raise SwarmError(f"swarm-fetch failed: {fetched.stderr.strip().splitlines()[-1:]}")
-    report(workdir / "model", data, prompt)
+    report(workdir / "model", data, prompt, as_json)
     if save_start:
         started_from = f"{start_model.folder.name} at steps {start_steps}" if start_model else "nothing"
         save_start_model(workdir / "model", Path(save_start), {**made_by, "started_from": started_from})
 
 
-def report(model_dir: Path, data: str | None, prompt: str) -> None:
-    """Print a continuation of the prompt by the fetched model, then its figures."""
+def report(model_dir: Path, data: str | None, prompt: str, as_json: bool) -> None:
+    """Print a continuation of the prompt by the fetched model, its bits per byte beside gzip's on the
+    same validation text, where it is and what to try next; every figure goes to figures.json beside
+    the model folder (and to stdout instead, with --json)."""
     model = load_model_folder(model_dir)
     run_block = local_runner(model.denoiser_for_block, model.config)
-    spans = continue_text(run_block, model.config, prompt.encode(), 64, steps_per_block=4)
-    click.echo(f"{prompt}|{b''.join(spans).decode('utf-8', errors='replace')}")
-    windows = load_corpus(data).windows("validation", model.config).fixed(128)
-    figures = evaluate_denoiser(model.denoiser_for_block, model.config, windows, steps_per_block=4)
-    click.echo(json.dumps({"model": str(model_dir), "manifest": model.manifest, **figures}, indent=2))
+    spans = continue_text(run_block, model.config, prompt, 64, steps_per_block=STEPS_PER_BLOCK)
+    continuation = b"".join(spans).decode("utf-8", errors="replace")
+    corpus = load_corpus(data)
+    windows = corpus.windows("validation", model.config).fixed(REPORT_WINDOWS)
+    figures = evaluate_denoiser(model.denoiser_for_block, model.config, windows, steps_per_block=STEPS_PER_BLOCK)
+    gzip_bits = compressor_bits_per_byte(corpus.raw("validation"))["gzip"]
+    everything = {"model": str(model_dir), "prompt": prompt, "continuation": continuation,
+                  "gzip_bits_per_byte": gzip_bits, "manifest": model.manifest, **figures}  # fmt: skip
+    figures_path = model_dir.parent / "figures.json"
+    write_atomic(figures_path, json.dumps(everything, indent=2).encode())
+    if as_json:
+        click.echo(json.dumps(everything, indent=2))
+        return
+    click.echo(f"{prompt}|{continuation}")
+    click.echo(f"bits per byte on {REPORT_WINDOWS} validation windows: {figures['bits_per_byte']['overall']:.3f} "
+               f"(gzip -9 on the validation text: {gzip_bits:.3f}; lower is better)")  # fmt: skip
+    click.echo(f"model folder: {model_dir} (every figure: {figures_path})")
+    click.echo(f'next: swarm-generate --model {model_dir} --max-bytes 200 "Your own prompt"')
 
 
 def main() -> None:
