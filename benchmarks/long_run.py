@@ -16,7 +16,7 @@ continuation's), and samples after validation passages' openings beside their tr
 Each peer runs `--sync none` (AdamW alone, as the baselines): with one peer per block there
 are no replicas to keep in step.
 
-    python benchmarks/long_run.py                # about 90 minutes on 2 cores
+    python benchmarks/long_run.py                # about 70 minutes on 2 cores
     python benchmarks/long_run.py --minutes 2    # a quick look
 """
 
@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from swarm.cli.console import setup_logging
+from swarm.cli.demo import save_start_model
 from swarm.lab.launch import LocalSwarm
 from swarm.lab.trainjobs import run_jobs
 from swarm.model.autoregressive import generate_bytes
@@ -57,7 +58,7 @@ from swarm.waiting import wait_for
 logger = logging.getLogger("benchmarks.long_run")
 
 SAMPLES = 5  # validation passages written on: the same prompts for every model, beside their true continuations
-SCHEDULE_STEPS = 100_000  # a peer's cosine schedule when it is given no --max-steps (swarm/peer/life.py)
+SCHEDULE_STEPS = 3000  # the cosine schedule of peers and baselines: about the steps a block takes in 25 minutes here
 CURVE_WINDOWS = 64
 
 
@@ -67,7 +68,7 @@ def swarm_phase(args, config_path: Path, config: ModelConfig, workdir: Path, cur
     A fetch that fails is logged and left out of the curve; the run fails only if none succeeds."""
     names = [f"block{b}" for b in range(config.n_blocks)]
     extra = ["--sync", "none", "--save-every", str(args.save_every), "--announce-period", "5",
-             "--batch-size", str(args.batch_size)]  # fmt: skip
+             "--batch-size", str(args.batch_size), "--max-steps", str(args.schedule_steps)]  # fmt: skip
     curve, fetched_folder, steps = [], None, []
     with LocalSwarm(workdir, swarm="longrun", config_path=str(config_path)) as local:
         local.start_bootstrap(refresh_period=5)
@@ -196,13 +197,13 @@ def train_all(config: ModelConfig, workdir: Path, corpus, args) -> tuple[dict, P
     swarm = swarm_phase(args, config_path, config, workdir / "swarm", curve_windows)
     steps = round(sum(swarm["steps"]) / len(swarm["steps"]))
     common = {"config": config.to_dict(), "train": corpus.stream("train", config.units()), "validation": corpus.stream("validation", config.units()),
-              "train_config": {"steps": SCHEDULE_STEPS, "batch_size": args.batch_size, "seed": 0},
+              "train_config": {"steps": args.schedule_steps, "batch_size": args.batch_size, "seed": 0},
               "run_steps": steps, "threads": args.threads, "curve_every": max(1, steps // 8)}  # fmt: skip
     trained = run_jobs([{**common, "kind": "end_to_end", "name": "end-to-end", "save_to": str(workdir / "e2e")},
                         {**common, "kind": "autoregressive", "name": "autoregressive", "save_to": str(workdir / "ar")}],
                        initializer=setup_logging)  # fmt: skip
     run = {
-        "settings": {k: v for k, v in vars(args).items() if k not in ("keep", "rescore")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("keep", "rescore", "save_start")},
         "swarm": {"peers": config.n_blocks, "sync": "none"},  # not options: one peer per block, no replicas to sync
         # not a command-line option (the page renders settings as the command): each kind's own rate
         "learning_rates": {"denoiser": default_lr("block"), "autoregressive": default_lr("autoregressive")},
@@ -223,6 +224,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=25.0, help="wall time the swarm trains")
     parser.add_argument("--config", default=None, help="model config JSON (default: the built-in config)")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--schedule-steps", type=int, default=SCHEDULE_STEPS, help="the cosine schedule's length "
+                        "for peers and baselines (a peer stops there: --max-steps)")  # fmt: skip
     parser.add_argument("--save-every", type=int, default=25, help="the peers' checkpoint period (steps)")
     parser.add_argument("--curve-points", type=int, default=5, help="fetches of the swarm's model while it trains")
     parser.add_argument("--windows", type=int, default=256, help="validation windows for the figures")
@@ -234,6 +237,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="of each baseline's training")
     parser.add_argument("--out", default="benchmarks/results/long_run")
     parser.add_argument("--keep", default=None, help="keep the trained models (and the swarm's files) in this folder")
+    parser.add_argument("--save-start", default=None, help="also write the swarm's fetched model here as the demo's "
+                        "start model (bfloat16; swarm/cli/demo_start is the shipped one)")  # fmt: skip
     parser.add_argument("--rescore", default=None, help="train nothing: score again the models a run kept in this "
                         "folder (--keep), into the long_run.json already in --out")  # fmt: skip
     args = parser.parse_args()
@@ -253,6 +258,12 @@ def main() -> None:
             workdir.mkdir(parents=True, exist_ok=True)
             run, fetched = train_all(config, workdir, corpus, args)
             result = {**run, **score(config, workdir, fetched, corpus, args)}
+            if args.save_start:
+                how = (f"the blocks of `python benchmarks/long_run.py --minutes {args.minutes:g} --schedule-steps "
+                       f"{args.schedule_steps}`: a swarm of {config.n_blocks} swarm-peer processes, one per block, on "
+                       "this machine's 2 cores")  # fmt: skip
+                save_start_model(fetched, Path(args.save_start), {"how": how, "steps": run["steps_each"], "replicas": 1,
+                                                                   "data": "built-in", "started_from": "nothing"})  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "long_run.json", json.dumps(result, indent=2).encode())
     plot(result, out / "long_run.png")

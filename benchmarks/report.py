@@ -375,14 +375,36 @@ def start_model(folder: Folder) -> list[str]:
         "shipped in the package in bfloat16) as the long run scores its blocks, on the same validation windows, "
         "under each reveal order of the sampler.",
         command("start_model.py", r["settings"].data),
-        f"How they were made: `{made['command']} --steps {made['steps']}` with {plain(made['replicas'])} "
-        f"peer(s) per block on the {made['data']} corpus, started from {made['started_from']}. Blocks at steps "
-        f"{plain(r['block_steps'])}: {fixed(f['bits_per_byte'].num('overall'))} bits per byte.",
+        f"How they were made: {made_how(made)}, on the {made['data']} corpus, started from {made['started_from']}. "
+        f"Blocks at steps {plain(r['block_steps'])}: {fixed(f['bits_per_byte'].num('overall'))} bits per byte.",
         compressors_line(r),
+        peer_needs(r),
         judge_line,
         table(header + (["gen_nll / true"] if judged else []), rows),
         start_model_samples(r),
     )
+
+
+def peer_needs(r: Node) -> str:
+    """What a peer of this model needed in the run that trained it (where the results record it)."""
+    block, peers = r.get("block"), r["made_by"].get("peers")
+    if block is None:
+        return ""
+    line = (f"One block: {block.num('parameters'):,} parameters, a checkpoint of {size(block.num('checkpoint_bytes'))} "
+            f"(float32, as peers save and send it); the shipped start model {size(block.num('shipped_bytes'))} (bfloat16).")  # fmt: skip
+    if peers is not None:
+        per_step = peers.num("training_seconds") / r["made_by"].num("steps")
+        line += (f" In the run that trained it, {plain(peers['count'])} peers shared this machine's 2 cores: at most "
+                 f"{fixed(peers.num('peak_rss_mb'), 0)} MB resident each (its DHT and libp2p daemon included), "
+                 f"{fixed(per_step, 2)} s a step.")  # fmt: skip
+    return line
+
+
+def made_how(made: Node) -> str:
+    """The run a start model came from: its own words, or swarm-demo's options."""
+    if made.get("how") is not None:
+        return made["how"]
+    return f"`{made['command']} --steps {made['steps']}` with {plain(made['replicas'])} peer(s) per block"
 
 
 def start_model_samples(r: Node) -> list[str]:

@@ -24,12 +24,22 @@ from long_run import by_reveal, sample_texts
 
 from swarm.cli.console import setup_logging
 from swarm.cli.demo import SHIPPED_START, StartModel
-from swarm.model.checkpoint import load_model_folder, write_atomic
+from swarm.model.checkpoint import encode_block, load_model_folder, write_atomic
 from swarm.model.compressors import compressor_bits_per_byte
 from swarm.model.data import load_corpus
+from swarm.model.denoiser import count_parameters
 from swarm.model.evaluate import evaluate_denoiser
 from swarm.model.steps import REVEAL_ORDERS, Sampling
 from swarm.model.words import vocabulary
+
+
+def block_facts(start: StartModel) -> dict:
+    """What one block is, for a peer that would host it: its parameters, its checkpoint's bytes (float32,
+    as peers save and send it) and the shipped folder's bytes (all blocks, bfloat16)."""
+    module, config = start.model.modules[0], start.model.config
+    return {"parameters": count_parameters(module),
+            "checkpoint_bytes": len(encode_block(module.float(), config, 0, start.steps[0])),
+            "shipped_bytes": sum(p.stat().st_size for p in start.folder.iterdir() if p.is_file())}  # fmt: skip
 
 
 def main() -> None:
@@ -63,6 +73,7 @@ def main() -> None:
         "start_model": str(SHIPPED_START.relative_to(Path(__file__).resolve().parent.parent)),
         "made_by": start.model.manifest.get("made_by"),
         "block_steps": start.steps,
+        "block": block_facts(start),
         "figures": figures,
         "by_reveal": by_reveal(blocks, config, windows, judge, known, args),
         "samples": {"prompts": written[args.reveal]["prompts"], "true": written[args.reveal]["true"],

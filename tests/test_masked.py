@@ -169,3 +169,16 @@ def test_an_answer_that_rewrites_revealed_bytes_or_leaves_bytes_hidden_at_the_en
     with pytest.raises(ValueError, match="left bytes hidden"):
         family.check_answer(ids, last, ids)
     family.check_answer(ids, family.schedule(0, 2), ids)  # the first block may leave bytes hidden
+
+
+def test_stratified_rates_spread_a_batch_evenly_over_the_slice_and_keep_each_rate_uniform(tiny_config):
+    family = MaskedFamily(tiny_config)
+    lo, hi = tiny_config.block_slice(1, widened=True)
+    rates = family.sample(64, 1, torch.Generator().manual_seed(0), stratified=True)
+    gaps = rates.sort().values.diff()
+    assert torch.allclose(gaps, torch.full_like(gaps, (hi - lo) / 64), atol=1e-5)  # one rate in each 64th
+    assert rates.min() > lo - 1e-6 and rates.max() <= hi + 1e-6
+    firsts = torch.stack([family.sample(8, 1, torch.Generator().manual_seed(s), stratified=True)[0] for s in range(4000)])
+    assert abs(float(firsts.mean()) - (lo + hi) / 2) < 0.01 * (hi - lo) * 3  # each rate alone: uniform on the slice
+    independent = family.sample(64, 1, torch.Generator().manual_seed(0))
+    assert independent.sort().values.diff().std() > 3 * gaps.std()  # independent draws bunch up

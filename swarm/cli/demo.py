@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,24 +173,28 @@ def demo_command(workdir, steps, config_path, data, prompt, timeout, replicas, h
             extra += ["--batch-size", str(batch_size)] if batch_size else []
             # one peer per block has no replica to sync with
             extra += ["--sync", "demo", "--wait-for-replicas", str(replicas)] if replicas > 1 else ["--sync", "none"]
+            peers = []
             for block in range(config.n_blocks):
                 for replica in range(replicas):
                     name = f"peer{block}" + (chr(ord("a") + replica) if replicas > 1 else "")
                     if start_model:
                         start_model.seed(local.checkpoint_dir(name), block)
                     max_steps = ["--max-steps", str(start_steps[block] + steps)]
-                    local.start_peer(name, str(block), [*extra, *max_steps, "--public-name", name])
+                    peers.append(local.start_peer(name, str(block), [*extra, *max_steps, "--public-name", name]))
+            started = time.monotonic()
             wait_until_trained(local, client.directory, start_steps, steps, timeout)
+            made_by["peers"] = {"count": len(peers), "training_seconds": round(time.monotonic() - started, 1),
+                                "peak_rss_mb": max(p.peak_rss() or 0 for p in peers) / 1e6}  # fmt: skip
         fetched = local.run("swarm-fetch", "--out", str(workdir / "model"))
         if fetched.returncode != 0:
             raise SwarmError(f"swarm-fetch failed: {fetched.stderr.strip().splitlines()[-1:]}")
-    report(workdir / "model", data, prompt, as_json)
+    report(workdir / "model", data, prompt, as_json, made_by)
     if save_start:
         started_from = f"{start_model.folder.name} at steps {start_steps}" if start_model else "nothing"
         save_start_model(workdir / "model", Path(save_start), {**made_by, "started_from": started_from})
 
 
-def report(model_dir: Path, data: str | None, prompt: str, as_json: bool) -> None:
+def report(model_dir: Path, data: str | None, prompt: str, as_json: bool, run: dict) -> None:
     """Print a continuation of the prompt by the fetched model, its bits per byte beside gzip's on the
     same validation text, where it is and what to try next; every figure goes to figures.json beside
     the model folder (and to stdout instead, with --json)."""
@@ -201,7 +206,7 @@ def report(model_dir: Path, data: str | None, prompt: str, as_json: bool) -> Non
     windows = corpus.windows("validation", model.config).fixed(REPORT_WINDOWS)
     figures = evaluate_denoiser(model.denoiser_for_block, model.config, windows, steps_per_block=STEPS_PER_BLOCK)
     gzip_bits = compressor_bits_per_byte(corpus.raw("validation"))["gzip"]
-    everything = {"model": str(model_dir), "prompt": prompt, "continuation": continuation,
+    everything = {"model": str(model_dir), "prompt": prompt, "continuation": continuation, "run": run,
                   "gzip_bits_per_byte": gzip_bits, "manifest": model.manifest, **figures}  # fmt: skip
     figures_path = model_dir.parent / "figures.json"
     write_atomic(figures_path, json.dumps(everything, indent=2).encode())

@@ -61,6 +61,8 @@ def _local_documents(path: Path) -> datasets.Dataset:
         files, sample_by = [str(path)], "paragraph"
     if not files:
         raise SwarmError(f"no text files in folder {path}")
+    if not any(Path(f).stat().st_size for f in files):
+        raise SwarmError(f"{path} holds no text: {'it is' if path.is_file() else 'every file in it is'} empty")
     _quiet_datasets()
     try:
         return datasets.load_dataset("text", data_files=files, sample_by=sample_by, split="train")
