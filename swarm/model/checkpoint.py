@@ -219,6 +219,8 @@ def load_model_folder(folder: Path) -> LoadedModel:
         kind, config = meta["kind"], ModelConfig.from_dict(meta["model"])
     except (ValueError, KeyError, TypeError):
         raise SwarmError(f"{folder}/config.json is not a valid model config") from None
+    except SwarmError as error:  # a field the config's schema refuses: which one
+        raise SwarmError(f"{folder}/config.json: {error}") from None
     if kind not in KINDS:
         raise SwarmError(f"{folder}/config.json: unknown model kind {kind!r}")
     config.units(folder)  # its tokenizer, from the folder if nowhere else: SwarmError if missing or another

@@ -17,14 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_type_hints
 
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -36,6 +36,14 @@ FAMILIES = ("masked", "gaussian")  # swarm/model/families.py; the first is the d
 LATER_FIELDS = {"prefix_cache": False, "vocab_size": BYTE_VOCAB, "tokenizer": None, "tie_embeddings": False}
 # the built-in tokenizer (swarm/model/tokenizers/): a byte-level BPE trained on the built-in corpus's training split
 BUILTIN_TOKENIZER = "bcee1c8e4ea78a1f9075c58db5b9ad6142d0588ba84112607dd61bda99bf284d"
+MAX_BLOCKS = 256  # as many as the swarm's records name (swarm/p2p/records.py)
+
+# the field types of the config schema (`CONFIG_SCHEMA`): far above any model trained here, low enough
+# that a config cannot ask a peer for tensors no machine holds
+Count = Annotated[int, Field(ge=1)]
+Length = Annotated[int, Field(ge=1, le=65536)]  # units of a window's part
+Sigma = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
 @dataclass(frozen=True)
@@ -67,27 +75,29 @@ class ModelConfig:
     target (docs/decisions.md has the measured price).
     """
 
-    prefix_len: int = 16  # P: clean units the model conditions on (about 64 bytes of the built-in text)
-    gen_len: int = 8  # G: units written at once by one pass through the blocks (about 32 bytes)
-    d_model: int = 256  # width of every layer and of the target codebook
-    n_heads: int = 4
-    n_layers: int = 8  # L: layers of the whole model, split evenly among the blocks
-    n_blocks: int = 4  # B
-    mlp_ratio: int = 4
-    sigma_data: float = 0.5  # RMS of a codebook row
-    sigma_min: float | None = None
-    sigma_max: float | None = None
-    p_mean: float | None = None  # mean of log sigma during training
-    p_std: float = 1.0  # std of log sigma during training
-    block_overlap: float = 0.05  # mass by which each block's training interval is widened on each side
-    codebook_seed: int = 0  # the codebook is derived from this, never trained
-    family: str = FAMILIES[0]  # "masked" (absorbing-state) or "gaussian" (EDM in embedding space)
+    prefix_len: Length = 16  # P: clean units the model conditions on (about 64 bytes of the built-in text)
+    gen_len: Length = 8  # G: units written at once by one pass through the blocks (about 32 bytes)
+    d_model: Annotated[int, Field(ge=1, le=16384)] = 256  # width of every layer and of the target codebook
+    n_heads: Annotated[int, Field(ge=1, le=1024)] = 4
+    n_layers: Annotated[int, Field(ge=1, le=4096)] = 8  # L: layers of the whole model, split evenly among the blocks
+    n_blocks: Annotated[int, Field(ge=1, le=MAX_BLOCKS)] = 4  # B
+    mlp_ratio: Annotated[int, Field(ge=1, le=64)] = 4
+    sigma_data: Sigma = 0.5  # RMS of a codebook row
+    sigma_min: Sigma | None = None
+    sigma_max: Sigma | None = None
+    p_mean: Annotated[float, Field(allow_inf_nan=False)] | None = None  # mean of log sigma during training
+    p_std: Sigma = 1.0  # std of log sigma during training
+    # mass by which each block's training interval is widened on each side
+    block_overlap: Annotated[float, Field(ge=0, lt=0.5)] = 0.05
+    codebook_seed: Annotated[int, Field(ge=0, lt=2**63)] = 0  # the codebook is derived from this, never trained
+    family: Literal[FAMILIES] = FAMILIES[0]  # "masked" (absorbing-state) or "gaussian" (EDM in embedding space)
     prefix_cache: bool = False  # prefix rows blind to the target and the noise level: a request encodes them once
-    vocab_size: int = 8192  # units: the tokenizer's, or 256 for raw bytes
-    tokenizer: str | None = BUILTIN_TOKENIZER  # sha256 of the tokenizer.json (units.py); None for raw bytes
+    vocab_size: Annotated[int, Field(ge=BYTE_VOCAB, le=MAX_VOCAB)] = 8192  # units: the tokenizer's, or 256 for raw bytes
+    tokenizer: Sha256 | None = BUILTIN_TOKENIZER  # sha256 of the tokenizer.json (units.py); None for raw bytes
     tie_embeddings: bool = True  # masked family: one table embeds the prefix and the target and is the head
 
     def __post_init__(self) -> None:
+        check_fields({f.name: getattr(self, f.name) for f in fields(self)})
         norm = self.sigma_data * math.sqrt(self.d_model)
         if self.sigma_min is None:
             object.__setattr__(self, "sigma_min", norm / 8)
@@ -98,19 +108,12 @@ class ModelConfig:
         self._validate()
 
     def _validate(self) -> None:
+        """What no single field's type and range says (those `check_fields` checked)."""
         checks = [
-            (self.prefix_len >= 1 and self.gen_len >= 1, "prefix_len and gen_len must be positive"),
             (self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads"),
-            (self.n_blocks >= 1, "n_blocks must be at least 1"),
             (self.n_layers % self.n_blocks == 0, "n_layers must be a multiple of n_blocks"),
-            (0 < self.sigma_min < self.sigma_max, "need 0 < sigma_min < sigma_max"),
-            (self.p_std > 0 and self.sigma_data > 0, "p_std and sigma_data must be positive"),
-            (0 <= self.block_overlap < 0.5, "block_overlap must be in [0, 0.5)"),
-            (self.family in FAMILIES, f"family must be one of {', '.join(FAMILIES)}"),
-            (BYTE_VOCAB <= self.vocab_size <= MAX_VOCAB, f"vocab_size must be in [{BYTE_VOCAB}, {MAX_VOCAB}]"),
+            (self.sigma_min < self.sigma_max, "need 0 < sigma_min < sigma_max"),
             (self.tokenizer is not None or self.vocab_size == BYTE_VOCAB, "raw bytes (no tokenizer) have 256 units"),
-            (self.tokenizer is None or re.fullmatch(r"[0-9a-f]{64}", self.tokenizer) is not None,
-             "tokenizer must be the sha256 (64 hex digits) of a tokenizer.json"),
             (not self.tie_embeddings or self.family == "masked", "tie_embeddings needs the masked family"),
         ]
         for ok, message in checks:
@@ -140,16 +143,13 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelConfig:
+        """The config whose fields `data` holds; SwarmError (one line) on a value of the wrong type
+        or out of range, or an unknown field (`CONFIG_SCHEMA`). Values are kept as written (an int
+        where a float may be stays an int), so the config's hash is what it was before the schema."""
         if not isinstance(data, dict):
             raise SwarmError("model config must be a mapping of fields")
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise SwarmError(f"model config has unknown fields: {sorted(unknown)}")
-        try:
-            return cls(**data)
-        except (TypeError, ValueError, OverflowError) as error:
-            raise SwarmError(f"invalid model config: {error}") from None
+        check_fields(data)
+        return cls(**data)
 
     @classmethod
     def from_json_file(cls, path: str | Path | None) -> ModelConfig:
@@ -194,6 +194,32 @@ class ModelConfig:
         if widened:
             lo, hi = max(0.0, lo - self.block_overlap), min(1.0, hi + self.block_overlap)
         return lo, hi
+
+
+
+# The config's schema, made from ModelConfig's own annotated fields: strict types (no 4.0 for an int,
+# no "4" or true for a number; an int is a float's value as well), their ranges, and no unknown field.
+_TYPES = get_type_hints(ModelConfig, include_extras=True)
+CONFIG_SCHEMA: type[BaseModel] = create_model(
+    "ModelConfigSchema",
+    __config__=ConfigDict(strict=True, extra="forbid"),
+    **{f.name: (_TYPES[f.name], f.default) for f in fields(ModelConfig)},
+)
+
+
+def check_fields(data: dict) -> None:
+    """SwarmError (one line: the first problem, and how many more) unless `data` passes `CONFIG_SCHEMA`."""
+    try:
+        CONFIG_SCHEMA.model_validate(data)
+    except ValidationError as error:
+        problems = error.errors()
+        unknown = sorted(str(p["loc"][0]) for p in problems if p["type"] == "extra_forbidden")
+        if unknown:
+            raise SwarmError(f"model config has unknown fields: {unknown}") from None
+        first, more = problems[0], f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        field = ".".join(str(part) for part in first["loc"])
+        message = first["msg"][0].lower() + first["msg"][1:]
+        raise SwarmError(f"invalid model config: {field}: {message}, not {first['input']!r}{more}") from None
 
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]  # one layer's keys (rotated) and values, (N, heads, rows, head dim)

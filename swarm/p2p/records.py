@@ -29,13 +29,13 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from swarm.errors import SwarmError
+from swarm.model.denoiser import CONFIG_SCHEMA, MAX_BLOCKS
 
 logger = logging.getLogger(__name__)
 
-MAX_BLOCKS = 256  # block records are recognised for indices below this
 MAX_PINGS = 8  # round trips one announcement may carry
 MAX_PING_S = 60.0
 SWARM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -199,10 +199,18 @@ class Attestation(_Record):
     signature: str = Field(pattern=r"^[A-Za-z0-9+/=]+$", max_length=MAX_SIGNATURE_CHARS)
 
 
-class ModelRecord(_Record):
-    """The model every peer of the swarm trains; peers compare `config_hash` before joining."""
+def _model_config(config: dict) -> dict:
+    """A model config's fields as written, once they pass the config's schema (strict types,
+    ranges, no unknown field: `swarm.model.denoiser.CONFIG_SCHEMA`, what `--config` passes too)."""
+    CONFIG_SCHEMA.model_validate(config)
+    return config
 
-    config: dict
+
+class ModelRecord(_Record):
+    """The model every peer of the swarm trains; peers compare `config_hash` before joining. A record
+    whose config does not pass the config's schema is refused (by DHT nodes) and skipped (by readers)."""
+
+    config: Annotated[dict, AfterValidator(_model_config)]  # as written: its hash is over these values
     config_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     members_only: bool = False  # only keys with the creator's certificate count (swarm/p2p/members.py)
     identity_work: IdentityWork | None = None  # an open swarm's price of an identity (swarm/p2p/work.py)
