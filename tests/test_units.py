@@ -11,6 +11,7 @@ import json
 import random
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 from conftest import SAMPLE_TEXT, TINY
@@ -113,8 +114,6 @@ def test_a_checkpoint_of_another_tokenizer_is_refused(tokenizer_file):
 def test_the_windows_are_units_and_bits_per_byte_count_bytes(tokenizer_file):
     config = tiny_tokens(tokenizer_file)
     units = config.units()
-    import datasets
-
     documents = datasets.Dataset.from_dict({"text": [SAMPLE_TEXT[:300], SAMPLE_TEXT[300:600]]})
     stream = to_unit_stream(documents, units)
     assert units.decode(stream.tolist()) == (SAMPLE_TEXT[:300] + "\n\n" + SAMPLE_TEXT[300:600]).encode()
@@ -211,3 +210,27 @@ def test_a_lying_peer_is_not_believed_about_the_tokenizer(tokenizer_file, tmp_pa
     finally:
         for node in nodes:
             node.shutdown()
+
+
+def test_demo_replicas_of_a_block_of_tokens_stay_identical_and_learn(tokenizer_file):
+    """DeMo's compression, vote and error feedback on a tied table of vocab_size + 1 rows: replicas that
+    gather the same payloads stay bit-identical, as the checkpoint agreement needs."""
+    from test_decoupled_momentum import backward, replicas, senders
+
+    from swarm.sync.decoupled_momentum import DeMoConfig, decode_payload, encode_payload
+
+    config = tiny_tokens(tokenizer_file)
+    documents = datasets.Dataset.from_dict({"text": [SAMPLE_TEXT]})
+    windows = Windows(to_unit_stream(documents, config.units()), config.seq_len)
+    blocks, reps = replicas(config, 2, DeMoConfig(value_bits=16, sign_lr=2e-3))
+    losses = []
+    for step in range(30):
+        wires = []
+        for index, (block, replica) in enumerate(zip(blocks, reps)):
+            losses.append(backward(block, windows, seed=1000 * index + step))
+            wires.append(encode_payload(replica.make_payload(lr=2e-3), 16))
+        for index, replica in enumerate(reps):
+            assert replica.apply(senders(decode_payload(w, replica) for w in wires), f"r{index}") == ["r0", "r1"]
+    for a, b in zip(blocks[0].parameters(), blocks[1].parameters()):
+        assert torch.equal(a, b)
+    assert sum(losses[-10:]) / 10 < 0.95 * sum(losses[:10]) / 10
