@@ -3,8 +3,9 @@
 A block checkpoint is one safetensors file whose metadata says what it is (format version,
 swarm, block index, step, config hash), so a file can be checked before its tensors are
 used. A model folder holds `config.json` (kind, model config, config hash),
-`model.safetensors` (for a block model, block b's tensors under `blocks.<b>.`) and, when the
-blocks came from a swarm, `manifest.json`. Everything is written atomically: a file goes to
+`model.safetensors` (for a block model, block b's tensors under `blocks.<b>.`), `README.md` (its
+card: card.py), `tokenizer.json` for a model of tokens and, when the blocks came from a swarm or
+from swarm-train, `manifest.json`. Everything is written atomically: a file goes to
 a temporary name, is fsynced and renamed; a folder is built under a temporary name and
 renamed into place, so a reader never sees half of either.
 """
@@ -27,7 +28,8 @@ from torch import nn
 
 from swarm.errors import SwarmError
 from swarm.model.autoregressive import ByteTransformer
-from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_to_end
+from swarm.model.card import model_card
+from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_to_end, count_parameters
 from swarm.model.units import TOKENIZER_FILE
 
 FORMAT_VERSION = "1"
@@ -170,8 +172,8 @@ class LoadedModel:
 def save_model_folder(
     folder: Path, kind: str, config: ModelConfig, modules: list[nn.Module], manifest: dict | None = None
 ) -> None:
-    """Write config.json, model.safetensors, the tokenizer.json of a model of tokens (and
-    manifest.json) as one folder, atomically."""
+    """Write config.json, model.safetensors, its card (README.md: card.py), the tokenizer.json of a
+    model of tokens (and manifest.json) as one folder, atomically."""
     assert kind in KINDS, kind
     if kind == "blocks":
         tensors = {f"blocks.{b}.{k}": v for b, m in enumerate(modules) for k, v in _tensors(m).items()}
@@ -180,6 +182,7 @@ def save_model_folder(
     files = {
         "config.json": json.dumps({"kind": kind, "model": config.to_dict(), "config_hash": config.hash()}, indent=2),
         "model.safetensors": save_safetensors_bytes(tensors, metadata={"format_version": FORMAT_VERSION}),
+        "README.md": model_card(Path(folder).name, kind, config, [count_parameters(m) for m in modules], manifest),
     }
     if manifest is not None:
         files["manifest.json"] = json.dumps(manifest, indent=2)
