@@ -42,9 +42,9 @@ from typing import NoReturn
 
 from swarm.cli.console import setup_logging
 from swarm.errors import SwarmError
+from swarm.files import write_atomic
 from swarm.lab import netlab
 from swarm.lab.launch import LocalSwarm
-from swarm.model.checkpoint import write_atomic
 from swarm.model.denoiser import ModelConfig
 from swarm.model.generate import STEPS_PER_BLOCK
 from swarm.waiting import wait_for

@@ -36,9 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from swarm.cli.console import setup_logging
+from swarm.files import write_atomic
 from swarm.lab import netlab
 from swarm.lab.launch import LocalSwarm
-from swarm.model.checkpoint import write_atomic
 from swarm.model.generate import STEPS_PER_BLOCK
 from swarm.p2p.pings import timed_info
 from swarm.waiting import wait_for

@@ -79,8 +79,9 @@ from swarm.checkpoints.choice import SPOT_CHECK_WINDOWS, SpotCheck
 from swarm.checkpoints.chunks import chunk_hashes
 from swarm.cli.console import setup_logging
 from swarm.errors import SwarmError
+from swarm.files import write_atomic
 from swarm.lab.trainjobs import peak_rss_bytes, reset_peak_rss
-from swarm.model.checkpoint import decode_block, encode_block, load_block, save_block, write_atomic
+from swarm.model.checkpoint import decode_block, encode_block, load_block, save_block
 from swarm.model.data import Windows, load_corpus
 from swarm.model.denoiser import ModelConfig, build_block, count_parameters
 from swarm.model.families import family_of

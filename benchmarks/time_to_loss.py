@@ -88,8 +88,9 @@ from sync import MODES, model_path, region_facts, region_lab, run_mode, validati
 
 from swarm.cli.console import setup_logging
 from swarm.errors import SwarmError
+from swarm.files import write_atomic
 from swarm.lab import netlab
-from swarm.model.checkpoint import load_block, write_atomic
+from swarm.model.checkpoint import load_block
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import block_denoise_ce

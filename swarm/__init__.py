@@ -12,7 +12,8 @@ Where things are (imports run down this list, never up):
 - lab/: swarms of real processes on this machine (demo, tests, benchmarks), network namespaces, chaos, attacks
 - api.py: the Python API (`swarm.load`, `swarm.connect`, `swarm.fetch`), which the commands use too
 - cli/: every command-line program but swarm-peer and swarm-bootstrap (peers/ and bootstrap/)
-- errors.py: the one error type a user can cause; waiting.py: waiting on a condition with a timeout
+- errors.py: the one error type a user can cause; waiting.py: waiting on a condition with a timeout;
+  files.py: files and folders written whole or not at all
 """
 
 __version__ = "0.2.0"

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from swarm.errors import SwarmError
+from swarm.files import write_atomic
 from swarm.model.checkpoint import (
     decode_block,
     encode_block,
@@ -14,7 +15,6 @@ from swarm.model.checkpoint import (
     read_block_metadata,
     save_block,
     save_model_folder,
-    write_atomic,
 )
 from swarm.model.denoiser import ModelConfig, build_block, build_end_to_end
 

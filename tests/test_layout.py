@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = ROOT / "swarm"
 
 # each part of the library, and the parts it may import (besides itself and the shared base)
-BASE = {"swarm", "swarm.errors", "swarm.waiting", "swarm.__main__"}  # __main__: `python -m swarm` lists the commands
+BASE = {"swarm", "swarm.errors", "swarm.waiting", "swarm.files", "swarm.__main__"}  # __main__: `python -m swarm` lists the commands
 MAY_IMPORT = {
     "model": set(),
     "p2p": {"model"},
@@ -69,7 +69,7 @@ def test_imports_run_one_way(path):
 def test_every_part_is_a_known_room():
     parts = {p.name for p in LIBRARY.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     modules = {p.stem for p in LIBRARY.glob("*.py")} - {"__init__"}
-    assert parts | modules == set(MAY_IMPORT) | {"errors", "waiting", "__main__"}
+    assert parts | modules == set(MAY_IMPORT) | {"errors", "waiting", "files", "__main__"}
 
 
 def test_setup_installs_every_package_and_the_programs_under_their_own_names():

@@ -7,7 +7,8 @@ import re
 import time
 from pathlib import Path
 
-from swarm.model.checkpoint import save_block, write_atomic
+from swarm.files import write_atomic
+from swarm.model.checkpoint import save_block
 from swarm.model.denoiser import Denoiser, ModelConfig
 from swarm.p2p.records import CheckpointInfo
 

@@ -29,7 +29,7 @@ from swarm.checkpoints.transfer import TransferError
 from swarm.cli.console import Group, run_command
 from swarm.cli.options import member_options, steps_per_block_option, swarm_client, swarm_options
 from swarm.errors import SwarmError
-from swarm.model.checkpoint import write_atomic
+from swarm.files import write_atomic
 from swarm.model.generate import continue_text
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import Host

@@ -13,7 +13,7 @@ import click
 from swarm.cli.console import Command, run_command
 from swarm.cli.options import member_options, swarm_client, swarm_options
 from swarm.errors import SwarmError
-from swarm.model.checkpoint import write_atomic
+from swarm.files import write_atomic
 from swarm.p2p.directory import Host
 from swarm.p2p.ledger import Ledger
 

@@ -5,18 +5,14 @@ swarm, block index, step, config hash), so a file can be checked before its tens
 used. A model folder holds `config.json` (kind, model config, config hash),
 `model.safetensors` (for a block model, block b's tensors under `blocks.<b>.`), `README.md` (its
 card: card.py), `tokenizer.json` for a model of tokens and, when the blocks came from a swarm or
-from swarm-train, `manifest.json`. Everything is written atomically: a file goes to
-a temporary name, is fsynced and renamed; a folder is built under a temporary name and
-renamed into place, so a reader never sees half of either.
+from swarm-train, `manifest.json`. Everything is written atomically (swarm/files.py), so a
+reader never sees half of a file or a folder.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +23,7 @@ from safetensors.torch import save as save_safetensors_bytes
 from torch import nn
 
 from swarm.errors import SwarmError
+from swarm.files import write_atomic, write_folder_atomic
 from swarm.model.autoregressive import ByteTransformer
 from swarm.model.card import model_card
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_to_end, count_parameters
@@ -34,31 +31,6 @@ from swarm.model.units import TOKENIZER_FILE
 
 FORMAT_VERSION = "1"
 KINDS = ("blocks", "end_to_end", "autoregressive")
-
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write bytes to `path` so that a crash leaves the old file or the new one, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -189,27 +161,6 @@ def save_model_folder(
     if config.tokenizer is not None:  # the folder explains its own units: it loads with nothing else
         files[TOKENIZER_FILE] = config.units().data
     write_folder_atomic(Path(folder), files)
-
-
-def write_folder_atomic(folder: Path, files: dict[str, str | bytes]) -> None:
-    """Build a folder under a temporary name, then rename it into place (replacing an old one)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
-    try:
-        for name, content in files.items():
-            data = content.encode() if isinstance(content, str) else content
-            with open(tmp / name, "wb") as f:
-                f.write(data)
-                os.fsync(f.fileno())
-        os.chmod(tmp, 0o755)
-        old = folder.with_name(f".{folder.name}.old")
-        if folder.exists():
-            os.replace(folder, old)
-        os.replace(tmp, folder)
-        shutil.rmtree(old, ignore_errors=True)
-        _fsync_dir(folder.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_model_folder(folder: Path) -> LoadedModel:

@@ -33,6 +33,7 @@ from typing import Iterable, Protocol
 import torch
 
 from swarm.errors import SwarmError
+from swarm.files import write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -155,8 +156,6 @@ def add_tokenizer(data: bytes, expected_sha256: str | None = None, keep: bool = 
 
 
 def _keep(digest: str, data: bytes) -> None:
-    from swarm.model.checkpoint import write_atomic  # the one atomic writer; checkpoint imports this module
-
     path = cache_folder() / f"{digest}.json"
     if path.exists() or (BUILTIN_FOLDER / path.name).exists():
         return

@@ -41,7 +41,7 @@ from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 from pydantic import ValidationError
 
 from swarm.errors import SwarmError
-from swarm.model.checkpoint import write_atomic
+from swarm.files import write_atomic
 from swarm.p2p.network import load_key
 from swarm.p2p.records import (
     MAX_REVOKED,

@@ -29,7 +29,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 
 from swarm.errors import SwarmError
-from swarm.model.checkpoint import write_atomic
+from swarm.files import write_atomic
 from swarm.p2p.records import SwarmRecordValidator, check_swarm_name
 from swarm.waiting import WaitStopped
 

@@ -41,7 +41,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from swarm.model.checkpoint import write_atomic
+from swarm.files import write_atomic
 from swarm.p2p.records import MAX_WORK_MEMORY, IdentityWork, owner_fingerprint, read_model_file
 
 logger = logging.getLogger(__name__)
