@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
 from hivemind.proto import runtime_pb2
 
 from swarm.p2p.messages import PayloadReply, PayloadRequest
 from swarm.sync.compression import PayloadError
-from swarm.sync.exchange import Exchange, Gathered, Round
+from swarm.sync.exchange import Exchange, Gathered, Round, applied_fingerprint
 from swarm.sync.transport import PENDING_STEPS, PayloadServicer
 
 
@@ -77,3 +79,28 @@ def test_a_refused_payload_says_nothing_about_drift():
     gathered.payloads["liar"] = b"fits now"
     exchange.in_order(round_, gathered, decode)
     assert exchange.drifted  # an accepted payload's fingerprint counts
+
+
+def test_finishing_a_round_applies_its_set_in_order_records_it_and_follows_a_majority():
+    """`Exchange.finish`, how every strategy that swaps payloads ends a round: the set decoded in
+    peer-id order (own included), applied, recorded as applied, and a majority ahead followed."""
+    gathering = Future()
+    gathering.set_result(Gathered(asked=3, payloads={"b": b"2", "a": b"1"}, reported_steps={"c": 60, "d": 60}))
+    exchange = Exchange(transport=SimpleNamespace(deadline=1.0), own_id="me", replica_ids=list)
+    seen = []
+
+    def apply(decoded: list[tuple[str, str]]) -> list[str]:
+        seen.append(decoded)
+        return ["a", "me"]  # the senders whose payloads made the update
+
+    round_ = Round(step=5, own=b"0", fingerprint=b"started", gathering=gathering)
+    assert exchange.finish(round_, 5, bytes.decode, apply) == 60
+    assert seen == [[("a", "1"), ("b", "2"), ("me", "0")]]
+    assert exchange.applied == applied_fingerprint(5, ["a", "me"]) and exchange.rounds == 1
+
+
+def test_a_round_finished_between_steps_is_not_counted_as_waiting():
+    exchange = Exchange(transport=None, own_id="me", replica_ids=list, wait_seconds=2.0)
+    with exchange.between_steps():
+        exchange.wait_seconds += 5.0  # what collect adds
+    assert exchange.wait_seconds == 2.0

@@ -53,13 +53,14 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, TypeVar
 
 from swarm.model.train import Trainer
 from swarm.p2p.ledger import Witness
-from swarm.p2p.messages import PayloadReply
 from swarm.sync.compression import PayloadError
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,16 @@ GATHER_GRACE_S = 5.0  # beyond the deadline, how long waiting for a gather may t
 MIN_REPORTERS = 2  # replicas that must report a step before anyone jumps to it: one voice is never enough
 MAX_JUMP_STEPS = 1000  # the most a jump may move a replica's step: a joiner is at most a save or two behind
 D = TypeVar("D")
+
+
+class Reply(Protocol):
+    """What a gather reads of another replica's answer, however it travelled (over P2P:
+    `swarm.p2p.messages.PayloadReply`)."""
+
+    status: str  # "ok" with the payload; otherwise why not ("gone", "not yet", "wrong block", "not a member", ...)
+    payload: bytes
+    fingerprint: bytes  # what the sender applied last
+    newest_step: int  # the newest step the sender keeps a payload of
 
 
 @dataclass
@@ -91,7 +102,7 @@ class Gathered:
         steps = sorted(self.reported_steps.values(), reverse=True)
         return steps[needed - 1] if len(steps) >= needed else -1
 
-    def take(self, peer_id: str, reply: PayloadReply) -> bool:
+    def take(self, peer_id: str, reply: Reply) -> bool:
         """Keep what a reply says; True when that peer need not be asked again this step."""
         if reply.status == "ok":
             self.payloads[peer_id], self.fingerprints[peer_id] = reply.payload, reply.fingerprint
@@ -196,6 +207,28 @@ class Exchange:
             logger.warning("step %d: no payload from %d of the %d replicas asked in %.1fs (newest steps reported: %s)",
                            round_.step, missing, gathered.asked, gathered.seconds, gathered.reported_steps)  # fmt: skip
         self._missing = missing
+
+    def finish(self, round_: Round, step: int, decode: Callable[[bytes], D],
+               apply: Callable[[list[tuple[str, D]]], list[str]], round_steps: int = 1) -> int | None:  # fmt: skip
+        """End a round, as every strategy that swaps payloads does: wait for its gather (`collect`),
+        decode its set in peer-id order (`in_order`), `apply` it (the strategy's optimizer step; it
+        returns the peer ids whose payloads made the update), record that set (`applied_set`), and
+        return the step to continue from when a majority of the replicas is past the round of the
+        trainer's `step` (`majority_ahead`), else None."""
+        gathered = self.collect(round_)
+        self.applied_set(round_, apply(self.in_order(round_, gathered, decode)))
+        return self.majority_ahead(gathered, step, round_steps)
+
+    @contextmanager
+    def between_steps(self) -> Iterator[None]:
+        """Rounds finished in here (a strategy's `settle`, before a checkpoint) are waited for
+        between steps, outside the trainer's compute: that lowers utilisation as wall time already,
+        so it is not counted again in `wait_seconds`."""
+        waited = self.wait_seconds
+        try:
+            yield
+        finally:
+            self.wait_seconds = waited
 
     def in_order(self, round_: Round, gathered: Gathered, decode: Callable[[bytes], D]) -> list[tuple[str, D]]:
         """Every payload of the round, own included, decoded in peer-id order, with its sender;

@@ -34,10 +34,10 @@ class DeMoSync(Exchanging):
     def apply(self, round_: Round, step: int) -> int | None:
         """Wait for a round's gather and take the sign step on its set, at the trainer's `step`;
         the step to continue from when a majority of the replicas is ahead."""
-        gathered = self.exchange.collect(round_)
-        voters = self.optimizer.apply(self.exchange.in_order(round_, gathered, self._decode), self.exchange.own_id)
-        self.exchange.applied_set(round_, voters)
-        return self.exchange.majority_ahead(gathered, step)
+        return self.exchange.finish(round_, step, self._decode, self._vote)
+
+    def _vote(self, decoded: list[tuple[str, Payload]]) -> list[str]:
+        return self.optimizer.apply(decoded, self.exchange.own_id)
 
     def _decode(self, data: bytes) -> Payload:
         return decode_payload(data, self.optimizer)

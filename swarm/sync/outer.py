@@ -55,11 +55,10 @@ class OuterSync(Exchanging):
     def apply(self, round_: Round, step: int, progress: Changes | None = None) -> int | None:
         """Wait for a round's gather and take the outer step on its set, at the trainer's `step`;
         the step to continue from when a majority of the replicas is ahead."""
-        gathered = self.exchange.collect(round_)
-        decoded = self.exchange.in_order(round_, gathered, self.optimizer.decode)
-        applied = self.optimizer.apply(decoded, self.exchange.own_id, progress)
-        self.exchange.applied_set(round_, applied)
-        return self.exchange.majority_ahead(gathered, step, self.optimizer.config.steps)
+        def outer_step(decoded: list[tuple[str, Changes]]) -> list[str]:
+            return self.optimizer.apply(decoded, self.exchange.own_id, progress)
+
+        return self.exchange.finish(round_, step, self.optimizer.decode, outer_step, self.optimizer.config.steps)
 
     def averaged(self, step: int) -> None:
         """After parameter averaging the averaged weights are the anchor the next round starts from."""
@@ -100,10 +99,8 @@ class OuterOverlapSync(OuterSync):
         time outside the trainer's compute, not counted again as waiting)."""
         if self.pending is None:
             return None
-        waited = self.exchange.wait_seconds
-        jump = self._apply_pending(trainer.step_count)
-        self.exchange.wait_seconds = waited
-        return jump
+        with self.exchange.between_steps():
+            return self._apply_pending(trainer.step_count)
 
     def averaged(self, step: int) -> None:
         """Averaged weights already hold every replica's change of the round in flight (uncompressed):

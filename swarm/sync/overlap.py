@@ -48,8 +48,8 @@ class DeMoOverlapSync(DeMoSync):
         """Apply the sets still in flight, so that the weights hold every step's update. A wait
         here comes between steps, outside the trainer's compute time: it lowers utilisation as
         wall time already and is not counted again as waiting."""
-        waited, jump = self.exchange.wait_seconds, None
-        while self.pending:
-            jump = self.apply(self.pending.popleft(), trainer.step_count)
-        self.exchange.wait_seconds = waited
+        jump = None
+        with self.exchange.between_steps():
+            while self.pending:
+                jump = self.apply(self.pending.popleft(), trainer.step_count)
         return jump
