@@ -38,7 +38,7 @@ library's own code paths, at each size given by --sizes (`DxL`: d_model D, L lay
   measures downloads there, at one size);
 - the spot check (`SpotCheck.measure`, swarm/checkpoints/choice.py) on its windows;
 - one denoise request of one prompt at --steps-per-block steps: what the denoise service runs
-  (`check_request` and the family's `run_steps`, swarm/serving/server.py), without the network.
+  (`check_request`, swarm/serving/wire.py, and the family's `run_steps`), without the network.
 With --device cuda the block, its training, sync and serving run on the GPU (the checkpoint's
 bytes are made and hashed on the host, as a peer's are); each timer waits for the GPU's queued
 work, and memory is judged by the GPU's peak allocation (`torch.cuda.max_memory_allocated`)
@@ -88,7 +88,7 @@ from swarm.model.families import family_of
 from swarm.model.steps import Sampling
 from swarm.model.train import TrainConfig, Trainer, block_trainer, checked_device
 from swarm.peer.memory import return_freed_memory
-from swarm.serving.server import check_request
+from swarm.serving.wire import check_request
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, decode_payload, encode_payload
 from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer
 

@@ -5,7 +5,7 @@ import torch
 
 from swarm.model.autoregressive import ByteTransformer
 from swarm.serving.ar_pipeline import check_stage_input, run_stage, stage_layers
-from swarm.serving.server import RequestError
+from swarm.serving.wire import RequestError
 
 
 @pytest.mark.parametrize("n_layers, n_stages", [(11, 4), (4, 2), (3, 3), (5, 1)])

@@ -33,7 +33,8 @@ from swarm.model.families import family_of
 from swarm.model.steps import Sampling
 from swarm.model.train import TrainConfig, Trainer, checked_device, diffusion_loss_fn
 from swarm.peer.config import PeerConfig
-from swarm.serving.server import DenoiseServicer, check_request
+from swarm.serving.server import DenoiseServicer
+from swarm.serving.wire import check_request
 from swarm.sync.compression import compress, decompress, extract
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, decode_payload, encode_payload
 from swarm.sync.exchange import Exchange

@@ -20,7 +20,8 @@ from swarm.model.steps import Sampling
 from swarm.p2p.limits import MAX_REQUEST_BYTES
 from swarm.p2p.messages import DenoiseRequest, refusal
 from swarm.serving.remote import RemoteBlocks
-from swarm.serving.server import MAX_BATCH, DenoiseServicer
+from swarm.serving.server import DenoiseServicer
+from swarm.serving.wire import MAX_BATCH
 
 MASK_ID = 256  # the mask unit of the tests' byte models (ModelConfig.mask_id)
 

@@ -28,7 +28,7 @@ from swarm.model.steps import pick_bytes
 from swarm.model.generate import prefix_tensor
 from swarm.p2p.messages import StageRequest, error_reply, refusal
 from swarm.p2p.network import EventLoopThread
-from swarm.serving.server import MAX_BATCH, RequestError
+from swarm.serving.wire import MAX_BATCH, RequestError
 
 logger = logging.getLogger(__name__)
 

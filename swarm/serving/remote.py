@@ -68,9 +68,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
 from hivemind.p2p import P2P, PeerID
-from hivemind.proto import runtime_pb2
 
 from swarm.checkpoints.choice import SpotCheck, rank
 from swarm.checkpoints.download import key_of
@@ -82,7 +80,7 @@ from swarm.model.steps import Sampling
 from swarm.p2p.directory import Host, SwarmDirectory
 from swarm.p2p.info import owns_record
 from swarm.p2p.ledger import Witness
-from swarm.p2p.messages import DenoiseRequest, PeerInfo, refusal
+from swarm.p2p.messages import DenoiseRequest, PeerInfo
 from swarm.p2p.network import EventLoopThread
 from swarm.p2p.pings import timed_info
 from swarm.p2p.reachability import ensure_direct
@@ -90,6 +88,7 @@ from swarm.p2p.records import CheckpointInfo
 from swarm.serving.cross_check import Answer, CrossCheckPolicy, CrossCheckStats, agree, majority
 from swarm.serving.server import DenoiseServicer
 from swarm.serving.vetting import RETRY_AFTER_S, Vetting
+from swarm.serving.wire import decode_reply, encode_request
 
 logger = logging.getLogger(__name__)
 
@@ -398,22 +397,9 @@ class RemoteBlocks:
         checkpoint = host.announcement.checkpoint.sha256 if host.announcement.checkpoint else ""
         options = DenoiseRequest(block=host.block, logits=want_logits, checkpoint=checkpoint, seed=request.seed,
                                  temperature=request.sampling.temperature, reveal=request.sampling.reveal)  # fmt: skip
-        tensors = (request.prefix.long(), request.state, request.schedule.float())
-        message = runtime_pb2.ExpertRequest(tensors=[serialize_torch_tensor(t) for t in tensors], metadata=options.encode())
+        message = encode_request(options, request.prefix, request.state, request.schedule)
         response = await stub.rpc_denoise(message, timeout=self.request_timeout)
-        if (error := refusal(response)) is not None:
-            raise SwarmError(f"refused: {error}")
-        outputs = [deserialize_torch_tensor(t) for t in response.tensors]
-        if len(outputs) != 1 + want_logits:
-            raise SwarmError("malformed reply")
-        try:
-            self.family.check_state(outputs[0], len(request.state))
-            self.family.check_answer(request.state, request.schedule, outputs[0])
-        except ValueError as error:
-            raise SwarmError(f"malformed reply: {error}") from None
-        if want_logits and (outputs[1].shape != (*request.state.shape[:2], self.config.vocab_size) or not torch.isfinite(outputs[1]).all()):
-            raise SwarmError("malformed logits")
-        return outputs[0], (outputs[1] if want_logits else None)
+        return decode_reply(self.family, self.config, response, request.state, request.schedule, want_logits)
 
 
 @dataclass(frozen=True)
