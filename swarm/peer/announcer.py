@@ -1,4 +1,5 @@
-"""The peer's record on the DHT: built from the peer's figures, kept alive by the "announcer" thread.
+"""The peer's record on the DHT, kept alive by the "announcer" thread (the peer builds the record:
+`Peer.announcement` in life.py, handed in as a callable, so this module knows nothing of the peer).
 
 The thread wakes every announce period: it first reads the block's other replicas from the DHT
 (the list the sync exchange asks; the trainer's thread never waits on a DHT read; in a
@@ -13,20 +14,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from swarm import __version__
 from swarm.p2p.directory import DHTUnavailable, SwarmDirectory
 from swarm.p2p.ledger import Witness, publish
 from swarm.p2p.pings import NeighbourPings
 from swarm.p2p.records import BlockAnnouncement
 
-if TYPE_CHECKING:
-    from swarm.peer.life import Peer
-
 logger = logging.getLogger(__name__)
 
-LOSS_WINDOW = 20  # steps averaged into the announced loss
 DHT_STORE_TIMEOUT_S = 20.0
 RECORD_LIFETIME_PERIODS = 3  # a record lives this many announce periods unless stored again
 
@@ -119,32 +115,3 @@ class Announcer:
             except Exception as error:  # a DHT hiccup: the next period tries again
                 logger.warning("block %d: announcing failed: %s", self.block, error)
 
-
-def announcement(peer: Peer) -> BlockAnnouncement:
-    """The peer's record as it stands: who it is, its state and checkpoint, its training and sync figures."""
-    trainer, sync, reconcile = peer.trainer, peer.sync, peer.reconcile
-    recent = trainer.losses[-LOSS_WINDOW:] if trainer else []
-    seconds = trainer.step_seconds[-LOSS_WINDOW:] if trainer else []
-    joining = peer.state == "joining"  # a joining record claims no progress
-    pings = peer.announcer.pings if peer.announcer else None
-    return BlockAnnouncement(
-        peer_id=peer.peer_id,
-        state=peer.state,
-        step=trainer.step_count if trainer and not joining else 0,
-        checkpoint=None if joining else peer.checkpoint,  # one it may not serve yet
-        loss=sum(recent) / len(recent) if recent else None,
-        throughput=len(seconds) / sum(seconds) if seconds else 0.0,
-        version=__version__,
-        public_name=peer.config.public_name,
-        checkpoint_time=peer.checkpoint_time,
-        sync_steps=sync.steps,
-        sync_bytes_sent=sync.bytes_sent + (peer.averager.bytes_sent if peer.averager is not None else 0),
-        sync_bytes_received=sync.bytes_received,
-        sync_round_s=sync.round_seconds,
-        compute_utilisation=trainer.utilisation(sync.wait_seconds) if trainer else None,
-        drift=reconcile.drift if reconcile else None,
-        pings=pings.latest if pings else (),
-        reached=peer.reached,
-        membership=peer.membership,
-        work_nonce=peer.work_nonce,
-    )

@@ -41,6 +41,7 @@ from typing import TypeVar
 from hivemind.p2p import ServicerBase
 from hivemind.utils.crypto import RSAPrivateKey
 
+from swarm import __version__
 from swarm.checkpoints.choice import SpotCheck, choose_checkpoint
 from swarm.checkpoints.store import CheckpointStore
 from swarm.checkpoints.transfer import BlockServicer
@@ -61,9 +62,9 @@ from swarm.p2p.members import Credentials, load_credentials
 from swarm.p2p.messages import PeerInfo
 from swarm.p2p.network import EventLoopThread, load_or_create_key, start_dht, stop_child
 from swarm.p2p.pings import NeighbourPings
-from swarm.p2p.records import CheckpointInfo, MemberProof, PeerState, Reached
+from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, MemberProof, PeerState, Reached
 from swarm.p2p.work import stored_or_solved, work_path
-from swarm.peer.announcer import RECORD_LIFETIME_PERIODS, Announcer, announcement
+from swarm.peer.announcer import RECORD_LIFETIME_PERIODS, Announcer
 from swarm.peer.config import PeerConfig
 from swarm.peer.memory import return_freed_memory
 from swarm.serving.server import DenoiseServicer
@@ -80,6 +81,7 @@ logger = logging.getLogger(__name__)
 P2P_CALL_TIMEOUT_S = 30.0
 JOIN_FETCH_TIMEOUT_S = 600.0  # choosing a start checkpoint: a few verified downloads and spot checks
 RECONCILE_DEADLINE_S = 60.0  # a reconcile round: the others' checkpoints of its step announced and downloaded
+LOSS_WINDOW = 20  # steps averaged into the announced loss
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 T = TypeVar("T")
 
@@ -176,8 +178,38 @@ class Peer:
     def info(self) -> PeerInfo:
         """What this peer hosts: answered to `rpc_info` (status, ping). `owner` is the key its
         records are signed with: a record naming this peer under another key is an impostor's."""
-        return PeerInfo(block=self.block, owner=self.directory.owner_subkey, announcement=announcement(self),
+        return PeerInfo(block=self.block, owner=self.directory.owner_subkey, announcement=self.announcement(),
                         membership=self.membership)  # fmt: skip
+
+    def announcement(self) -> BlockAnnouncement:
+        """This peer's record as it stands: who it is, its state and checkpoint, its training and sync
+        figures (what the announcer thread stores every period; it reads figures only, never weights)."""
+        trainer, sync, reconcile = self.trainer, self.sync, self.reconcile
+        recent = trainer.losses[-LOSS_WINDOW:] if trainer else []
+        seconds = trainer.step_seconds[-LOSS_WINDOW:] if trainer else []
+        joining = self.state == "joining"  # a joining record claims no progress
+        pings = self.announcer.pings if self.announcer else None
+        return BlockAnnouncement(
+            peer_id=self.peer_id,
+            state=self.state,
+            step=trainer.step_count if trainer and not joining else 0,
+            checkpoint=None if joining else self.checkpoint,  # one it may not serve yet
+            loss=sum(recent) / len(recent) if recent else None,
+            throughput=len(seconds) / sum(seconds) if seconds else 0.0,
+            version=__version__,
+            public_name=self.config.public_name,
+            checkpoint_time=self.checkpoint_time,
+            sync_steps=sync.steps,
+            sync_bytes_sent=sync.bytes_sent + (self.averager.bytes_sent if self.averager is not None else 0),
+            sync_bytes_received=sync.bytes_received,
+            sync_round_s=sync.round_seconds,
+            compute_utilisation=trainer.utilisation(sync.wait_seconds) if trainer else None,
+            drift=reconcile.drift if reconcile else None,
+            pings=pings.latest if pings else (),
+            reached=self.reached,
+            membership=self.membership,
+            work_nonce=self.work_nonce,
+        )
 
     # joining
 
@@ -256,8 +288,8 @@ class Peer:
         period = self.config.announce_period
         self.witness = Witness(self.private_key, self.config.swarm, self.peer_id, RECORD_LIFETIME_PERIODS * period,
                                self.membership)  # fmt: skip
-        self.announcer = Announcer(self.directory, self.block, self.peer_id, period,
-                                   functools.partial(announcement, self), self.stopping, self.witness)  # fmt: skip
+        self.announcer = Announcer(self.directory, self.block, self.peer_id, period, self.announcement, self.stopping,
+                                   self.witness)  # fmt: skip
         self.announcer.announce(wait=True)  # as "joining": peers choosing a block now see this one taken
         self.announcer.start()
         # a checkpoint stays at least as long as a record that names it may live (and then some)

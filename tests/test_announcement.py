@@ -1,0 +1,35 @@
+"""The record a peer announces is built by the peer (`Peer.announcement`), from its figures alone."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from swarm import __version__
+from swarm.p2p.records import CheckpointInfo
+from swarm.peer.life import Peer
+
+
+def a_peer(state: str) -> SimpleNamespace:
+    """What `Peer.announcement` reads of a peer, without a swarm."""
+    trainer = SimpleNamespace(losses=[9.0] * 30 + [4.0, 2.0] * 10, step_seconds=[0.5] * 20, step_count=12,
+                              utilisation=lambda waited: 1.0 - waited / 10)  # fmt: skip
+    sync = SimpleNamespace(steps=3, bytes_sent=100, bytes_received=80, round_seconds=0.2, wait_seconds=2.5)
+    return SimpleNamespace(peer_id="12D3KooWpeer", state=state, trainer=trainer, sync=sync, reconcile=None,
+                           announcer=None, checkpoint=CheckpointInfo(step=10, sha256="a" * 64, size=1),
+                           checkpoint_time=123.0, averager=SimpleNamespace(bytes_sent=20),
+                           config=SimpleNamespace(public_name="alice"), reached="relayed", membership=None,
+                           work_nonce=7)  # fmt: skip
+
+
+def test_a_training_peer_announces_its_figures():
+    record = Peer.announcement(a_peer("training"))
+    assert (record.peer_id, record.state, record.step, record.checkpoint.step) == ("12D3KooWpeer", "training", 12, 10)
+    assert record.loss == 3.0  # the last 20 steps' mean
+    assert record.throughput == 2.0 and record.compute_utilisation == 0.75
+    assert (record.sync_steps, record.sync_bytes_sent, record.sync_bytes_received) == (3, 120, 80)
+    assert (record.public_name, record.reached, record.work_nonce, record.version) == ("alice", "relayed", 7, __version__)
+
+
+def test_a_joining_peer_claims_no_progress():
+    record = Peer.announcement(a_peer("joining"))
+    assert record.state == "joining" and record.step == 0 and record.checkpoint is None
