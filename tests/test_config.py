@@ -4,6 +4,7 @@ config, shared by `--config`, a model folder's config.json and the swarm's model
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -100,11 +101,13 @@ def test_a_model_folders_config_json_is_a_config_file(tmp_path, tiny_config):
         load_model_folder(tmp_path / "model")
 
 
-def test_the_model_record_passes_the_same_schema(tiny_config):
+def test_the_model_record_passes_the_same_schema(tiny_config, caplog):
     record = ModelRecord(config=tiny_config.to_dict(), config_hash=tiny_config.hash()).model_dump()
     assert parse_record(ModelRecord, record).config == tiny_config.to_dict()
     for changes in ({"n_heads": 2.0}, {"d_model": 0}, {"n_experts": 8}):
         assert parse_record(ModelRecord, {**record, "config": {**record["config"], **changes}}) is None
+    parse_record(ModelRecord, {**record, "config": {**record["config"], "n_heads": 2.0}}, logging.WARNING)
+    assert "config.n_heads: Input should be a valid integer" in caplog.records[-1].getMessage()  # what a reader says
     assert parse_record(ModelRecord, {**record, "new_term": 1}) is not None  # a record stays tolerant itself
 
 

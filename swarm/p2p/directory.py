@@ -158,7 +158,8 @@ class SwarmDirectory:
         configs, terms = {}, {}
         work_terms: dict[str, IdentityWork | None] = {}
         for subkey, entry in entries.items():
-            record = parse_record(ModelRecord, getattr(entry, "value", None))
+            # a warning, as for a config that fails below: a peer waits on this record, and should say why
+            record = parse_record(ModelRecord, getattr(entry, "value", None), logging.WARNING)
             config = self._valid_model(record) if record is not None else None
             if config is not None:
                 configs[owner_fingerprint(subkey)] = config

@@ -232,12 +232,14 @@ def read_model_file(path: Path, schema: type[BaseModel], what: str) -> BaseModel
         raise SwarmError(f"{path} is not {what}: {str(error).splitlines()[0]}") from None
 
 
-def parse_record(schema: type[_Record], value: object) -> _Record | None:
-    """The record, or None if the value does not fit the schema (readers skip such entries)."""
+def parse_record(schema: type[_Record], value: object, level: int = logging.DEBUG) -> _Record | None:
+    """The record, or None if the value does not fit the schema (readers skip such entries); what
+    did not fit is logged at `level`, on one line."""
     try:
         return schema.model_validate(value)
     except ValidationError as error:
-        logger.debug("skipping a %s that does not parse: %s", schema.__name__, error)
+        problems = "; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in error.errors())
+        logger.log(level, "skipping a %s that does not parse: %s", schema.__name__, problems)
         return None
 
 
