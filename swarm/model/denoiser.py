@@ -40,7 +40,6 @@ MAX_BLOCKS = 256  # as many as the swarm's records name (swarm/p2p/records.py)
 
 # the field types of the config schema (`CONFIG_SCHEMA`): far above any model trained here, low enough
 # that a config cannot ask a peer for tensors no machine holds
-Count = Annotated[int, Field(ge=1)]
 Length = Annotated[int, Field(ge=1, le=65536)]  # units of a window's part
 Sigma = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -92,7 +91,8 @@ class ModelConfig:
     codebook_seed: Annotated[int, Field(ge=0, lt=2**63)] = 0  # the codebook is derived from this, never trained
     family: Literal[FAMILIES] = FAMILIES[0]  # "masked" (absorbing-state) or "gaussian" (EDM in embedding space)
     prefix_cache: bool = False  # prefix rows blind to the target and the noise level: a request encodes them once
-    vocab_size: Annotated[int, Field(ge=BYTE_VOCAB, le=MAX_VOCAB)] = 8192  # units: the tokenizer's, or 256 for raw bytes
+    # units: the tokenizer's, or 256 for raw bytes
+    vocab_size: Annotated[int, Field(ge=BYTE_VOCAB, le=MAX_VOCAB)] = 8192
     tokenizer: Sha256 | None = BUILTIN_TOKENIZER  # sha256 of the tokenizer.json (units.py); None for raw bytes
     tie_embeddings: bool = True  # masked family: one table embeds the prefix and the target and is the head
 
@@ -194,7 +194,6 @@ class ModelConfig:
         if widened:
             lo, hi = max(0.0, lo - self.block_overlap), min(1.0, hi + self.block_overlap)
         return lo, hi
-
 
 
 # The config's schema, made from ModelConfig's own annotated fields: strict types (no 4.0 for an int,
