@@ -66,7 +66,9 @@ def _origin(manifest: dict) -> str:
                           "for each block, the checkpoint its hosts agreed on that verified and passed a spot check "
                           "(manifest.json has every figure).", "", *rows])  # fmt: skip
     if isinstance(blocks, dict):
-        steps = ", ".join(f"block {b} at step {e.get('step')}" for b, e in sorted(blocks.items(), key=lambda i: int(i[0])))
+        steps = ", ".join(
+            f"block {b} at step {e.get('step')}" for b, e in sorted(blocks.items(), key=lambda i: int(i[0]))
+        )
         made_by = " How it was made: manifest.json's `made_by`." if "made_by" in manifest else ""
         return f"## Where it came from\n\nEach block's training step: {steps}.{made_by}"
     if "steps" in manifest:
@@ -101,8 +103,10 @@ def _figure(value: object) -> str:
 
 def _how_to_load(name: str, kind: str) -> str:
     if kind == "autoregressive":
-        return (f"## How to use it\n\nA baseline and a judge, not a writer of its own here: "
-                f"`swarm-eval --model <a blocks model> --judge {name}` scores that model's writing with it.")
+        return (
+            f"## How to use it\n\nA baseline and a judge, not a writer of its own here: "
+            f"`swarm-eval --model <a blocks model> --judge {name}` scores that model's writing with it."
+        )
     return "\n".join([
         "## How to load it",
         "",
