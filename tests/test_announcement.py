@@ -27,7 +27,12 @@ def test_a_training_peer_announces_its_figures():
     assert record.loss == 3.0  # the last 20 steps' mean
     assert record.throughput == 2.0 and record.compute_utilisation == 0.75
     assert (record.sync_steps, record.sync_bytes_sent, record.sync_bytes_received) == (3, 120, 80)
-    assert (record.public_name, record.reached, record.work_nonce, record.version) == ("alice", "relayed", 7, __version__)
+    assert (record.public_name, record.reached, record.work_nonce, record.version) == (
+        "alice",
+        "relayed",
+        7,
+        __version__,
+    )
 
 
 def test_a_joining_peer_claims_no_progress():

@@ -50,7 +50,9 @@ def decode_request(message: runtime_pb2.ExpertRequest) -> tuple[DenoiseRequest, 
     return DenoiseRequest.decode(message.metadata), [deserialize_torch_tensor(t) for t in message.tensors]
 
 
-def check_request(family: Family, config: ModelConfig, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def check_request(
+    family: Family, config: ModelConfig, tensors: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(prefix, state, schedule) of a well-formed request for this model; RequestError otherwise."""
     if len(tensors) != 3:
         raise RequestError(f"expected 3 tensors (prefix, state, schedule), got {len(tensors)}")
@@ -90,6 +92,8 @@ def decode_reply(family: Family, config: ModelConfig, response: runtime_pb2.Expe
         family.check_answer(state, schedule, outputs[0])
     except ValueError as error:
         raise SwarmError(f"malformed reply: {error}") from None
-    if want_logits and (outputs[1].shape != (*state.shape[:2], config.vocab_size) or not torch.isfinite(outputs[1]).all()):
+    if want_logits and (
+        outputs[1].shape != (*state.shape[:2], config.vocab_size) or not torch.isfinite(outputs[1]).all()
+    ):
         raise SwarmError("malformed logits")
     return outputs[0], (outputs[1] if want_logits else None)
