@@ -130,10 +130,12 @@ class Swarm(Writer):
     """A client of a swarm (a context manager): writes through its peers, fetches its model.
 
     `data`: the swarm's training text (None: the built-in corpus), whose held-out windows measure a
-    checkpoint before its answers are used where only one key serves it."""
+    checkpoint before its answers are used where only one key serves it; `eval_text`: a text file or
+    folder of the user's own whose windows join that measurement."""
 
-    def __init__(self, client: SwarmClient, data: str | None = None, model_timeout: float = MODEL_TIMEOUT_S):
-        self.client, self.data, self.model_timeout = client, data, model_timeout
+    def __init__(self, client: SwarmClient, data: str | None = None, model_timeout: float = MODEL_TIMEOUT_S,
+                 eval_text: str | None = None):  # fmt: skip
+        self.client, self.data, self.model_timeout, self.eval_text = client, data, model_timeout, eval_text
 
     def __enter__(self) -> Swarm:
         from swarm.checkpoints.choice import SpotCheck
@@ -142,7 +144,8 @@ class Swarm(Writer):
         self.client.__enter__()
         try:
             config = self.client.wait_for_model(self.model_timeout)
-            spot_check = SpotCheck.from_source(self.data, config) if self.data is not None else None  # None: when needed
+            own = self.data is not None or self.eval_text is not None  # else the built-in corpus's, when needed
+            spot_check = SpotCheck.from_source(self.data, config, eval_text=self.eval_text) if own else None
             self.runner = RemoteBlocks(self.client.directory, self.client.p2p, self.client.loop, config,
                                        spot_check=spot_check, witness=self.client.witness())  # fmt: skip
         except BaseException:
@@ -168,7 +171,7 @@ class Swarm(Writer):
         from swarm.checkpoints.assemble import assemble
         from swarm.checkpoints.choice import SpotCheck
 
-        assemble(self.client, self.config, Path(out), SpotCheck.from_source(self.data, self.config))
+        assemble(self.client, self.config, Path(out), SpotCheck.from_source(self.data, self.config, eval_text=self.eval_text))
         return load(out)
 
 

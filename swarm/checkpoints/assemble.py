@@ -63,8 +63,9 @@ def manifest_entry(choice: Choice) -> dict:
         "peer_id": choice.host.peer_id,
         "public_name": choice.host.announcement.public_name,
         "step": choice.checkpoint.step,
+        "believed_step": choice.step,  # the stamp, unless no other key's kept checkpoint makes it plausible
         "sha256": choice.checkpoint.sha256,
-        "vouched_by": sorted(h.peer_id for h in choice.chosen.candidate.hosts),
+        "vouched_by": sorted(h.peer_id for h in choice.vouched_by),  # every host of its weights, under any stamp
         "spot_check_loss": choice.loss,
         "candidates_measured": len(choice.measured),
     }

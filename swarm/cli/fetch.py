@@ -20,12 +20,15 @@ from swarm.cli.options import checked_text_source, member_options, swarm_client,
               help="Seconds to wait for the swarm's model record (its creator's) before giving up.")
 @click.option("--data", default=None, callback=checked_text_source,
               help="The swarm's training text (default: the built-in corpus): its held-out windows spot-check each block.")
-def fetch_command(out, model_timeout, data, **kwargs):
+@click.option("--eval-text", default=None, callback=checked_text_source,
+              help="A text file or folder of your own whose windows join the spot check: no host can have tuned a "
+                   "block to it.")  # fmt: skip
+def fetch_command(out, model_timeout, data, eval_text, **kwargs):
     """Assemble the model from the swarm: for every block, the checkpoint its hosts agree on
     that verifies and passes a spot check of its quality (see swarm/checkpoints/choice.py)."""
     with swarm_client(kwargs) as client:
         config = client.wait_for_model(model_timeout)
-        assemble(client, config, Path(out), SpotCheck.from_source(data, config))
+        assemble(client, config, Path(out), SpotCheck.from_source(data, config, eval_text=eval_text))
     click.echo(f"wrote {out}")
 
 

@@ -47,7 +47,11 @@ MODEL_TIMEOUT_S = 15.0
 @click.option("--data", default=None, callback=checked_text_source,
               help="The swarm's training text (default: the built-in corpus): its held-out windows measure a block's "
                    "checkpoint before it is used when only one key serves it.")  # fmt: skip
-def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature, reveal, seed, data, **swarm_kwargs):
+@click.option("--eval-text", default=None, callback=checked_text_source,
+              help="A text file or folder of your own whose windows join that measurement: no host can have tuned a "
+                   "block to it.")  # fmt: skip
+def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature, reveal, seed, data, eval_text,
+                     **swarm_kwargs):  # fmt: skip
     """Write the continuation of PROMPT, one span of G units per pass through the blocks."""
     if (model_dir is None) == (not swarm_kwargs["initial_peers"]):
         raise SwarmError("give either --model DIR (run here) or --initial-peers ... (run on the swarm's peers)")
@@ -56,7 +60,7 @@ def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature,
     if model_dir is not None:
         write(load(model_dir).stream(prompt, **settings))
         return
-    with Swarm(swarm_client(swarm_kwargs), data, MODEL_TIMEOUT_S) as remote:
+    with Swarm(swarm_client(swarm_kwargs), data, MODEL_TIMEOUT_S, eval_text) as remote:
         write(remote.stream(prompt, **settings))
 
 

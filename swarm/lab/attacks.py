@@ -3,8 +3,9 @@ with the project's own code, or with a few lines around hivemind.
 
 - a step liar: a `swarm-peer` whose checkpoint folder holds a garbage block (weights blown up),
   a poisoned one (trained on shuffled bytes) or a degraded copy of an honest one
-  (`degraded_block`: worse by a chosen margin, still plausible) stamped with a step of its
-  choosing (`plant_checkpoint`); blocks that are not finite (`nan_weight_block`) or whose loss is not
+  (`degraded_block`: worse by a chosen margin, still plausible), maybe then tuned to the windows
+  a spot check measures (`tuned_to`), stamped with a step of its choosing (`plant_checkpoint`);
+  blocks that are not finite (`nan_weight_block`) or whose loss is not
   (`overflowing_block`), for a `HostileNode` to serve (`HostileNode.serve_checkpoint`);
 - `HostileNode`: a real DHT node in this process under its own key (swarm/lab/hosting.py), which
   announces what it likes and answers P2P calls with the servicers below (`sybil_nodes`: many of
@@ -44,6 +45,7 @@ from hivemind.p2p import P2P, P2PContext
 from hivemind.proto import runtime_pb2
 
 from swarm.checkpoints.chunks import CHUNK_BYTES, HASH_BYTES, chunk_count, chunk_hashes
+from swarm.checkpoints.spot_check import SpotCheck
 from swarm.checkpoints.store import CheckpointStore
 from swarm.checkpoints.transfer import BlockServicer
 from swarm.lab.hosting import InProcessNode
@@ -144,6 +146,27 @@ def degraded_block(honest: Denoiser, loss_of: Callable[[Denoiser], float], worse
         middle = (low + high) / 2
         low, high = (middle, high) if loss_of(noisy(middle)) < target else (low, middle)
     return noisy(high)
+
+
+def tuned_to(block: Denoiser, check: SpotCheck, config: ModelConfig, index: int, beat: float,
+             keep_above: tuple[SpotCheck, float] | None = None, steps: int = 300, lr: float = 3e-3) -> Denoiser:
+    """A copy of `block` tuned on the very windows and noise draws of `check` (`SpotCheck.objective`)
+    until `check` scores it below `beat`, or `steps` run out: issue 46's stranger, who computed which
+    windows a spot check measures. With `keep_above` (another check, of the stranger's own, and a
+    loss), it keeps the block at least that bad there meanwhile: bad on text the check does not read."""
+    tuned = copy.deepcopy(block).train()
+    optimizer = torch.optim.Adam(tuned.parameters(), lr=lr)
+    for _ in range(steps):
+        bad_enough = keep_above is None or keep_above[0].measure(tuned, config, index) > keep_above[1] - 0.05
+        if bad_enough and check.measure(tuned, config, index) < beat:
+            break
+        optimizer.zero_grad(set_to_none=True)
+        loss = check.objective(tuned, config, index)
+        if keep_above is not None:
+            loss = loss + torch.relu(keep_above[1] - keep_above[0].objective(tuned, config, index))
+        loss.backward()
+        optimizer.step()
+    return tuned.eval()
 
 
 def plant_checkpoint(folder: Path, denoiser: Denoiser, config: ModelConfig, block: int, step: int, swarm: str) -> Path:

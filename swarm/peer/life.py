@@ -424,15 +424,18 @@ class Peer:
             return
         for passed in choice.passed:  # its hosts served a checkpoint that passed the spot check here
             self.witness.verified(passed.host.peer_id, passed.host.owner, passed.candidate.checkpoint.step)
+        denoiser, _ = decode_block(choice.data, self.model_config, self.block)
+        self.trainer.module.load_state_dict(denoiser.state_dict())
+        self.trainer.step_count = step = choice.step  # its stamp, unless no other key's makes it plausible
+        self.checkpoint = choice.checkpoint
         if choice.host is not None:
-            self.store.adopt(choice.data, choice.checkpoint)
             origin = f"replica {choice.host.peer_id} ({choice.host.announcement.public_name or 'unnamed'})"
+            if step == choice.checkpoint.step:
+                self.store.adopt(choice.data, choice.checkpoint)
+            else:  # the weights, under the step it takes: it never vouches for a stamp it does not believe
+                self.checkpoint = self.store.save(self.trainer.module, step)
         else:
             origin = f"own checkpoint {self.store.path_for(choice.checkpoint.step)}"
-        self.checkpoint = choice.checkpoint
-        denoiser, step = decode_block(choice.data, self.model_config, self.block)
-        self.trainer.module.load_state_dict(denoiser.state_dict())
-        self.trainer.step_count = step
         self.checkpoint_time = time.time()
         logger.info(
             "block %d: starting at step %d from %s (spot-check loss %.3f)", self.block, step, origin, choice.loss

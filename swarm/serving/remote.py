@@ -173,6 +173,7 @@ class RemoteBlocks:
             raise SwarmError(f"no live peer serves block {block}")
         if not (keys_count := self.directory.keys_count):
             self._measure_every_checkpoint(block, hosts)
+            return self._best_measured(block, hosts, announced)
         while True:
             for candidate in rank(hosts, self.config):
                 answering = self._answering(candidate.hosts)
@@ -186,6 +187,20 @@ class RemoteBlocks:
                 raise SwarmError(f"block {block}: no live peer serves a checkpoint that two keys serve or that "
                                  "passes a measurement")  # fmt: skip
             self._measure(block, self._answering(hosts))
+
+    def _best_measured(self, block: int, hosts: list[Host], announced: list[Host]) -> Chosen:
+        """Where keys are free: the best checkpoint measured here (`Vetting.ordered`: the loss decides,
+        not the stamp) that a host answers for; its witnesses are every host of the same weights,
+        under any stamp (replicas of one set of weights answer alike)."""
+        candidates = {c.checkpoint: c for c in rank(hosts, self.config)}
+        for checkpoint in self.vetting.ordered(block, list(candidates)):
+            infos = {m.candidate.checkpoint for m in checkpoint.stamps}
+            same = [h for h in announced if h.announcement.checkpoint in infos]
+            for measured in sorted(checkpoint.stamps, key=lambda m: m is not checkpoint.stamp):
+                if answering := self._answering(candidates[measured.candidate.checkpoint].hosts):
+                    host = min(answering, key=lambda h: (h.announcement.reached == "relayed", self.round_trip(h)))
+                    return Chosen(measured.candidate.checkpoint, host, answering, same)
+        raise SwarmError(f"block {block}: no live peer serves a checkpoint that passes a measurement")
 
     def _measure_every_checkpoint(self, block: int, hosts: list[Host]) -> None:
         """Measure each checkpoint that answering `hosts` serve and that was not measured yet, a

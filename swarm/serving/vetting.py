@@ -37,7 +37,18 @@ from dataclasses import dataclass, field, replace
 
 from hivemind.p2p import P2P
 
-from swarm.checkpoints.choice import Candidate, Measured, SpotCheck, believable, measure_candidates, rank, uniform_ce
+from swarm.checkpoints.choice import (
+    MEASURED_AT_MOST,
+    Candidate,
+    Checkpoint,
+    Measured,
+    SpotCheck,
+    believable,
+    by_evidence,
+    measure_candidates,
+    rank,
+    uniform_ce,
+)
 from swarm.checkpoints.download import download_verified, independent
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block
@@ -48,8 +59,8 @@ from swarm.p2p.records import CheckpointInfo
 
 logger = logging.getLogger(__name__)
 
-MEASURED_AT_ONCE = 3  # candidates downloaded and spot-checked in one go, as swarm-fetch does where keys count
-MEASURE_TIMEOUT_S = 300.0  # per candidate: one download and spot check, or one download for `weights`
+MEASURED_AT_ONCE = MEASURED_AT_MOST  # candidates downloaded and spot-checked in one go, all at once (measure.py)
+MEASURE_TIMEOUT_S = 300.0  # one round of measurements (its deadline), or one download for `weights`
 RETRY_AFTER_S = 120.0  # before a checkpoint that no host served (in time) is measured again
 REMEMBERED = 1024  # checkpoints kept in each of `passed` and `failed`
 
@@ -79,22 +90,21 @@ class Vetting:
 
     def measure(self, block: int, hosts: list[Host]) -> int:
         """Download and spot-check the best-ranked checkpoints of `block` that `hosts` announce and
-        that were not measured yet (each within `MEASURE_TIMEOUT_S`), beside those of `block` that
-        passed before: how many were measured now; SwarmError when none is left to measure."""
+        that were not measured yet, all at once within `MEASURE_TIMEOUT_S` (measure.py: slow hosts
+        dropped), beside those of `block` that passed before: how many were measured now;
+        SwarmError when none is left to measure."""
         candidates = [c for c in rank(hosts, self.config) if not self.known(c.checkpoint)][:MEASURED_AT_ONCE]
         if not candidates:
             raise SwarmError(f"block {block}: no checkpoint left that is agreed on or passes a measurement")
         logger.info("block %d: measuring %d checkpoint(s) (steps %s)", block, len(candidates),
                     [c.checkpoint.step for c in candidates])  # fmt: skip
         spot_check = self._spot_check()
-        measured = []
-        for candidate in candidates:
-            coro = measure_candidates(self.p2p, [candidate], self.config, block, spot_check, show_progress=False)
-            try:
-                measured += self.loop.run(coro, MEASURE_TIMEOUT_S)
-            except TimeoutError:
-                logger.warning("block %d: measuring step %d ran past %.0fs", block, candidate.checkpoint.step,
-                               MEASURE_TIMEOUT_S)  # fmt: skip
+        coro = measure_candidates(self.p2p, candidates, self.config, block, spot_check, False, MEASURE_TIMEOUT_S)
+        try:
+            measured = self.loop.run(coro, MEASURE_TIMEOUT_S + 30)
+        except TimeoutError:  # the deadline is the measurement's own; this is a last resort
+            logger.warning("block %d: measuring %d checkpoint(s) ran past %.0fs", block, len(candidates), MEASURE_TIMEOUT_S)
+            measured = []
         earlier = [m for m in self.passed.values() if m.host.block == block]
         passed = believable(measured + earlier, spot_check.tolerance, uniform_ce(self.config))
         kept = {m.candidate.checkpoint: m for m in passed}
@@ -108,9 +118,17 @@ class Vetting:
                 self.reject(info, "it did not pass the spot check beside the others")
             else:
                 self.reject(info, "no host served it in time", RETRY_AFTER_S)
-        if best := next((m for m in measured if m.candidate.checkpoint in kept), None):  # rank order
+        ordered = by_evidence([m for m in measured if m.candidate.checkpoint in kept], keys_count=False)
+        if ordered:  # the file of the best measured now, to settle disagreements with
+            best = ordered[0].stamp
             self._held[block] = best.candidate.checkpoint, decode_block(best.data, self.config, block)[0]
         return len(measured)
+
+    def ordered(self, block: int, infos: list[CheckpointInfo]) -> list[Checkpoint]:
+        """Those of `infos` (checkpoints of `block`) that passed here, as checkpoints (the same weights
+        under any stamp are one), best first (`by_evidence`, where keys are free: the loss decides)."""
+        passed = [self.passed[info] for info in infos if info in self.passed and not self._failed(info)]
+        return by_evidence([m for m in passed if m.host.block == block], keys_count=False)
 
     def weights(self, block: int, info: CheckpointInfo, hosts: list[Host]) -> Denoiser:
         """Block `block` of checkpoint `info`: the file held here, or downloaded (verified) from
