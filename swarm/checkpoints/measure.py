@@ -32,7 +32,7 @@ from swarm.checkpoints.download import download_verified, independent
 from swarm.checkpoints.spot_check import Losses, SpotCheck, weights_hash
 from swarm.checkpoints.transfer import TransferError
 from swarm.errors import SwarmError
-from swarm.model.denoiser import Denoiser, ModelConfig
+from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import Host
 from swarm.p2p.records import CheckpointInfo
 
@@ -126,19 +126,13 @@ class _Measuring:
         info, begun = candidate.checkpoint, self.loop.time()
         task = asyncio.ensure_future(download_verified(self.p2p, list(candidate.hosts), self.config, self.block,
                                                        self.show_progress))  # fmt: skip
-        why = None
-        while not task.done() and why is None:
-            await asyncio.wait({task}, timeout=POLL_S)
-            elapsed, now = self.loop.time() - begun, self.loop.time()
-            if task.done():
-                break
-            if now >= self.stop_at:
-                why = "ran past the measurement deadline"
-            elif self.fastest is not None and elapsed > SLOW_FACTOR * self.fastest * info.size + SLOW_GRACE_S:
-                why = f"was slow: {elapsed:.0f}s, against {self.fastest * info.size:.1f}s at the fastest host's rate"
+        try:
+            why = await self._watch(task, info, begun)
+        finally:  # dropped, or the whole measurement cancelled by its caller: no download goes on unwatched
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if why is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
             logger.warning("block %d: dropped step %d (%s) from %s: its download %s", self.block, info.step,
                            info.sha256[:12], sorted(h.peer_id for h in candidate.hosts)[:3], why)  # fmt: skip
             return None
@@ -151,7 +145,17 @@ class _Measuring:
         self.fastest = rate if self.fastest is None else min(self.fastest, rate)
         return result
 
-
-def decoded_losses(spot_check: SpotCheck, denoiser: Denoiser, config: ModelConfig, block: int) -> tuple[Losses, str]:
-    """A block's losses and weights hash: what `measure_candidates` records of each candidate."""
-    return spot_check.losses(denoiser, config, block), weights_hash(denoiser)
+    async def _watch(self, task: asyncio.Future, info: CheckpointInfo, begun: float) -> str | None:
+        """Wait for a download; why it must be dropped (slow, or past the deadline), or None once it is done."""
+        while not task.done():
+            await asyncio.wait({task}, timeout=POLL_S)
+            now = self.loop.time()
+            if task.done():
+                return None
+            if now >= self.stop_at:
+                return "ran past the measurement deadline"
+            if self.fastest is not None and now - begun > SLOW_FACTOR * self.fastest * info.size + SLOW_GRACE_S:
+                return (
+                    f"was slow: {now - begun:.0f}s, against {self.fastest * info.size:.1f}s at the fastest host's rate"
+                )
+        return None
