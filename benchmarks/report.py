@@ -31,7 +31,7 @@ TITLES = {  # the heading of each results folder's section, in the page's order
     "time_to_loss": "Time to a loss across regions",
     "scale": "Cost as a block grows", "transfer": "Checkpoint transfer", "regions": "Emulated regions",
     "blocks_latency": "Generation latency as B grows", "discovery": "Discovery",
-    "chaos": "Chaos", "attacks": "Attacks", "identity_cost": "Identity cost", "health": "Health page",
+    "chaos": "Chaos", "spot_check_noise": "How many windows a spot check needs", "attacks": "Attacks", "identity_cost": "Identity cost", "health": "Health page",
 }  # fmt: skip
 
 
@@ -309,7 +309,7 @@ def lr_sweep(folder: Folder) -> list[str]:
         "another job on the machine cannot waste a variant's budget), on the peer's schedule sized to the steps "
         "that fit, then the whole model scored on the same validation windows. A variant of `vocab` trains its "
         "own byte-level BPE on the training split first.",
-        command("lr_sweep.py", s.data),
+        command("lr_sweep.py", {**s.data, "variants": f"'{s['variants']}'"}),  # one shell word
         table(["variant", "bits per byte", "steps per block", "lr", "batch", "units", "tied", "stratified t"], rows),
         f"Best: `{r['best']}`.",
         folder.pictures(),
@@ -983,11 +983,31 @@ def health(folder: Folder) -> list[str]:
 
 
 Renderer = Callable[[Folder], list[str]]
+def spot_check_noise(folder: Folder) -> list[str]:
+    r = folder.json("spot_check_noise.json")
+    rows = [[plain(count), fixed(row.num("mean_difference")), fixed(row.num("se_difference")),
+             fixed(row["se_difference_by_source"].num("train")), fixed(row["se_difference_by_source"].num("validation")),
+             fixed(row.num("se_score")), fixed(row.num("seconds_per_measure"), 2)]
+            for count, row in r["windows_per_source"].items()]  # fmt: skip
+    return section(
+        "spot_check_noise",
+        f"One block ({plain(r['block'])}) of the {r['config']} config trained {plain(r['steps'])} steps, kept at "
+        f"{plain(r.num('steps') - r.num('apart'))} and at {plain(r['steps'])}; for each count of windows per source "
+        f"(train and validation), {plain(r['repeats'])} spot checks with their own private seeds measure both. The "
+        "standard deviation of their score differences is the standard error of one check's comparison "
+        "(nats per unit), against the spot check's tolerance.",
+        f"Command: `python benchmarks/spot_check_noise.py --steps {r['steps']} --apart {r['apart']} "
+        f"--repeats {r['repeats']} --threads {r['threads']}`",
+        table(["windows per source", "mean difference", "its standard error", "train only", "validation only",
+               "one score's standard error", "seconds a measure"], rows),  # fmt: skip
+    )
+
+
 RENDERERS: dict[str, Renderer] = {
     "quality": quality, "lr_sweep": lr_sweep, "long_run": long_run, "start_model": start_model, "serve": serve, "sync": sync, "outer_gap": outer_gap, "scale": scale,
     "time_to_loss": time_to_loss,
     "transfer": transfer,
-    "regions": regions, "blocks_latency": blocks_latency, "discovery": discovery, "chaos": chaos, "attacks": attacks, "identity_cost": identity_cost,
+    "regions": regions, "blocks_latency": blocks_latency, "discovery": discovery, "chaos": chaos, "spot_check_noise": spot_check_noise, "attacks": attacks, "identity_cost": identity_cost,
     "health": health,
 }  # fmt: skip
 
