@@ -41,8 +41,22 @@ Part 1, one trained swarm: block 0 with one honest host (b0), block 1 with two D
 - honest_then_lying_beside_two_keys, _beside_one_key (item 7): a key vouching for the honest
   checkpoint of block 1 (two honest keys) or block 0 (one) that answers its first request
   honestly, then lies.
-For each: the fetched model's bits per byte (the ELBO on fixed validation windows) over the clean
-fetch's, met at <= 1.02; the checkpoint a joiner starts from (met if not the liar's); generation
+Issue 46's strangers, who have read how we measure:
+- spot_check_tuned_0.05 .. _1.0: block 1 made that many nats per unit worse on held-out text, then
+  tuned on the windows and draws of a spot check with public seeds (the old check's 32 windows, of
+  each split) until that check scores it better than the honest block; one save ahead, under one
+  key, for download and denoising (`tuned_block`);
+- step_inflation: block 1's honest weights bit for bit, stamped 2 x step + 100 (met only if the
+  joiner starts at the honest step);
+- honest_weights_restamped_lying_answers: block 0's honest weights (its lone host's) stamped a save
+  ahead, under one key that answers denoise requests wrongly;
+- slightly_worse_every_save: a copy of every block 0.099 nats per unit worse on held-out text (within
+  the tolerance), a save ahead, each under its own key, for download and denoising.
+For each: the fetched model's bits per byte (the ELBO on 256 fixed validation windows, at a seed
+of their own that no stranger here tunes to) over the clean fetch's, met at <= 1.02; the
+checkpoint a joiner starts from (met if not the liar's, and for step_inflation at the honest step;
+a tuned row whose block is no worse on the stranger's own held-out windows says so in
+attack_made_no_worse_block, and is still met only as the others are); generation
 through the swarm (preferring the liar): the checkpoints whose answers it used, per block (met if
 only the clean fetch's: a poisoned block may change no argmax, so equal text alone proves nothing),
 its text against local generation from the clean fetch (met if equal: a liar vouching for the
@@ -72,6 +86,8 @@ of its weights from the lone run's over the lone run's distance from the start w
     python benchmarks/attacks.py            # about 19 minutes on 2 cores (part 1 about 7)
     python benchmarks/attacks.py --steps 20 --train-steps 20 --save-every 10 --average-every 10 \\
         --out /tmp/attacks-smoke            # a smoke run of every row (its figures mean little)
+    python benchmarks/attacks.py --parts 1 --steps 20 --save-every 10 --rows step_inflation \\
+        --out /tmp/attacks-smoke            # a smoke run of part 1's clean row and one row
 """
 
 from __future__ import annotations
@@ -79,6 +95,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -113,6 +130,7 @@ from swarm.lab.attacks import (
     overflowing_block,
     plant_checkpoint,
     sybil_nodes,
+    tuned_to,
 )
 from swarm.lab.launch import LocalSwarm, Started
 from swarm.model.checkpoint import load_block, load_model_folder
@@ -129,6 +147,7 @@ from swarm.p2p.records import CheckpointInfo
 from swarm.peer.announcer import RECORD_LIFETIME_PERIODS
 from swarm.peer.config import PeerConfig
 from swarm.serving.remote import RemoteBlocks
+from swarm.serving.server import DenoiseServicer
 from swarm.waiting import WaitTimeout, wait_for
 
 logger = logging.getLogger("benchmarks.attacks")
@@ -140,6 +159,11 @@ PROMPT = b"The history of the city"
 GENERATED_BYTES = 64
 PEER = PeerConfig()  # the defaults every honest peer keeps
 POISON_WORSE_BY = 0.5  # nats per byte a poisoned block loses on the spot check (5x its tolerance)
+TUNED_GRADES = (0.05, 0.1, 0.25, 0.5, 1.0)  # nats per unit a block tuned to a public check loses on held-out text
+SLIGHTLY_WORSE = 0.099  # nats per unit: just within the spot check's tolerance
+PUBLIC_SEED = 1234  # the seed of the old spot check's windows, which anyone could compute
+HELD_OUT_SEED = 2046  # the held-out windows an attacker grades its block on (no check of ours uses a fixed seed)
+EVALUATION_SEED = 4242  # the windows every figure here is measured on: none of PUBLIC_SEED's or HELD_OUT_SEED's
 SYBIL_WORK_BITS = 6  # the identity work of the Sybil row's priced swarm: cheap for the honest peers here
 # (its price at 12 bits: benchmarks/identity_cost.py); the Sybils do none
 QUALITY_BOUND = 1.02  # the fetched model's bits per byte over the clean fetch's
@@ -429,17 +453,84 @@ def defended_sybils(swarm: Swarm, defence: str) -> dict:
         return {"defence": DEFENCES[defence], **sybils(defended, 0, swarm.args.sybils)}
 
 
-def checkpoint_ahead(swarm: Swarm, name: str, block: int, denoiser: Denoiser, ahead: int, answers=False) -> dict:
-    """One key serving `denoiser` stamped `ahead` steps past the honest checkpoint of `block`, for
-    download and, with `answers`, for denoise requests, which it answers wrongly."""
-    step = swarm.honest_checkpoint(block).step + ahead
+def checkpoint_ahead(swarm: Swarm, name: str, block: int, denoiser: Denoiser, ahead: int, answers=False,
+                     serves: bool = False, step: int | None = None) -> dict:  # fmt: skip
+    """One key serving `denoiser` stamped `ahead` steps past the honest checkpoint of `block` (or at
+    `step`), for download and, with `answers`, for denoise requests, which it answers wrongly, or,
+    with `serves`, with `denoiser` itself."""
+    step = swarm.honest_checkpoint(block).step + ahead if step is None else step
     store = CheckpointStore(swarm.local.workdir / name, swarm.config, block, swarm.local.swarm)
     info = store.save(denoiser, step)
     with swarm.stranger(block) as node:
-        node.serve_checkpoint(store, info, *([WrongAnswers(swarm.config, block, info.sha256)] if answers else []))
+        node.serve_checkpoint(store, info, *stranger_answers(swarm.config, block, info, denoiser, answers, serves))
         swarm.wait_for_record(block, node.peer_id)
-        row = measured(swarm, name, block, liar_sha256=info.sha256, liar_peer=node.peer_id, generate=answers)
+        row = measured(swarm, name, block, liar_sha256=info.sha256, liar_peer=node.peer_id, generate=answers or serves)
     return {"block": block, "liar_step": step, **row}
+
+
+def stranger_answers(config: ModelConfig, block: int, info: CheckpointInfo, denoiser: Denoiser, wrong: bool,
+                     serves: bool) -> list:  # fmt: skip
+    """What a stranger's denoise service answers with: wrongly, with its own weights, or none."""
+    if wrong:
+        return [WrongAnswers(config, block, info.sha256)]
+    if serves:
+        service = DenoiseServicer(config, block)
+        service.swap_in(denoiser, info.sha256)
+        return [service]
+    return []
+
+
+def tuned_block(swarm: Swarm, block: int, worse_by: float) -> tuple[Denoiser, dict]:
+    """Issue 46's stranger against a check it cannot read: the clean fetch's `block` made `worse_by`
+    nats per unit worse on held-out text (`degraded_block`), then tuned on the windows and draws of
+    a spot check with public seeds (`tuned_to`: what the old check measured, 32 windows of each
+    split) until that check scores it better than the honest block. Figures: both blocks on the
+    held-out windows and on the public check."""
+    config, corpus = swarm.config, load_corpus(None)
+    held_out = SpotCheck.from_corpus(corpus, config, count=64, seed=HELD_OUT_SEED)
+    public = SpotCheck.from_corpus(corpus, config, count=32, seed=PUBLIC_SEED)
+    honest = swarm.reference.denoiser_for_block(block)
+    worse = degraded_block(honest, lambda denoiser: held_out.measure(denoiser, config, block), worse_by)
+    tuned = tuned_to(worse, public, config, block, beat=public.measure(honest, config, block) - 0.05)
+    figures = {"held_out_ce": {"honest": held_out.measure(honest, config, block), "tuned": held_out.measure(tuned, config, block)},
+               "public_check_ce": {"honest": public.measure(honest, config, block), "tuned": public.measure(tuned, config, block)}}  # fmt: skip
+    return tuned, figures
+
+
+def spot_check_tuned(swarm: Swarm, worse_by: float) -> dict:
+    """A tuned block (`tuned_block`) of block 1 one save ahead of its hosts, served under one key for
+    download and denoising."""
+    poison, figures = tuned_block(swarm, 1, worse_by)
+    row = checkpoint_ahead(swarm, f"tuned-{worse_by}", 1, poison, swarm.args.save_every, serves=True)
+    return {"worse_by": worse_by, **figures, **row}
+
+
+def step_inflation(swarm: Swarm, block: int = 1) -> dict:
+    """The honest weights of `block`, bit for bit, stamped 2 x step + 100 and served under one key
+    (for download and denoising): met only if the joiner starts at the honest step."""
+    honest = swarm.honest_checkpoint(block)
+    weights = swarm.reference.denoiser_for_block(block)
+    row = checkpoint_ahead(swarm, "inflation", block, weights, 0, serves=True, step=2 * honest.step + 100)
+    row["joiner_step_honest"] = row["joiner"]["step"] == honest.step
+    return {"honest_step": honest.step, **row}
+
+
+def slightly_worse(swarm: Swarm) -> dict:
+    """A copy of every block `SLIGHTLY_WORSE` nats per unit worse on held-out text (within the
+    spot check's tolerance), one save ahead, each under a key of its own, served for download and
+    denoising (issue 46: stamps that win on rank each time cost 3-4% overall)."""
+    config, held_out = swarm.config, SpotCheck.from_corpus(load_corpus(None), swarm.config, count=64, seed=HELD_OUT_SEED)
+    with contextlib.ExitStack() as stack:
+        for block in range(config.n_blocks):
+            honest = swarm.reference.denoiser_for_block(block)
+            poison = degraded_block(honest, lambda d, b=block: held_out.measure(d, config, b), SLIGHTLY_WORSE)
+            store = CheckpointStore(swarm.local.workdir / f"slightly-worse-{block}", config, block, swarm.local.swarm)
+            info = store.save(poison, swarm.honest_checkpoint(block).step + swarm.args.save_every)
+            node = stack.enter_context(swarm.stranger(block))
+            node.serve_checkpoint(store, info, *stranger_answers(config, block, info, poison, False, True))
+            swarm.wait_for_record(block, node.peer_id)
+        row = measured(swarm, "slightly-worse", block, liar_sha256=info.sha256, liar_peer=node.peer_id, generate=True)
+    return {"worse_by": SLIGHTLY_WORSE, **row}
 
 
 def oversized(swarm: Swarm) -> dict:
@@ -500,6 +591,11 @@ def part_one_rows(swarm: Swarm) -> dict[str, Callable[[], dict]]:
         "wrong_denoise_answers": lambda: wrong_answers(swarm),
         "honest_then_lying_beside_two_keys": lambda: honest_then_lying(swarm, 1),
         "honest_then_lying_beside_one_key": lambda: honest_then_lying(swarm, 0),
+        **{f"spot_check_tuned_{worse_by}": functools.partial(spot_check_tuned, swarm, worse_by) for worse_by in TUNED_GRADES},
+        "step_inflation": lambda: step_inflation(swarm),
+        "honest_weights_restamped_lying_answers": lambda: checkpoint_ahead(
+            swarm, "restamped-lying", 0, swarm.reference.denoiser_for_block(0), save, answers=True),
+        "slightly_worse_every_save": lambda: slightly_worse(swarm),
     }
 
 
@@ -512,6 +608,10 @@ def scored(row: dict, clean: dict) -> dict:
               row.get("bits_per_byte_over_clean", math.inf) <= QUALITY_BOUND]  # fmt: skip
     if "joiner" in row:
         checks.append(not row["joiner"]["from_liar"])
+    if "joiner_step_honest" in row:
+        checks.append(row["joiner_step_honest"])
+    if "held_out_ce" in row:  # a tuned block no worse where the stranger graded it is no poison: said, still not met
+        row["attack_made_no_worse_block"] = row["held_out_ce"]["tuned"] <= row["held_out_ce"]["honest"]
     if "generation" in row:
         checks += [row["generation"]["used_only_clean_checkpoints"], row["generation"]["equals_clean_local_generation"]]
     if "status_follows_creator" in row:
@@ -535,7 +635,8 @@ def part_one(args, workdir: Path) -> dict:
             health = honest_health(client, honest)
             clean["honest_peers"] = beside_clean(health, health)
             results = {"clean": scored(clean, clean)}
-            for name, run in part_one_rows(swarm).items():
+            rows = part_one_rows(swarm)
+            for name, run in ((n, r) for n, r in rows.items() if not args.rows or n in args.rows):
                 for handle, _ in honest:
                     handle.reset_peak_rss()
                 row = guarded(name, run)
@@ -700,6 +801,7 @@ def arguments():
     parser.add_argument("--sybils", type=int, default=20, help="keys vouching for the poisoned block of the Sybil row")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--parts", nargs="+", choices=["1", "2", "3"], default=["1", "2", "3"])
+    parser.add_argument("--rows", nargs="+", default=None, help="part 1: only these rows (beside the clean one)")
     parser.add_argument("--out", default="benchmarks/results/attacks")
     args = parser.parse_args()
     if "2" in args.parts and not 0 < args.average_every < args.train_steps:
@@ -710,7 +812,8 @@ def arguments():
 def main() -> None:
     args = arguments()
     setup_logging()
-    args.windows = load_corpus(None).windows("validation", ModelConfig(**SMALL)).fixed(VALIDATION_WINDOWS)
+    validation = load_corpus(None).windows("validation", ModelConfig(**SMALL))
+    args.windows = validation.fixed(VALIDATION_WINDOWS, seed=EVALUATION_SEED)
     result = {"config": {k: v for k, v in vars(args).items() if k != "windows"}, "model": SMALL,
               "peer_options": peer_options(args, args.steps), "loss": LOSS}  # fmt: skip
     parts = {"1": ("fetch_and_serve", part_one), "2": ("training", part_two), "3": ("two_replicas", part_three)}

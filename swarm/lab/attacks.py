@@ -50,7 +50,7 @@ from swarm.checkpoints.store import CheckpointStore
 from swarm.checkpoints.transfer import BlockServicer
 from swarm.lab.hosting import InProcessNode
 from swarm.model.checkpoint import save_block
-from swarm.model.data import Windows, Corpus, load_corpus
+from swarm.model.data import Corpus, Windows, load_corpus
 from swarm.model.denoiser import Denoiser, ModelConfig, build_block
 from swarm.model.steps import Sampling
 from swarm.model.train import TrainConfig, block_trainer
@@ -157,13 +157,13 @@ def tuned_to(block: Denoiser, check: SpotCheck, config: ModelConfig, index: int,
     tuned = copy.deepcopy(block).train()
     optimizer = torch.optim.Adam(tuned.parameters(), lr=lr)
     for _ in range(steps):
-        bad_enough = keep_above is None or keep_above[0].measure(tuned, config, index) > keep_above[1] - 0.05
+        bad_enough = keep_above is None or keep_above[0].measure(tuned, config, index) >= keep_above[1] - 0.01
         if bad_enough and check.measure(tuned, config, index) < beat:
             break
         optimizer.zero_grad(set_to_none=True)
         loss = check.objective(tuned, config, index)
-        if keep_above is not None:
-            loss = loss + torch.relu(keep_above[1] - keep_above[0].objective(tuned, config, index))
+        if keep_above is not None:  # aimed a little above, so that it stops near the loss asked
+            loss = loss + torch.relu(keep_above[1] + 0.02 - keep_above[0].objective(tuned, config, index))
         loss.backward()
         optimizer.step()
     return tuned.eval()
