@@ -22,9 +22,11 @@ KIND_WORDS = {
 FAMILY_WORDS = {"masked": "masked diffusion (hidden units revealed step by step)",
                 "gaussian": "gaussian diffusion in embedding space"}  # fmt: skip
 SPOT_CHECK_WORDS = (
-    "Spot-check loss: each block's mean denoising loss on the fetcher's held-out windows at the block's "
-    "own noise levels, in nats per unit (a unit is {unit}). It is not bits per byte, and no block's "
-    "loss is the model's: each covers its own noise levels only."
+    "Spot-check loss: each block's training objective, measured by the fetcher on windows and noise "
+    "draws of its own at the block's own noise levels; the worst of its sources' means (the swarm's "
+    "validation and training text, and the fetcher's own text where it gave one), in nats per unit "
+    "(a unit is {unit}). It is not bits per byte, and no block's loss is the model's: each covers its "
+    "own noise levels only."
 )
 
 
