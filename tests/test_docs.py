@@ -38,11 +38,15 @@ CI_BLOCK = [
 
 
 def load_report() -> ModuleType:
-    """benchmarks/report.py as a module (benchmarks/ is a folder of programs, not a package)."""
+    """benchmarks/report.py as a module (benchmarks/ is a folder of programs, not a package), its
+    folder first on sys.path while it loads, as python runs it: it imports page/ beside it."""
     spec = importlib.util.spec_from_file_location("report", ROOT / "benchmarks" / "report.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["report"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
     return module
 
 
@@ -121,13 +125,13 @@ def ci_block(readme: str) -> list[str]:
 
 
 def unnamed_modules(layout: str) -> list[str]:
-    """Modules of swarm/ that their room's section of the layout page does not name."""
+    """Modules of swarm/'s rooms and of benchmarks/page/ that their section of the layout page leaves out."""
     missing = []
-    for path in sorted((ROOT / "swarm").glob("*/*.py")):
-        room = path.parent.name
-        section = re.search(rf"^## `swarm/{room}/`\n(.*?)(?=^## |\Z)", layout, flags=re.DOTALL | re.MULTILINE)
+    for path in sorted([*(ROOT / "swarm").glob("*/*.py"), *(ROOT / "benchmarks" / "page").glob("*.py")]):
+        folder = path.parent.relative_to(ROOT).as_posix()
+        section = re.search(rf"^## `{folder}/`\n(.*?)(?=^## |\Z)", layout, flags=re.DOTALL | re.MULTILINE)
         if path.stem != "__init__" and (section is None or f"`{path.name}`" not in section.group(1)):
-            missing.append(f"swarm/{room}/{path.name}")
+            missing.append(f"{folder}/{path.name}")
     return missing
 
 

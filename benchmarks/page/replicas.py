@@ -1,0 +1,238 @@
+"""Keeping replicas in step: the sync modes side by side, the outer mode's loss gap, time to a loss
+across regions, and what a block costs as it grows."""
+
+from __future__ import annotations
+
+from .formatting import (
+    DASH,
+    command,
+    fixed,
+    heading,
+    later_runs,
+    percent,
+    plain,
+    section,
+    settings,
+    size,
+    table,
+    targets_table,
+    times,
+    yes,
+)
+from .reading import Folder, Node
+
+
+def sync(folder: Folder) -> list[str]:
+    later = later_runs(folder, lambda sub, title: sync_run(sub, "sync.json", title))
+    parts = sync_run(folder, "sync.json", "") + os_check(folder) + later
+    return section(
+        "Runs replicas of one block of a small model in separate processes and syncs them in each mode: dense "
+        "fp32 gradients (the baseline), DeMo in lockstep or overlapped, outer steps on a compressed "
+        "pseudo-gradient; on 127.0.0.1, then (as root) in emulated regions. Bytes are per replica per step, "
+        "losses are validation losses at equal steps, utilisation is compute time over wall time (lowest and mean "
+        "replica), drift is the largest difference between the replicas' final checkpoints. Needs "
+        "`pip install -e '.[bench]'`.",
+        parts,
+    )
+
+
+SYNC_OPTIONS = ("replicas", "steps", "modes", "region_replicas", "region_steps", "region_modes")
+
+
+WAIT_COLUMNS = {"network_wait_fraction_max": "network wait", "slower_replica_wait_fraction_max": "slower-replica wait",
+                "spare_batch_fraction_max": "spare batches"}  # fmt: skip
+
+
+def sync_run(folder: Folder, name: str, title: str) -> list[str]:
+    """One sync.py results file: its command, settings, one table per placement, its targets."""
+    s = folder.json(name)
+    config = s["config"]
+    lines = heading(title)
+    lines += [command("sync.py", {k: config[k] for k in SYNC_OPTIONS}, root=True), "",
+              settings(config, set(SYNC_OPTIONS)), ""]  # fmt: skip
+    for group, modes in s["summary"]["side_by_side"].items():
+        waits = [c for c in WAIT_COLUMNS if any(c in row.names() for _, row in modes.items())]
+        header = ["mode", "steps", "bytes", "dense / mode", "loss", "loss / dense", "util. min", "util. mean", "step s"]
+        header += [WAIT_COLUMNS[c] for c in waits] + ["drift"]
+        rows = [sync_row(mode, row, waits, drift(s["runs"], group, mode, row)) for mode, row in modes.items()]
+        lines += [f"{plain(group)}:", ""] + table(header, rows)
+    return lines + targets_table(s["summary"]["targets"]) + [folder.pictures(), ""]
+
+
+def sync_row(mode: str, row: Node, waits: list[str], drift_value: float | None) -> list[str]:
+    return [mode, plain(row["steps"]), size(row.num("bytes_sent_per_replica_per_step")),
+            times(row.get("bytes_dense_over_mode")), fixed(row.num("validation_loss")),
+            times(row.get("validation_loss_mode_over_dense")), fixed(row.num("compute_utilisation_min")),
+            fixed(row.num("compute_utilisation_mean")), fixed(row.num("step_seconds"))] + \
+        [percent(row.get(c)) for c in waits] + [fixed(drift_value, 4)]  # fmt: skip
+
+
+def drift(runs: Node, group: str, mode: str, row: Node) -> float | None:
+    """The drift between final checkpoints of the run a summary row comes from ("regions, 4 replicas")."""
+    placement = group.split(",")[0]
+    for run in runs:
+        if (run["mode"], run["steps"], run["placement"]) == (mode, row["steps"], placement):
+            return run.num("drift_between_final_checkpoints")
+    return None
+
+
+def os_check(folder: Folder) -> list[str]:
+    """sync_os_check.json: the bytes the peers counted beside what the kernel sent."""
+    if not (folder.path / "sync_os_check.json").exists():
+        return []
+    check = folder.json("sync_os_check.json")
+    rows = []
+    for mode, run in check.items():
+        if isinstance(run, Node):
+            counted = [run["counted_bytes_sent"].num(r) for r in run["counted_bytes_sent"].names()]
+            kernel = [run["kernel_tx_bytes"].num(r) for r in run["kernel_tx_bytes"].names()]
+            rows.append([mode, plain(run["steps"]), size(sum(counted) / len(counted)), size(sum(kernel) / len(kernel))])
+    return [
+        "### The kernel's count", "", command("sync.py", {"os_check_only": True}, root=True), "",
+        ("Bytes each replica counted as sent for sync beside what the kernel sent from its namespace (mean "
+         f"replica; the kernel's count includes DHT traffic and headers). Dense over DeMo by the kernel's count: "
+         f"{times(check.num('kernel_ratio_dense_over_demo16'))}."), "",
+    ] + table(["mode", "steps", "counted", "kernel"], rows)  # fmt: skip
+
+
+def outer_gap(folder: Folder) -> list[str]:
+    parts = outer_gap_run(folder, "") + later_runs(folder, outer_gap_run)
+    return section(
+        "Runs the outer mode's replicas and the dense baseline (gradients averaged every step) in one process, "
+        "with no network, for longer than peers could run here, to see whether the outer mode's loss gap closes "
+        "as the run grows longer.",
+        parts,
+    )
+
+
+def outer_gap_run(folder: Folder, title: str) -> list[str]:
+    g = folder.json("outer_gap.json")
+    config = g["config"]
+    rows = [[plain(r["steps"]), fixed(r.num("dense_loss")), fixed(r.num("outer_loss")), times(r.num("outer_over_dense")),
+             size(r.num("outer_payload_bytes_per_step"))] for r in g["runs"]]  # fmt: skip
+    options = {k: config[k] for k in ("steps", "replicas", "batch_size", "block", "outer_lr")}
+    lines = heading(title)
+    return (
+        lines
+        + [command("outer_gap.py", options), "", settings(config, set(options)), ""]
+        + table(["steps", "dense loss", "outer loss", "outer / dense", "payload per replica per step"], rows)
+        + [folder.pictures(), ""]
+    )
+
+
+TIME_TO_LOSS_OPTIONS = ("modes", "replicas", "steps", "save_every")
+
+
+def time_to_loss(folder: Folder) -> list[str]:
+    """time_to_loss.json: each mode's efficiency (no-delay seconds to its final loss / regions seconds to it)."""
+    r = folder.json("time_to_loss.json")
+    config, s = r["config"], r["summary"]
+    rows = []
+    for mode, m in r["modes"].items():
+        if m.get("error") is not None:
+            rows.append([mode, *[DASH] * 7, f"failed: {plain(m['error'])}"])
+            continue
+        runs = m["runs"]
+        took = fixed(m.num("regions_seconds"), 1) if m["reached"] else "not reached"
+        first = " / ".join(fixed(runs[p]["curve"][1].num("seconds"), 1) for p in ("no-delay", "regions"))
+        rows.append([mode, fixed(m.num("target_loss")), fixed(m.num("no_delay_seconds"), 1), took,
+                     fixed(m.num("efficiency")), times(m.num("final_loss_over_target")), first,
+                     fixed(runs["regions"]["run"].num("compute_utilisation_min")),
+                     fixed(runs["regions"]["run"].num("step_seconds"))])  # fmt: skip
+    best = s["best_mode"]
+    headline = (f"Best mode: `{best}`, efficiency {fixed(s.num('best_efficiency'))}; at least {s.num('target')}: "
+                f"{yes(s['met'])}." if best else "No mode's regions run reached its no-delay run's final loss.")  # fmt: skip
+    header = ["mode", "target loss", "no-delay s", "regions s", "efficiency", "regions final / target",
+              "first save s (no-delay / regions)", "regions util. min", "regions step s"]  # fmt: skip
+    return section(
+        "For each sync mode, the same replicas of one block run twice from the same start weights with the same batches "
+        "(each replica keeps one peer id): in the emulated regions, and in the same lab with no delay and no cap. "
+        "The target is the no-delay run's final validation loss (mean replica; the same validation windows for "
+        "every checkpoint); efficiency is the no-delay run's wall seconds to it over the regions run's, each "
+        "from the run's first step to the first time its curve reaches the target, linear between saves (1.0: "
+        "the internet cost nothing). This is the headline sync figure; utilisation (lowest replica) and step "
+        "time of the regions run are diagnostics, and so is each run's time to its first save. As root.",
+        command("time_to_loss.py", {k: config[k] for k in TIME_TO_LOSS_OPTIONS}, root=True),
+        settings(config, set(TIME_TO_LOSS_OPTIONS)),
+        headline,
+        table(header, rows),
+        folder.pictures(),
+    )
+
+
+def scale(folder: Folder) -> list[str]:
+    parts = scale_run(folder, "") + later_runs(folder, scale_run)
+    return section(
+        "One block at several sizes through the library's own code: the trainer's forward and backward, each sync "
+        "mode's compress, encode, decode and apply with 4 replicas' payloads gathered (outer: a round spread over "
+        "its H steps), bytes per replica per step against dense fp32 all-reduce, the peak RSS of a fresh process "
+        "training the block beside its weights, gradients and AdamW state (and its RSS before the block: the fixed "
+        "overhead; on a GPU, its peak allocation there and what was allocated before the block), the checkpoint's "
+        "bytes, save and load, its download at 20 and 100 Mbit/s (bytes over the link plus the receiver's measured "
+        "work), the spot check and one denoise request (4 steps, one prompt).",
+        parts,
+    )
+
+
+def scale_run(folder: Folder, title: str) -> list[str]:
+    """One scale.py results file: its command, two tables, its slopes and targets."""
+    r = folder.json("scale.json")
+    steps, costs = [], []
+    on_gpu = r["sizes"][0]["memory"].get("peak_gpu_bytes") is not None
+    for s in r["sizes"]:
+        sync, memory, checkpoint = s["sync"], s["memory"], s["checkpoint"]
+        name = f"{plain(s['size'])} ({s.num('parameters') / 1e6:.2f} M)"
+        steps.append([name, fixed(s.num("forward_backward_s")), fixed(s.num("adamw_step_s")),
+                      percent(sync["demo"].num("over_forward_backward")), percent(sync["outer"].num("over_forward_backward")),
+                      size(sync["dense"].num("bytes_per_replica_per_step")), times(sync["demo"].num("dense_over_mode")),
+                      times(sync["outer"].num("dense_over_mode"))])  # fmt: skip
+        peak = [size(memory.num("peak_gpu_bytes")), size(memory.num("gpu_overhead_bytes"))] if on_gpu else []
+        costs.append([name, size(memory.num("peak_rss_bytes")), size(memory.num("overhead_bytes")), *peak,
+                      size(memory.num("state_bytes")), fixed(memory.num("peak_above_overhead_over_state"), 2),
+                      size(checkpoint.num("bytes")), fixed(checkpoint.num("save_s")), fixed(checkpoint.num("load_s")),
+                      fixed(checkpoint["download_s"].num("20"), 2), fixed(checkpoint["download_s"].num("100"), 2),
+                      fixed(s.num("spot_check_s")), fixed(s.num("denoise_s"))])  # fmt: skip
+    fitted = r["slopes"]
+    slopes = ", ".join(f"`{name}` {fixed(fitted.num(name), 2)}" for name in fitted.names() if fitted[name] is not None)
+    smoke = "" if r["complete"] else ("Not every default size was measured: the slopes come from these sizes alone.")
+    step_header = ["size (parameters)", "forward+backward s", "AdamW s", "DeMo sync / f+b", "outer sync / f+b",
+                   "dense bytes / step", "dense / DeMo", "dense / outer"]  # fmt: skip
+    gpu_header = ["peak GPU", "GPU before block"] if on_gpu else []
+    cost_header = ["size", "peak RSS", "overhead", *gpu_header, "weights+grads+AdamW", "(peak - overhead) / that",
+                   "checkpoint", "save s", "load s", "download 20 Mbit/s s", "100 Mbit/s s", "spot check s",
+                   "denoise s"]  # fmt: skip
+    lines = heading(title)
+    for part in (smoke, plain(r.get("note") or ""), command("scale.py", r["settings"].data)):
+        lines += [part, ""] if part else []
+    return (
+        lines
+        + table(step_header, steps)
+        + table(cost_header, costs)
+        + scale_memory_modes(r["sizes"])
+        + [f"Slopes against the parameter count (least squares on log-log; 1 is linear): {slopes}.", ""]
+        + targets_table(r["targets"])
+        + [folder.pictures(), ""]
+    )
+
+
+MEMORY_LABELS = {"memory": "plain", "memory_checkpointed": "activations checkpointed", "memory_low": "--low-memory"}
+
+
+def scale_memory_modes(sizes: Node) -> list[str]:
+    """Each size trained plainly, with activation checkpointing and as `swarm-peer --low-memory`
+    does (each in a fresh process): memory above the overhead and the median step time; nothing
+    for a run from before scale.py measured them."""
+    if sizes[0].get("memory_low") is None:
+        return []
+    rows = []
+    for s in sizes:
+        plain_s = s["memory"].num("step_s")
+        for key, label in MEMORY_LABELS.items():
+            memory = s[key]
+            rows.append([plain(s["size"]), label, size(memory.num("peak_above_overhead_bytes")),
+                         fixed(memory.num("peak_above_overhead_over_state"), 2), fixed(memory.num("step_s")),
+                         times(memory.num("step_s") / plain_s)])  # fmt: skip
+    header = ["size", "training", "peak - overhead", "(peak - overhead) / state", "step s", "step / plain"]
+    return ["Memory by how the block trains (a fresh process each; step: forward, backward and AdamW):", ""] + table(
+        header, rows
+    )
