@@ -814,7 +814,8 @@ def main() -> None:
     setup_logging()
     validation = load_corpus(None).windows("validation", ModelConfig(**SMALL))
     args.windows = validation.fixed(VALIDATION_WINDOWS, seed=EVALUATION_SEED)
-    result = {"config": {k: v for k, v in vars(args).items() if k != "windows"}, "model": SMALL,
+    result = {"config": {k: v for k, v in vars(args).items() if k != "windows"},
+              "model": ModelConfig(**SMALL).to_dict(),  # its units too (a file without them predates tokens)
               "peer_options": peer_options(args, args.steps), "loss": LOSS}  # fmt: skip
     parts = {"1": ("fetch_and_serve", part_one), "2": ("training", part_two), "3": ("two_replicas", part_three)}
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,6 +25,7 @@ from swarm.lab.chaos import ChaosConfig, ChaosMonkey
 from swarm.lab.launch import LocalSwarm
 from swarm.model.checkpoint import load_model_folder
 from swarm.model.data import load_corpus
+from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import denoise_ce
 from swarm.p2p.directory import SwarmDirectory
 from swarm.serving.remote import RemoteBlocks
@@ -90,7 +91,7 @@ def main() -> None:
         churn = run(args, Path(tmp) / "chaos", chaos=True)
     result = {
         "config": vars(args),
-        "model": SMALL,
+        "model": ModelConfig(**SMALL).to_dict(),  # its units too (a file without them predates tokens)
         "calm": calm,
         "chaos": churn,
         "denoise_ce_chaos_over_calm": churn["denoise_ce"] / calm["denoise_ce"],

@@ -153,7 +153,7 @@ def main() -> None:
         logger.info("%d steps: dense %.4f, outer %.4f (%.3fx)", steps, dense_loss, outer_loss, outer_loss / dense_loss)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"config": {**vars(args), "outer": vars(outer_config), "model": SMALL_MODEL}, "runs": rows}
+    result = {"config": {**vars(args), "outer": vars(outer_config), "model": config.to_dict()}, "runs": rows}
     plot(rows, out / "outer_gap.png")
     (out / "outer_gap.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))

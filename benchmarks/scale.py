@@ -398,7 +398,8 @@ def measure_size(size: str, corpus, args, bar: tqdm) -> dict:
     parameters = count_parameters(trainer.module)
     logger.info("%s: %s parameters", size, f"{parameters:,}")
     result: dict[str, Any] = {"size": size, "d_model": config.d_model, "layers_per_block": config.layers_per_block,
-                              "n_heads": config.n_heads, "parameters": parameters}  # fmt: skip
+                              "n_heads": config.n_heads, "vocab_size": config.vocab_size, "tokenizer": config.tokenizer,
+                              "parameters": parameters}  # fmt: skip
     stages = {"training": lambda: measure_training(trainer, args.repeats),
               "sync": lambda: {"sync": measure_sync(trainer, args.replicas, args.repeats)},
               "checkpoint": lambda: {"checkpoint": measure_checkpoint(trainer.module, config, args)},
