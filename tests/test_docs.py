@@ -198,6 +198,24 @@ def test_a_value_of_the_wrong_kind_or_a_file_nobody_reads_is_one_line(results_co
     assert "chaos-rerun.json" in one_line_error(capsys, [])
 
 
+
+def section_of(page: str, title: str) -> str:
+    """One section of the benchmarks page, its heading left out."""
+    return page.split(f"\n## {title}\n")[1].split("\n## ")[0]
+
+
+def test_a_model_recorded_without_its_tokenizer_is_one_line_naming_the_byte_model(results_copy):
+    """Decided from the results file alone, so that a rerun (its config records a tokenizer) clears it."""
+    start_model = results_copy / "start_model" / "start_model.json"
+    data = json.loads(start_model.read_text())
+    assert "byte-level model" not in section_of(report.render(results_copy), "The demo's start model")
+    del data["model"]["tokenizer"]
+    start_model.write_text(json.dumps(data))
+    assert (
+        "Measured on the old byte-level model, before subword tokens (issue 44): its results record a model with no "
+        "`tokenizer` (`prefix_len` 16, `gen_len` 8 bytes). These figures await a rerun."
+    ) in section_of(report.render(results_copy), "The demo's start model")
+
 # --- the README ---------------------------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from . import models, network, replicas, trust
 from .reading import Folder, ReportError
+from .units import byte_model_line
 
 Renderer = Callable[[Folder], list[str]]
 SECTIONS: dict[str, tuple[str, Renderer]] = {  # results folder: its section's heading and renderer, in the page's order
@@ -29,6 +30,7 @@ SECTIONS: dict[str, tuple[str, Renderer]] = {  # results folder: its section's h
     "identity_cost": ("Identity cost", trust.identity_cost),
     "health": ("Health page", network.health),
 }
+RERUNNING = {"long_run"}  # being rerun on subword tokens now: no byte-model line meanwhile, whatever its file says
 
 INTRO = """# Benchmarks
 
@@ -55,7 +57,9 @@ def render(results: Path) -> str:
     lines = [INTRO, *contents, ""]
     for name in present:
         folder = Folder(results / name, results.parent)
-        lines += [f"## {SECTIONS[name][0]}", "", *render_folder(name, folder)]
+        body = render_folder(name, folder)
+        units = "" if name in RERUNNING else byte_model_line(folder.read.values())
+        lines += [f"## {SECTIONS[name][0]}", "", units, "", *body]
         if unread := folder.unread():
             raise ReportError(f"{unread[0].relative_to(results.parent)}: report.py's {name} renderer does not read it")
     return "\n".join(strip_blank_runs(lines)).rstrip() + "\n"

@@ -62,11 +62,11 @@ class Node:
 
 @dataclass
 class Folder:
-    """One folder under results/: its JSON files (each read is recorded) and its pictures."""
+    """One folder under results/: its JSON files (each read is recorded, with what it held) and its pictures."""
 
     path: Path
     base: Path  # the page's folder: what its links and error lines are relative to
-    read: set[Path] = field(default_factory=set)
+    read: dict[Path, Any] = field(default_factory=dict)  # shared with its subfolders
 
     @property
     def rel(self) -> str:
@@ -79,7 +79,7 @@ class Folder:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as error:
             raise ReportError(f"{self.rel}/{name}: cannot read it as JSON ({error})") from None
-        self.read.add(path)
+        self.read[path] = data
         return Node(data, f"{self.rel}/{name}")
 
     def subfolders(self) -> list[Folder]:
