@@ -18,6 +18,7 @@ import json
 import logging
 import random
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import datasets
@@ -172,19 +173,19 @@ class Corpus:
             logger.info("corpus: %s split, %d units", split, len(self._streams[key]))
         return self._streams[key]
 
-    @property
+    @cached_property
     def train(self) -> torch.Tensor:
-        """The training split's UTF-8 bytes (uint8)."""
+        """The training split's UTF-8 bytes (uint8), made on first use and kept: one tensor, not to be changed."""
         return self.stream("train", BYTES).to(torch.uint8)
 
-    @property
+    @cached_property
     def validation(self) -> torch.Tensor:
-        """The validation split's UTF-8 bytes (uint8)."""
+        """The validation split's UTF-8 bytes (uint8), made on first use and kept: one tensor, not to be changed."""
         return self.stream("validation", BYTES).to(torch.uint8)
 
     def raw(self, split: str) -> bytes:
         """One split's UTF-8 text, documents joined by a blank line: what the compressors read."""
-        return self.stream(split, BYTES).to(torch.uint8).numpy().tobytes()
+        return (self.train if split == "train" else self.validation).numpy().tobytes()
 
     def passages(self, split: str, count: int, prompt_chars: int = 80, continuation_chars: int = 160) -> list[tuple[str, str]]:
         """`count` (prompt, true continuation) pairs: the opening of as many documents of a split,
