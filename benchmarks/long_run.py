@@ -33,10 +33,11 @@ import torch
 
 from swarm.cli.console import setup_logging
 from swarm.cli.demo import save_start_model
+from swarm.files import write_atomic
 from swarm.lab.launch import LocalSwarm
 from swarm.lab.trainjobs import run_jobs
 from swarm.model.autoregressive import generate_bytes
-from swarm.model.checkpoint import load_model_folder, write_atomic
+from swarm.model.checkpoint import load_model_folder
 from swarm.model.compressors import compressor_bits_per_byte
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from swarm.cli.console import setup_logging
-from swarm.model.checkpoint import write_atomic
+from swarm.files import write_atomic
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import elbo_bits_per_byte

@@ -13,30 +13,17 @@ would quote figures nobody measured.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from page.assembly import render
 from page.reading import ReportError
 
+from swarm.files import write_atomic
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 PAGE = HERE / "README.md"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """A temp file beside the page, then a rename: a reader never sees half a page."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp's file is private; the page is not
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         return 0
-    write_atomically(PAGE, page)
+    write_atomic(PAGE, page.encode())  # a reader never sees half a page
     return 0
 
 

@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
+import io
 import json
 import logging
 import multiprocessing as mp
@@ -520,10 +521,10 @@ def plot(sizes: list[dict], fitted: dict, path: Path) -> None:
         ax.set(xscale="log", yscale="log", title=title, xlabel="parameters of the block")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    unfinished = path.with_suffix(".png.tmp")
-    fig.savefig(unfinished, dpi=100, format="png")
-    unfinished.replace(path)  # a reader never sees half a picture
+    picture = io.BytesIO()
+    fig.savefig(picture, dpi=100, format="png")
     plt.close(fig)
+    write_atomic(path, picture.getvalue())  # a reader never sees half a picture
 
 
 # --- the program -----------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from long_run import by_reveal, sample_texts
 
 from swarm.cli.console import setup_logging
 from swarm.cli.demo import SHIPPED_START, StartModel
-from swarm.model.checkpoint import encode_block, load_model_folder, write_atomic
+from swarm.files import write_atomic
+from swarm.model.checkpoint import encode_block, load_model_folder
 from swarm.model.compressors import compressor_bits_per_byte
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import count_parameters

@@ -31,8 +31,9 @@ from swarm.checkpoints.store import CheckpointStore
 from swarm.cli.console import Command, run_command
 from swarm.cli.options import checked_text_source
 from swarm.errors import SwarmError
+from swarm.files import write_atomic
 from swarm.lab.launch import LocalSwarm
-from swarm.model.checkpoint import LoadedModel, load_model_folder, save_model_folder, write_atomic
+from swarm.model.checkpoint import LoadedModel, load_model_folder, save_model_folder
 from swarm.model.compressors import compressor_bits_per_byte
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
