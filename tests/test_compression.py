@@ -5,24 +5,28 @@ import torch
 
 from swarm.sync import compression
 from swarm.sync.compression import (
+    add_tiles_,
     batches,
-    compress,
     dct,
     decompress,
     decompress_tiles,
-    extract,
-    extract_many,
     from_bits,
     from_tiles,
     idct,
     idct_of_kept,
     keep_per_tile,
     pack_message,
+    take_top_k,
+    tile_coefficients,
     tile_side,
     to_bits,
     to_tiles,
     unpack_message,
 )
+
+
+def compress(tensor: torch.Tensor, top_k: int, value_bits: int = 16):
+    return take_top_k(tile_coefficients(tensor), tensor.shape, top_k, value_bits)
 
 
 @pytest.mark.parametrize("shape", [(5, 64, 64), (3, 1, 48), (2, 12, 7)])
@@ -66,22 +70,43 @@ def test_kept_coefficients_decode_as_the_dense_inverse_does(tile, k):
     assert torch.allclose(idct_of_kept(indices, values, tile), dense, atol=1e-6)
 
 
-def test_error_feedback_keeps_exactly_what_was_not_sent():
+@pytest.mark.parametrize("shape", [(128, 192), (96, 64), (256,), (4, 6, 10), (3, 128, 2)])
+def test_tile_coefficients_are_the_dct_of_each_tile(shape):
+    """Two large products give what the per-tile transform gives, tile by tile."""
+    tensor = torch.randn(shape, dtype=torch.float64)
+    tiles, _ = to_tiles(tensor)
+    assert torch.allclose(tile_coefficients(tensor), dct(tiles).flatten(1), atol=1e-12)
+
+
+@pytest.mark.parametrize("value_bits", [32, 16])
+def test_error_feedback_keeps_exactly_what_was_not_sent(value_bits):
     original = torch.randn(64, 128)
-    momentum = original.clone()
-    sent = extract(momentum, top_k=8, value_bits=32)
-    assert torch.allclose(momentum + decompress(sent), original, atol=1e-5)
-    remaining, _ = to_tiles(momentum)
-    assert torch.allclose(dct(remaining).flatten(1).gather(1, sent.indices), torch.zeros(()), atol=1e-5)
+    coefficients = tile_coefficients(original)
+    sent = take_top_k(coefficients, original.shape, top_k=8, value_bits=value_bits)
+    left = from_tiles(idct(coefficients.view(-1, 64, 64)), original.shape)
+    assert torch.allclose(left + decompress(sent), original, atol=1e-5)
     assert sent.indices.shape == (2, 8)
+    if value_bits == 32:
+        assert (coefficients.gather(1, sent.indices) == 0).all()
+    else:  # bfloat16's rounding of what was sent stays in the momentum, and nothing else of it
+        rounding = coefficients.gather(1, sent.indices)
+        assert (rounding != 0).any() and (rounding.abs() <= sent.values.float().abs() * 2**-8).all()
 
 
 def test_one_bit_error_feedback_removes_the_kept_components():
-    original = torch.randn(256)
-    momentum = original.clone()
-    sent = extract(momentum, top_k=64 * 64, value_bits=1)  # scaled to 64 per run: everything
+    coefficients = tile_coefficients(torch.randn(256))
+    sent = take_top_k(coefficients, torch.Size([256]), top_k=64 * 64, value_bits=1)  # scaled to 64 per run: everything
     assert set(sent.values.unique().tolist()) <= {-1.0, 1.0}
-    assert torch.allclose(momentum, torch.zeros(256), atol=1e-5)
+    assert (coefficients == 0).all()
+
+
+@pytest.mark.parametrize("shape", [(128, 192), (256,), (4, 6, 10)])
+def test_tiles_are_added_in_place_where_from_tiles_puts_them(shape):
+    tensor = torch.randn(shape)
+    tiles, _ = to_tiles(torch.randn(shape))
+    expected = tensor - 0.5 * from_tiles(tiles, tensor.shape)
+    add_tiles_(tensor, tiles, -0.5)
+    assert torch.equal(tensor, expected)
 
 
 def test_bit_packing_round_trips_and_counts_bytes():
@@ -102,20 +127,15 @@ def test_one_bit_sends_nothing_for_a_tile_without_gradient():
     assert (decompress(sent)[:, :64] == 0).all()
 
 
-def test_tensors_transformed_together_give_the_bits_each_gives_alone():
-    """extract_many puts tensors of one tile shape through one transform: each tile's result, the
-    momentum left and what is sent, is bit for bit what the tensor alone gives (vectors of a few
-    runs included, which the BLAS would compute otherwise in a batch: `shares_transform`)."""
+def test_tensors_decoded_together_give_the_bits_each_gives_alone():
+    """decompress_tiles puts the entries of one tile shape through one inverse: each tile's result
+    is bit for bit what the tensor alone gives (vectors of a few runs included, which the BLAS
+    would compute otherwise in a batch: `shares_transform`)."""
     generator = torch.Generator().manual_seed(0)
     shapes = [(128, 64), (128,), (64, 192), (192,), (320, 64), (2, 12, 7), (320,), (96,), (4096,)]
     momenta = [torch.randn(shape, generator=generator) * 1e-5 for shape in shapes]
     for value_bits in (16, 1, 32):
-        together, alone = [m.clone() for m in momenta], [m.clone() for m in momenta]
-        sent = extract_many(together, top_k=8, value_bits=value_bits)
-        for momentum, left, entry in zip(alone, together, sent):
-            own = extract(momentum, top_k=8, value_bits=value_bits)
-            assert torch.equal(entry.indices, own.indices) and torch.equal(entry.values, own.values)
-            assert torch.equal(left, momentum)
+        sent = [compress(momentum, top_k=8, value_bits=value_bits) for momentum in momenta]
         for same_tile in ([sent[0], sent[2], sent[4]], [sent[1], sent[3], sent[6], sent[8]]):  # 64 x 64; runs of 64
             tiles = decompress_tiles(same_tile).split([entry.indices.shape[0] for entry in same_tile])
             for entry, part in zip(same_tile, tiles):

@@ -1,4 +1,4 @@
-"""DeMo compression of a momentum tensor: tiled DCT, top-k per tile, error feedback, packing.
+"""DeMo compression of a momentum: tiled DCT, top-k per tile, error feedback, packing.
 
 The first, network-free piece of replica sync (DESIGN.md, "Replica sync"). Each parameter is
 cut into tiles: 2-D (each dimension split by its largest divisor up to 64) for
@@ -8,9 +8,13 @@ largest coefficients of each tile are kept (k scaled with the tile's size agains
 64 x 64 tile, at least 1), their indices packed at ceil(log2(tile size)) bits and their
 values sent as bfloat16 (float16 underflows at these magnitudes) or as 1-bit signs.
 
-Everything is computed on the tensor's device, in float32 or the tensor's own dtype if wider
-(`working_dtype`); only the bits on the wire pass through the CPU. The tiles of all the tensors
-of one tile shape go through each transform together (`batches`, `extract_many`,
+A tensor's coefficients are computed from two large products (`tile_coefficients`): every run
+of a tile's width through the column transform at once, then every band of a tile's height
+through the row transform. The sender keeps its momentum as these coefficients
+(decoupled_momentum.py), so error feedback is zeroing what was sent (`take_top_k`) and needs no
+inverse. Everything is computed on the tensor's device, in float32 or the tensor's own dtype if
+wider (`working_dtype`); only the bits on the wire pass through the CPU. On the receiving side
+the tiles of all the tensors of one tile shape go through each inverse together (`batches`,
 `decompress_tiles`): a block has two tile shapes or so, and a call per tensor cost more than the
 arithmetic at small sizes. A tile's result does not depend on its neighbours in the batch, so
 this changes no bit (tests/test_compression.py checks it).
@@ -81,6 +85,16 @@ def from_tiles(tiles: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return tiles.reshape(r, c, rows, cols).permute(0, 2, 1, 3).reshape(shape)
 
 
+def add_tiles_(tensor: torch.Tensor, tiles: torch.Tensor, alpha: float) -> None:
+    """tensor += alpha * from_tiles(tiles, tensor.shape), in place, through a view of the
+    (contiguous) tensor as its tiles: no copy of either."""
+    _, rows, cols = tiles.shape
+    height = 1 if tensor.dim() == 1 else tensor.shape[0]
+    width = tensor.numel() // height
+    as_tiles = tiles.view(height // rows, width // cols, rows, cols).transpose(1, 2)
+    tensor.view(height // rows, rows, width // cols, cols).add_(as_tiles, alpha=alpha)
+
+
 def dct(tiles: torch.Tensor) -> torch.Tensor:
     """2-D DCT-II of every tile (a 1-row tile gets the 1-D transform)."""
     _, rows, cols = tiles.shape
@@ -144,29 +158,39 @@ def batches(keys: Sequence[Hashable], sizes: Sequence[int] | None = None) -> lis
     return [group for key_groups in groups.values() for group in key_groups]
 
 
-def _top_k(momenta: Sequence[torch.Tensor], top_k: int) -> list[tuple[tuple[int, int], torch.Tensor, torch.Tensor]]:
-    """(tile, indices, values) of the k largest DCT coefficients of each tile of each tensor, in
-    full precision; the tensors share a tile shape, dtype and device (one transform for all)."""
-    dtype = working_dtype(momenta[0].dtype)
-    parts = [to_tiles(m.detach().to(dtype)) for m in momenta]
-    coefficients = dct(parts[0][0] if len(parts) == 1 else torch.cat([tiles for tiles, _ in parts])).flatten(1)
-    k = keep_per_tile(top_k, coefficients.shape[1])
-    indices = coefficients.abs().topk(k, dim=1).indices.sort(dim=1).values
-    counts = [tiles.shape[0] for tiles, _ in parts]
-    kept = coefficients.gather(1, indices)
-    return list(zip([tile for _, tile in parts], indices.split(counts), kept.split(counts)))
-
-
 def _as_sent(kept: torch.Tensor, value_bits: int) -> torch.Tensor:
     if value_bits not in (1, 16, 32):
         raise ValueError(f"value_bits must be 1, 16 or 32, not {value_bits}")
     return _signs(kept) if value_bits == 1 else kept.to(torch.bfloat16) if value_bits == 16 else kept
 
 
-def compress(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compressed:
-    """Top-k of each tile's DCT, as sent: bfloat16 at 16 bits, signs at 1 bit, float32 at 32 (exact)."""
-    [(tile, indices, kept)] = _top_k([momentum], top_k)
-    return Compressed(momentum.shape, tile, indices, _as_sent(kept, value_bits))
+def tile_coefficients(tensor: torch.Tensor) -> torch.Tensor:
+    """The DCT coefficients of each tile of a tensor, (n_tiles, rows * cols) in its working dtype:
+    `dct` of `to_tiles`, flattened. Computed from two large products instead of two small ones per
+    tile: every run of `cols` values through the column transform in one product, then every band
+    of `rows` rows through the row transform, and only then cut into tiles (one copy)."""
+    n_tiles, (rows, cols) = tiling(tensor.shape)
+    where = tensor.device, working_dtype(tensor.dtype)
+    height = 1 if tensor.dim() == 1 else tensor.shape[0]
+    width = tensor.numel() // height
+    runs = tensor.detach().to(where[1]).reshape(-1, cols) @ dct_matrix(cols, *where).T
+    bands = runs.view(height // rows, rows, width)
+    if rows > 1:
+        bands = dct_matrix(rows, *where) @ bands
+    return bands.view(height // rows, rows, width // cols, cols).permute(0, 2, 1, 3).reshape(n_tiles, rows * cols)
+
+
+def take_top_k(coefficients: torch.Tensor, shape: torch.Size, top_k: int, value_bits: int = 16) -> Compressed:
+    """The k largest of each tile's coefficients (`tile_coefficients` of a tensor of `shape`), as
+    sent, taken out of `coefficients` in place (error feedback): what stays is exactly what was
+    not sent, a sent value's bfloat16 rounding included. 1-bit signs carry no scale, so there the
+    kept coefficients are zeroed: the momentum forgets exactly the components it shared."""
+    k = keep_per_tile(top_k, coefficients.shape[1])
+    indices = coefficients.abs().topk(k, dim=1).indices.sort(dim=1).values
+    kept = coefficients.gather(1, indices)
+    values = _as_sent(kept, value_bits)
+    coefficients.scatter_(1, indices, torch.zeros_like(kept) if value_bits == 1 else kept - values.to(kept.dtype))
+    return Compressed(shape, tiling(shape)[1], indices, values)
 
 
 def _signs(kept: torch.Tensor) -> torch.Tensor:
@@ -208,32 +232,6 @@ def idct_of_kept(indices: torch.Tensor, values: torch.Tensor, tile: tuple[int, i
         return torch.bmm(left.transpose(1, 2), right)
     coefficients = torch.zeros(values.shape[0], rows * cols, device=values.device, dtype=values.dtype)
     return idct(coefficients.scatter_(1, indices, values).view(-1, rows, cols))
-
-
-def extract(momentum: torch.Tensor, top_k: int, value_bits: int = 16) -> Compressed:
-    """Compress the momentum and subtract what is sent from it, in place (error feedback).
-
-    For 1-bit values the sent signs carry no scale, so what is removed is each kept
-    coefficient's own value: the momentum forgets exactly the components it shared.
-    """
-    return extract_many([momentum], top_k, value_bits)[0]
-
-
-def extract_many(momenta: Sequence[torch.Tensor], top_k: int, value_bits: int = 16) -> list[Compressed]:
-    """`extract` of each tensor, those of one tile shape going through the transforms together (`batches`)."""
-    sent: list[Compressed] = [None] * len(momenta)  # type: ignore[list-item]
-    keys = [(tiling(m.shape)[1], working_dtype(m.dtype), m.device) if shares_transform(*tiling(m.shape)) else i
-            for i, m in enumerate(momenta)]  # fmt: skip
-    for batch in batches(keys, [m.numel() for m in momenta]):
-        picked = _top_k([momenta[i] for i in batch], top_k)
-        for i, (tile, indices, kept) in zip(batch, picked):
-            sent[i] = Compressed(momenta[i].shape, tile, indices, _as_sent(kept, value_bits))
-        removed = [sent[i] if value_bits != 1 else Compressed(momenta[i].shape, tile, indices, kept)
-                   for i, (tile, indices, kept) in zip(batch, picked)]  # fmt: skip
-        tiles = decompress_tiles(removed).split([c.indices.shape[0] for c in removed])
-        for i, part in zip(batch, tiles):
-            momenta[i].sub_(from_tiles(part, momenta[i].shape))
-    return sent
 
 
 def to_bits(values: torch.Tensor, bits: int) -> np.ndarray:

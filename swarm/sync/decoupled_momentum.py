@@ -1,7 +1,9 @@
 """One replica's DeMo update: momentum, the payload it shares, and the sign step on what it gathered.
 
 Per parameter: m = beta * m + lr * grad; the top-k DCT coefficients of m per tile are taken
-out of m (error feedback) and shared. The replica then decodes the payloads of every replica
+out of m (error feedback) and shared. The momentum is kept as its tiles' DCT coefficients (the
+DCT is linear, so beta * M + lr * DCT(grad) is the DCT of the update): taking out what is sent
+is zeroing it, with no inverse transform on the sending side. The replica then decodes the payloads of every replica
 that arrived in time (its own included) and lets them vote: each payload votes, coordinate by
 coordinate, the sign of its decoded update, and the step goes where most voted (nowhere on a
 tie): p -= sign_lr * (sign(sum of votes) + weight_decay * p). This is signSGD with majority
@@ -52,19 +54,21 @@ from swarm.model.train import DENOISER_LR
 from swarm.sync.compression import (
     Compressed,
     PayloadError,
+    add_tiles_,
     batches,
     check_fully_read,
     decompress_tiles,
-    extract_many,
-    from_tiles,
     index_bits,
     keep_per_tile,
     pack_message,
     read_bits,
     shares_transform,
+    take_top_k,
+    tile_coefficients,
     tiling,
     to_bits,
     unpack_message,
+    working_dtype,
 )
 from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_share
 
@@ -108,12 +112,15 @@ class DeMoOptimizer:
         self.max_value = config.max_value_per_lr * lr
         self.params = dict(module.named_parameters())
         self.names = list(self.params)  # a parameter's position is its name on the wire
-        self.momentum = {name: torch.zeros_like(p) for name, p in self.params.items()}
         # per pair of senders: coefficients they agreed on and shared, decayed (see `trusted`)
         self.evidence = Evidence(config.min_shared, config.contradicted_at, config.evidence_decay)
         # of two senders: the share of the larger update the step keeps (`kept_share`), one step is evidence enough
         self.kept = Evidence(1.0, config.kept_at, config.kept_decay)
         self.tiles = {name: tiling(p.shape) for name, p in self.params.items()}  # (number of tiles, tile shape)
+        # each parameter's momentum as its tiles' DCT coefficients (n_tiles, rows * cols)
+        self.momentum = {name: torch.zeros(n_tiles, math.prod(tile), dtype=working_dtype(self.params[name].dtype),
+                                           device=self.params[name].device)
+                         for name, (n_tiles, tile) in self.tiles.items()}  # fmt: skip
         # where each tile of a parameter starts among all of the block's values, as laid out for `trusted`
         self.tile_starts, start = {}, 0
         for name, param in self.params.items():
@@ -121,14 +128,17 @@ class DeMoOptimizer:
             self.tile_starts[name] = (start + math.prod(tile) * torch.arange(n_tiles, device=param.device))[:, None]
             start += param.numel()
 
+    @torch.no_grad()
     def make_payload(self, lr: float) -> Payload:
-        """Fold this step's gradients into the momentum and take out what is shared (the
-        parameters of one tile shape through each transform together: `extract_many`)."""
-        names = [name for name, param in self.params.items() if param.grad is not None]
-        for name in names:
-            self.momentum[name].mul_(self.config.momentum_decay).add_(self.params[name].grad, alpha=lr)
-        sent = extract_many([self.momentum[name] for name in names], self.config.top_k, self.config.value_bits)
-        return {name: dataclasses.replace(c, position=self.names.index(name)) for name, c in zip(names, sent)}
+        """Fold this step's gradients into the momentum and take out what is shared."""
+        payload = {}
+        for position, (name, param) in enumerate(self.params.items()):
+            if param.grad is not None:
+                momentum = self.momentum[name].mul_(self.config.momentum_decay)
+                momentum.add_(tile_coefficients(param.grad), alpha=lr)
+                sent = take_top_k(momentum, param.shape, self.config.top_k, self.config.value_bits)
+                payload[name] = dataclasses.replace(sent, position=position)
+        return payload
 
     @torch.no_grad()
     def apply(self, gathered: Sequence[tuple[str, Payload]], own: str) -> list[str]:
@@ -150,7 +160,7 @@ class DeMoOptimizer:
             for name, tiles in zip(batch_names, majority.split([self.tiles[name][0] for name in batch_names])):
                 param = self.params[name]
                 param.mul_(1 - self.config.sign_lr * self.config.weight_decay)
-                param.sub_(self.config.sign_lr * from_tiles(tiles, param.shape))
+                add_tiles_(param, tiles, -self.config.sign_lr)
         return [gathered[i][0] for i in kept]
 
     def _votes(self, voters: list[Payload]) -> Iterator[tuple[list[str], torch.Tensor]]:
