@@ -1,17 +1,22 @@
-"""Wall time to a loss across regions: what the internet costs each sync mode, as a ratio of wall times.
+"""Wall time across regions to the datacenter's loss: the sync headline.
 
 Compute utilisation (benchmarks/sync.py) says how little of a replica's time is idle; it does
-not say what the time bought: spare batches fill every wait, yet may teach the block little.
-This measures what a user waits for. For each mode of --modes, two runs of --replicas replicas
-of one block of sync.py's small model, from the same start weights, with the same batches:
+not say what the time bought: spare batches fill every wait, yet may teach the block little,
+and a compressed mode may end far above dense's loss. This measures what a user choosing a sync
+mode waits for. The target is the datacenter's: the validation loss that dense all-reduce with
+no delay (TARGET_MODE, the ideal DisTrO and DeMo are measured against) reaches after --steps.
+Then each mode of --modes runs --replicas replicas of one block of sync.py's small model in the
+emulated regions, from the same start weights with the same batches, and its efficiency is
+dense-with-no-delay's seconds to the target over the mode's seconds to it in the regions.
 - regions: each replica in its own network namespace in us-east, eu-west or ap-southeast (in
   turn), with the one-way delays and link caps of benchmarks/regions.yaml: sync.py's regions
   runs, placed exactly as they are (`region_lab`);
-- no-delay: the same namespaces and the same delay line (swarm/lab/delayd.py), but every delay
-  0 and no caps. The same lab rather than 127.0.0.1, so that everything else is the same: the
-  delay line carries (and costs the CPU of) every packet in both runs, and the processes, the
-  namespaces and the addresses do not change; only the internet's delays and caps do.
-Both runs take the same steps with --region-batch-size windows a step, sync.py's batch for the
+- no-delay (the target run only): the same namespaces and the same delay line
+  (swarm/lab/delayd.py), but every delay 0 and no caps. The same lab rather than 127.0.0.1, so
+  that everything else is the same: the delay line carries (and costs the CPU of) every packet in
+  both placements, and the processes, the namespaces and the addresses do not change; only the
+  internet's delays and caps do.
+Every run takes the same steps with --region-batch-size windows a step, sync.py's batch for the
 regions (a step about as long as a round trip between regions). A replica's batches are drawn
 from a stream seeded by its peer id, so every replica keeps one libp2p identity file for the
 whole benchmark (`swarm-peer --identity`, as benchmarks/attacks.py part 3 does): replica r<i>
@@ -27,25 +32,21 @@ save's time comes from the peers' own logs: the line a peer logs as its first st
 both stamped with the wall clock to the millisecond by the same process. The log is used
 rather than the sync trace, which dense (no payload exchange) does not write, and rather than
 the checkpoint file's time, which has no first step to be measured from. A run's clock starts at
-its first replica's first step (joining the swarm is not counted, in either run; how much later
-each other replica began is recorded, `first_step_seconds`); a step's point is the replicas'
-mean validation loss, at the moment the last replica had saved it (the swarm holds that mean
-loss only then), and the start weights' loss at 0 s.
+its first replica's first step (joining the swarm is not counted; how much later each other
+replica began is recorded, `first_step_seconds`); a step's point is the replicas' mean
+validation loss, at the moment the last replica had saved it (the swarm holds that mean loss
+only then), and the start weights' loss at 0 s.
 
-Efficiency of a mode = the no-delay run's seconds to its final validation loss (the target) /
-the regions run's seconds to reach that same loss, each the first time its curve reaches it,
-linear between saves (1.0: the internet cost nothing; above 1.0: the regions run happened to
-learn faster). "Reaches" allows REACHED_WITHIN (0.01%) of float rounding: dense computes the
-same weights in both runs, and they ended 0.0005% apart. A regions run that never reaches the
-target has no efficiency: the JSON says "not reached" and gives its final loss over the target
-instead. Utilisation (and the rest of sync.py's figures of each run) is kept as a diagnostic.
-The summary names the best mode and whether its efficiency is at least 0.95. A regions run
-loses most of its time before its first save: in the 30-step smoke run demo-overlap-spare's
-regions run saved step 10 about 17 s later than its no-delay run, then took 16 s from step 10 to
-30 where the no-delay run took 15 s. A short run therefore understates what a long one would
-reach. Why the start is slow was not measured (the replicas finding each other across the
-delays, or how far apart they began: `first_step_seconds` will say); each run's time to its
-first save is on the benchmarks page.
+Efficiency of a mode = the target run's seconds to the target / the mode's regions run's
+seconds to it, each the first time its curve reaches it, linear between saves (1.0: the
+internet and the compression cost nothing). "Reaches" allows REACHED_WITHIN (0.01%) of float
+rounding: dense computes the same weights in both placements, and they ended 0.0005% apart. A
+regions run that never reaches the target has no efficiency: the JSON says "not reached" and
+gives its final loss over the target instead. Each mode's final loss and bytes per replica per
+step stand beside it; utilisation (and the rest of sync.py's figures of each run) is kept as a
+diagnostic. The summary names the best compressed mode and whether its efficiency is at least
+EFFICIENCY_TARGET. The default modes are the ones a user chooses between: dense, DeMo's default
+mode, its best overlapped variant and the best outer variant of the 150-step runs before.
 
 Modes: dense has no spare variant: spare batches fill the wait for the other replicas'
 payloads, and dense exchanges none (hivemind's all-reduce; the peer refuses --spare-batch-size
@@ -54,14 +55,14 @@ outer-overlap-spare are the same modes with a spare batch of an eighth of the ba
 instead of each wait (sync.py's -spare modes).
 
 Needs root, iptables and NetfilterQueue (swarm/lab/netlab.py). Writes time_to_loss.json and
-time_to_loss.png under --out. At the defaults (7 modes, 14 runs of 150 steps) the run is
-estimated at about 40 minutes on 2 cores (an estimate, not a measurement: from a 30-step smoke
-run of dense and demo-overlap-spare, 7.5 minutes for its 4 runs, with step times of 0.85 s for
-dense and 0.65-0.75 s for demo-overlap-spare in either placement and 2.4 s for dense in the
-regions, and 20-40 s of start, stop and scoring a run).
+time_to_loss.png under --out. At the defaults (5 runs of 600 steps: the target run and 4 modes
+in the regions) the run is estimated at about an hour on 2 cores (an estimate, not a
+measurement: from the 150-step runs before, steps of 0.85 s for dense with no delay, 2.4 s for
+dense in the regions and 0.65-0.75 s for the overlapped spare modes, and 20-40 s of start, stop
+and scoring a run).
 
     python benchmarks/time_to_loss.py
-    python benchmarks/time_to_loss.py --modes dense demo-overlap-spare --steps 30 --save-every 10 --out /tmp/ttl
+    python benchmarks/time_to_loss.py --modes demo-overlap-spare --steps 30 --save-every 10 --out /tmp/ttl
 """
 
 from __future__ import annotations
@@ -100,10 +101,9 @@ from swarm.sync.pseudo_gradient import OuterConfig
 
 logger = logging.getLogger("benchmarks.time_to_loss")
 
-DEFAULT_MODES = ["dense", "demo", "demo-spare", "demo-overlap", "demo-overlap-spare", "outer-overlap",
-                 "outer-overlap-spare"]  # fmt: skip
-PLACEMENTS = ("no-delay", "regions")  # the target first, then the time to it
-EFFICIENCY_TARGET = 0.95
+DEFAULT_MODES = ["dense", "demo", "demo-overlap-spare", "outer-overlap-spare"]
+TARGET_MODE = "dense"  # with no delay: the datacenter, whose loss every mode is timed to
+EFFICIENCY_TARGET = 0.9
 # a loss this close to the target (relative) reaches it: two runs of the same weights differ by float
 # rounding (dense, whose all-reduce sums in another order: 0.0005% apart after the same 30 steps)
 REACHED_WITHIN = 1e-4
@@ -202,8 +202,8 @@ def time_to(curve: list[dict], target: float) -> float | None:
 
 
 def efficiency(no_delay: list[dict], regions: list[dict]) -> dict:
-    """The no-delay run's seconds to its final validation loss over the regions run's seconds to it
-    (within REACHED_WITHIN, for both)."""
+    """The no-delay (target) run's seconds to its final validation loss over the regions run's
+    seconds to it (within REACHED_WITHIN, for both), and the regions run's final loss."""
     target = no_delay[-1]["validation_loss"]
     within = target * (1 + REACHED_WITHIN)
     base, took = time_to(no_delay, within), time_to(regions, within)
@@ -213,15 +213,17 @@ def efficiency(no_delay: list[dict], regions: list[dict]) -> dict:
         "regions_seconds": took,
         "reached": took is not None,
         "efficiency": base / took if took else None,  # 0 s: the target is the start loss, nothing was learned
+        "final_loss": regions[-1]["validation_loss"],
         "final_loss_over_target": regions[-1]["validation_loss"] / target,
     }
 
 
 def summary(modes: dict[str, dict]) -> dict:
-    """The best mode (highest efficiency) and whether it meets the target; every mode's efficiency,
-    the modes whose regions run never reached the target, and those whose runs failed."""
+    """The best compressed mode (highest efficiency: every mode but TARGET_MODE) and whether it
+    meets the target; every mode's efficiency, the modes whose regions run never reached the
+    target, and those whose runs failed."""
     every = {mode: m.get("efficiency") for mode, m in modes.items()}
-    measured = {mode: e for mode, e in every.items() if e is not None}
+    measured = {mode: e for mode, e in every.items() if e is not None and mode != TARGET_MODE}
     best = max(measured, key=measured.get) if measured else None
     return {
         "efficiency": every,
@@ -279,36 +281,41 @@ def run_placement(
 
 
 def run_all(args, workdir: Path) -> dict:
-    """Both placements of every mode; each mode's efficiency. A mode whose run fails is recorded
-    with its error, and the others still run."""
+    """The target run (TARGET_MODE with no delay), then every mode in the regions; each mode's
+    efficiency against the target. A mode whose run fails is recorded with its error, and the
+    others still run; without the target there is no figure (SwarmError)."""
     regions, one_way_s = netlab.load_regions(Path(args.regions))
     train_windows = load_corpus(None).windows("train", args.config)
     start = block_trainer(args.config, args.block, train_windows, TrainConfig()).module  # every replica's start weights
     start_loss = block_denoise_ce(start, args.config, args.block, args.windows)
-    modes, total = {}, len(args.modes) * len(PLACEMENTS)
+    total = len(args.modes) + 1
+    logger.info("run 1 of %d: the target, %s with no delay, %d replicas, %d steps", total, TARGET_MODE, args.replicas,
+                args.steps)  # fmt: skip
+    target = run_placement(args, TARGET_MODE, "no-delay", workdir / "target", (regions, one_way_s), start_loss)
+    modes = {}
     for i, mode in enumerate(args.modes):
-        runs = {}
+        logger.info("run %d of %d: %s in the regions, %d replicas, %d steps", i + 2, total, mode, args.replicas,
+                    args.steps)  # fmt: skip
         try:
-            for j, placement in enumerate(PLACEMENTS):
-                logger.info("run %d of %d: %s, %s, %d replicas, %d steps", 2 * i + j + 1, total, mode, placement,
-                            args.replicas, args.steps)  # fmt: skip
-                folder = workdir / f"{mode}-{placement}"
-                runs[placement] = run_placement(args, mode, placement, folder, (regions, one_way_s), start_loss)
+            run = run_placement(args, mode, "regions", workdir / mode, (regions, one_way_s), start_loss)
         except SwarmError as error:
             logger.error("%s: %s", mode, error)
             modes[mode] = {"error": str(error).replace(str(workdir), "<tmp>")}
             continue
-        modes[mode] = {"runs": runs, **efficiency(runs["no-delay"]["curve"], runs["regions"]["curve"])}
+        modes[mode] = {"runs": {"regions": run}, **efficiency(target["curve"], run["curve"]),
+                       "bytes_per_replica_per_step": run["run"]["bytes_sent_per_replica_per_step"]}  # fmt: skip
         logger.info("%s: efficiency %s", mode, modes[mode]["efficiency"] or "none (target not reached)")
-    return {"regions": region_facts(regions, one_way_s), "start_loss": start_loss, "modes": modes,
-            "summary": summary(modes)}  # fmt: skip
+    return {"regions": region_facts(regions, one_way_s), "start_loss": start_loss,
+            "target": {"mode": TARGET_MODE, "placement": "no-delay", "loss": target["curve"][-1]["validation_loss"],
+                       "run": target},
+            "modes": modes, "summary": summary(modes)}  # fmt: skip
 
 
 # ---- output -----------------------------------------------------------------------------------------
 
 
-def plot(modes: dict[str, dict], path: Path) -> None:
-    """Validation loss against wall seconds, both placements, one panel per mode."""
+def plot(target: dict, modes: dict[str, dict], path: Path) -> None:
+    """Validation loss against wall seconds, one panel per mode: its regions run beside the target run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -317,15 +324,16 @@ def plot(modes: dict[str, dict], path: Path) -> None:
     columns = min(4, len(modes))
     rows = math.ceil(len(modes) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.6 * rows), squeeze=False)
+    reference = target["run"]["curve"]
     for axis, (mode, m) in zip(axes.flat, modes.items()):
         if "error" in m:
             axis.set_title(f"{mode}: failed", fontsize=9)
             continue
         shown = []
-        for placement, style in (("no-delay", "o-"), ("regions", "s-")):
-            curve = m["runs"][placement]["curve"]
+        for curve, style, label in ((reference, "o-", f"{target['mode']}, no delay"),
+                                    (m["runs"]["regions"]["curve"], "s-", f"{mode}, regions")):  # fmt: skip
             axis.plot([p["seconds"] for p in curve], [p["validation_loss"] for p in curve], style, markersize=3,
-                      label=placement)  # fmt: skip
+                      label=label)  # fmt: skip
             shown += [p["validation_loss"] for p in curve[1:]]  # the start loss (far above) would flatten the rest
         axis.axhline(m["target_loss"], color="grey", linestyle=":", linewidth=1)
         reached = [m[key] for key in ("no_delay_seconds", "regions_seconds") if m[key] is not None]
@@ -358,7 +366,7 @@ def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=DEFAULT_MODES)
     parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=150, help="steps of every run")
+    parser.add_argument("--steps", type=int, default=600, help="steps of every run: the target is dense's loss after them")
     parser.add_argument("--save-every", type=int, default=25,
                         help="steps between checkpoints, the points of each curve (outer modes: the next multiple of H)")  # fmt: skip
     parser.add_argument("--region-batch-size", type=int, default=96, help="batch of every run (both placements): "
@@ -396,9 +404,9 @@ def main() -> None:
         measured = run_all(args, Path(tmp))
     result = {"config": settings_of(args), "model": dataclasses.asdict(args.config), **measured}
     write_atomic(out / "time_to_loss.json", json.dumps(result, indent=2).encode())
-    plot(result["modes"], out / "time_to_loss.png")
+    plot(result["target"], result["modes"], out / "time_to_loss.png")
     table = {mode: {k: v for k, v in m.items() if k != "runs"} for mode, m in result["modes"].items()}
-    print(json.dumps({"modes": table, "summary": result["summary"]}, indent=2))
+    print(json.dumps({"target_loss": result["target"]["loss"], "modes": table, "summary": result["summary"]}, indent=2))
 
 
 if __name__ == "__main__":
