@@ -44,7 +44,7 @@ from swarm.model.generate import continue_text
 from swarm.model.train import TrainConfig, block_trainer, train
 from swarm.p2p.directory import Host
 from swarm.p2p.info import InfoServicer
-from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, ModelRecord, model_key
+from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, ModelRecord, model_key, owner_fingerprint
 from swarm.serving import vetting
 from swarm.serving.cross_check import majority
 from swarm.serving.remote import RemoteBlocks
@@ -345,6 +345,8 @@ def test_a_joiner_takes_a_better_block_stamped_far_ahead_but_not_its_step(swarm,
     assert "from replica " + node.peer_id in joiner.log(), joiner.log()[-3000:]  # it took the stranger's weights
     started = found.announcement.checkpoint
     assert started.step == honest.step + STEP_LEAD and started.sha256 != inflated.sha256, found.announcement
+    # its lineage: the weights came from the stranger's key alone, so its record is that key's voice
+    assert found.announcement.taken_from == (owner_fingerprint(node.directory.owner_subkey),), found.announcement
 
 
 def test_a_checkpoint_whose_download_runs_out_of_time_is_measured_again_later(swarm, monkeypatch):

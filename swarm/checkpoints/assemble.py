@@ -16,6 +16,7 @@ from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block, save_model_folder
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.client import SwarmClient
+from swarm.p2p.ledger import backed_keys
 
 logger = logging.getLogger(__name__)
 
@@ -30,16 +31,19 @@ def assemble(client: SwarmClient, config: ModelConfig, out: Path, spot_check: Sp
     if missing:
         raise SwarmError(f"no live host with a checkpoint for block(s) {', '.join(map(str, missing))}")
     modules, manifest = [], {"swarm": client.swarm, "config_hash": config.hash(), "blocks": {}}
+    backed = backed_keys(client.directory)
     for block in range(config.n_blocks):
-        choice = choose_block(client, config, block, spot_check)
+        choice = choose_block(client, config, block, spot_check, backed)
         modules.append(decode_block(choice.data, config, block)[0])
         manifest["blocks"][str(block)] = manifest_entry(choice)
     manifest["spot_check_seconds"] = spot_check.seconds
     save_model_folder(Path(out), "blocks", config, modules, manifest)
 
 
-def choose_block(client: SwarmClient, config: ModelConfig, block: int, spot_check: SpotCheck) -> Choice:
-    """The checkpoint to assemble for `block`, chosen from its hosts' records as they are now.
+def choose_block(client: SwarmClient, config: ModelConfig, block: int, spot_check: SpotCheck,
+                 backed: frozenset[str] = frozenset()) -> Choice:  # fmt: skip
+    """The checkpoint to assemble for `block`, chosen from its hosts' records as they are now; the
+    hosts of keys in `backed` (swarm/p2p/ledger.py `backed_keys`) are measured first.
 
     Records are read again for each block, and once more if no candidate could be had: hosts
     keep a checkpoint only a while after a newer one replaces it in their record, and spot
@@ -48,7 +52,8 @@ def choose_block(client: SwarmClient, config: ModelConfig, block: int, spot_chec
 
     def choose() -> Choice:
         hosts = client.directory.hosts(block)
-        coro = choose_checkpoint(client.p2p, hosts, config, block, spot_check, keys_count=client.directory.keys_count)
+        coro = choose_checkpoint(client.p2p, hosts, config, block, spot_check, keys_count=client.directory.keys_count,
+                                 backed=backed)  # fmt: skip
         return client.run(coro, FETCH_TIMEOUT_S)
 
     try:
@@ -66,6 +71,7 @@ def manifest_entry(choice: Choice) -> dict:
         "believed_step": choice.step,  # the stamp, unless no other key's kept checkpoint makes it plausible
         "sha256": choice.checkpoint.sha256,
         "vouched_by": sorted(h.peer_id for h in choice.vouched_by),  # every host of its weights, under any stamp
+        "taken_from": list(choice.taken_from),  # their independent voices (keys), lineage counted
         "spot_check_loss": choice.loss,
         "candidates_measured": len(choice.measured),
     }

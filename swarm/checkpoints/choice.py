@@ -3,9 +3,11 @@
 What a host announces (a step, a size, a loss) is a claim. A checkpoint is chosen on evidence:
 1. Plausibility. An announced size above what a block of this model weighs is never downloaded.
    Candidates (one per announced (step, sha256, size), with every host that announces it) are
-   measured in `rank` order: plausible steps first (a step far beyond every other host's, more than
-   twice theirs plus `STEP_LEAD`, is not), then more independent vouchers (distinct keys), then the
-   newest. That order says what is measured first; it decides nothing.
+   measured in `rank` order: those a key the swarm's ledger credits announces first (`backed`: a
+   flood of fresh keys cannot push a host with checked work past the measured ones), then plausible
+   steps (a step far beyond every other host's, more than twice theirs plus `STEP_LEAD`, is not),
+   then more independent vouchers, then the newest. That order says what is measured first; it
+   decides nothing.
 2. Measurement. Candidates are downloaded, verified and spot-checked all at once, within one
    deadline, slow hosts dropped (measure.py), on windows and noise draws this process drew at
    random and nobody else knows (spot_check.py). A candidate is kept only if its score is within
@@ -30,9 +32,15 @@ evidence and the best-ranked `MEASURED_WHERE_KEYS_COUNT` are measured. In an ope
 costs nothing: three Sybil keys, each announcing a different degraded copy of a block a save or
 two ahead of its lone honest host, would fill those three and the honest checkpoint would never
 be measured beside them (issue 27). There every candidate is measured, implausible ones too, up
-to `MEASURED_AT_MOST`, all at once within the deadline (measure.py). Left open: more distinct
-plausible checkpoints ranked ahead of the honest one than the bound keep it unmeasured
-(`--members-only` or `--identity-work` close that).
+to `MEASURED_AT_MOST`, all at once within the deadline (measure.py). Past the bound, a host the
+ledger credits is still measured; left open: an unbacked honest host behind more distinct
+checkpoints than the bound, and a flood whose keys are credited too (two keys attesting each
+other's work credit it: ledger.py).
+
+Vouchers are independent voices (measure.py `vouchers_among`): distinct keys, where a host whose
+record says it took the checkpoint from one key alone (`BlockAnnouncement.taken_from`, which a
+joiner that adopts a checkpoint announces: `Choice.taken_from`) is that key's voice. A joiner that
+adopted a stranger's block and serves it bit for bit adds no voucher (laundering, issue 46).
 
 `swarm-fetch`, a joining peer, the chaos monkey and the generation client all choose
 through here (the generation client measures with `measure_candidates` and orders with
@@ -43,19 +51,27 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from hivemind.p2p import P2P
 
-from swarm.checkpoints.download import independent, key_of
-from swarm.checkpoints.measure import MEASURE_DEADLINE_S, Candidate, Measured, measure_candidates
+from swarm.checkpoints.download import key_of
+from swarm.checkpoints.measure import (
+    MEASURE_DEADLINE_S,
+    Candidate,
+    Measured,
+    measure_candidates,
+    voices,
+    vouchers_among,
+)
 from swarm.checkpoints.spot_check import NOISE, SPOT_CHECK_WINDOWS, Losses, SpotCheck, suspicion, weights_hash
 from swarm.checkpoints.transfer import max_checkpoint_bytes
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import Host
-from swarm.p2p.records import CheckpointInfo
+from swarm.p2p.records import MAX_TAKEN_FROM, CheckpointInfo, owner_fingerprint
 
 __all__ = [
     "NOISE",
@@ -86,17 +102,24 @@ MEASURED_WHERE_KEYS_COUNT = 3  # candidates measured where keys cost something: 
 MEASURED_AT_MOST = 32  # where keys are free: every candidate, but a flood stops here
 
 
-def rank(hosts: list[Host], config: ModelConfig) -> list[Candidate]:
-    """The checkpoints `hosts` announce, in the order to measure them: plausible before implausible,
-    then more vouchers, then the newest step; sizes no block of `config` can have are left out."""
+def rank(hosts: list[Host], config: ModelConfig, backed: Collection[str] = ()) -> list[Candidate]:
+    """The checkpoints `hosts` announce, in the order to measure them: those a key in `backed` (the
+    fingerprints of keys the ledger credits: swarm/p2p/ledger.py `backed_keys`) announces first, then
+    plausible before implausible, then more vouchers, then the newest step; sizes no block of `config`
+    can have are left out."""
     groups: dict[CheckpointInfo, list[Host]] = {}
     largest = max_checkpoint_bytes(config)
     for host in hosts:
         info = host.announcement.checkpoint
         if info is not None and info.size <= largest:
             groups.setdefault(info, []).append(host)
-    candidates = [Candidate(info, tuple(group), _plausible(info, group, hosts)) for info, group in groups.items()]
-    return sorted(candidates, key=lambda c: (c.plausible, c.vouchers, c.checkpoint.step), reverse=True)
+    candidates = [Candidate(info, tuple(group), _plausible(info, group, hosts), _backed(group, backed))
+                  for info, group in groups.items()]  # fmt: skip
+    return sorted(candidates, key=lambda c: (c.backed, c.plausible, c.vouchers, c.checkpoint.step), reverse=True)
+
+
+def _backed(hosts: list[Host], backed: Collection[str]) -> bool:
+    return any(owner_fingerprint(key_of(h)) in backed for h in hosts)
 
 
 def _plausible(info: CheckpointInfo, vouching: list[Host], everyone: list[Host]) -> bool:
@@ -120,7 +143,7 @@ class Checkpoint:
 
     @property
     def vouchers(self) -> int:
-        return independent(self.hosts)
+        return vouchers_among(self.hosts)
 
     @property
     def suspicious(self) -> str | None:
@@ -154,6 +177,12 @@ class Choice:
     def host(self) -> Host | None:
         return self.chosen.host if self.chosen else None
 
+    @property
+    def taken_from(self) -> tuple[str, ...]:
+        """The lineage a caller that adopts these weights announces (`BlockAnnouncement.taken_from`): the
+        voices that vouched for them (at most `MAX_TAKEN_FROM`; whether one or more is what counts)."""
+        return tuple(sorted(voices(self.vouched_by)))[:MAX_TAKEN_FROM]
+
 
 async def choose_checkpoint(
     p2p: P2P,
@@ -165,13 +194,14 @@ async def choose_checkpoint(
     keys_count: bool = False,
     show_progress: bool = False,
     deadline_s: float = MEASURE_DEADLINE_S,
+    backed: Collection[str] = (),
 ) -> Choice:
     """The checkpoint of `block` to believe (see the module docstring); `own` is a checkpoint the
     caller already trusts (its own file), measured beside the others and kept unless another
     newer one measures at least as well (within `NOISE`); `keys_count`: the swarm's
-    `SwarmDirectory.keys_count` (false, the default, measures more, never less). SwarmError if
-    none passes."""
-    candidates = rank(hosts, config)
+    `SwarmDirectory.keys_count` (false, the default, measures more, never less); `backed`: the keys
+    whose hosts are measured first (swarm/p2p/ledger.py `backed_keys`). SwarmError if none passes."""
+    candidates = rank(hosts, config, backed)
     max_candidates = MEASURED_WHERE_KEYS_COUNT if keys_count else MEASURED_AT_MOST
     logger.info("block %d: %d hosts announce %d checkpoints (steps %s); measuring up to %d", block, len(hosts),
                 len(candidates), [c.checkpoint.step for c in candidates], max_candidates)  # fmt: skip

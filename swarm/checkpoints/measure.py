@@ -24,17 +24,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hivemind.p2p import P2P
 
-from swarm.checkpoints.download import download_verified, independent
+from swarm.checkpoints.download import download_verified, independent, key_of
 from swarm.checkpoints.spot_check import Losses, SpotCheck, weights_hash
 from swarm.checkpoints.transfer import TransferError
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import Host
-from swarm.p2p.records import CheckpointInfo
+from swarm.p2p.records import CheckpointInfo, owner_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -45,18 +46,41 @@ BYTES_AT_ONCE = 512 * 2**20  # announced bytes downloading at once (at least two
 POLL_S = 0.25  # how often running downloads are checked against the deadline and the slow limit
 
 
+def voice_of(host: Host) -> str:
+    """Whose word `host`'s record is on its checkpoint: its key's (fingerprint), or the one voice its
+    record says it took that checkpoint from (`BlockAnnouncement.taken_from`). An honest key that
+    adopted a stranger's block serves it bit for bit; counted as a voucher of its own, it would
+    launder the stranger's word into agreement (issue 46)."""
+    taken = host.announcement.taken_from
+    return taken[0] if len(taken) == 1 else owner_fingerprint(key_of(host))
+
+
+def voices(hosts: Sequence[Host]) -> set[str]:
+    """The distinct voices of `hosts` (`voice_of`)."""
+    return {voice_of(h) for h in hosts}
+
+
+def vouchers_among(hosts: Sequence[Host]) -> int:
+    """Independent vouchers among `hosts`: distinct voices, and never more than distinct keys (one key's
+    records cannot name two sources to count twice)."""
+    return min(len(voices(hosts)), independent(hosts))
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """One checkpoint of a block and the live hosts that announce it."""
+    """One checkpoint of a block and the live hosts that announce it; `backed`: a host's key has credit in
+    the swarm's ledger (swarm/p2p/ledger.py `backed_keys`), so it is measured before unbacked ones."""
 
     checkpoint: CheckpointInfo
     hosts: tuple[Host, ...]
     plausible: bool
+    backed: bool = False
 
     @property
     def vouchers(self) -> int:
-        """Independent hosts that announce it: distinct keys (one key is one vote, whatever it names)."""
-        return independent(self.hosts)
+        """Independent hosts that announce it (`vouchers_among`): one key is one vote, whatever it names, and
+        a host that took it from one key alone is that key's vote."""
+        return vouchers_among(self.hosts)
 
     def announced_loss(self) -> float | None:
         """The highest training loss its hosts announce (one host cannot talk it down)."""

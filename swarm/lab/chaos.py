@@ -25,6 +25,7 @@ from swarm.lab.launch import STOP_TIMEOUT_S, LocalSwarm, Started
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import SwarmDirectory
+from swarm.p2p.ledger import backed_keys
 from swarm.serving.remote import RemoteBlocks
 from swarm.waiting import wait_for
 
@@ -201,10 +202,12 @@ class ChaosMonkey:
         """Blocks of which no live replica now serves a checkpoint that verifies and passes the
         spot check (chosen as swarm-fetch chooses)."""
         lost, spot_check = [], SpotCheck.from_source(self.local.data, self.model)
+        backed = backed_keys(self.directory)
         for block in range(self.model.n_blocks):
             hosts = self.directory.hosts(block)
             coro = choose_checkpoint(self.runner.p2p, hosts, self.model, block, spot_check,
-                                     keys_count=self.directory.keys_count, show_progress=False)  # fmt: skip
+                                     keys_count=self.directory.keys_count, show_progress=False,
+                                     backed=backed)  # fmt: skip
             try:
                 self.runner.loop.run(coro, FETCH_TIMEOUT_S)
             except Exception as error:  # noqa: BLE001 (whatever it raises, nobody serves the block)

@@ -31,6 +31,11 @@ A `Ledger` reads them and decides what counts:
   one key alone credits nothing, and one liar cannot raise anyone above what a second key says.
 Two keys that lie together still credit whatever they like, and in an open swarm keys cost
 nothing: the ledger shows checked work, it is no defence on its own (README: "Sybil peers").
+
+What it is used for: `backed_keys`, the keys with any credit, whose checkpoints those who choose
+one (swarm/checkpoints/choice.py `rank`) measure first, so that a flood of fresh keys cannot keep a
+host with checked work unmeasured. A flooder that also runs two keys attesting its flood's work is
+backed too, and ranked as before.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from dataclasses import dataclass, field
 import msgpack
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
-from swarm.p2p.directory import Host, SwarmDirectory
+from swarm.p2p.directory import DHTUnavailable, Host, SwarmDirectory
 from swarm.p2p.members import Membership, subkey_key_text
 from swarm.p2p.records import MAX_COUNT, MAX_SUBJECTS, Attestation, Contribution, MemberProof, owner_fingerprint
 
@@ -192,6 +197,11 @@ class Credit:
     uptime_s: int
     attesters: tuple[str, ...]  # fingerprints of the keys whose attestations of it count
 
+    @property
+    def earned(self) -> bool:
+        """Whether any kind of work counts (two keys other than its own attest some)."""
+        return any((self.verified_step, self.payloads, self.answers, self.uptime_s))
+
     def row(self, name: str) -> dict:
         """The row `swarm-status --contributions`, the health page and the CSV show."""
         return {"key": self.key, "name": name, "verified_steps": self.verified_step, "accepted_payloads": self.payloads,
@@ -280,3 +290,15 @@ def publish(directory: SwarmDirectory, witness: Witness, wait: bool = False) -> 
     `wait`ing); DHTUnavailable if `wait`ing and the DHT does not answer in time."""
     attestation = witness.attestation()
     return attestation is not None and directory.attest(attestation, attestation.expires - time.time(), wait)
+
+
+def backed_keys(directory: SwarmDirectory, now: float | None = None) -> frozenset[str]:
+    """The fingerprints of the keys the swarm's ledger credits with some work (`Credit.earned`), read
+    from the DHT now; none (logged) if it does not answer: candidates are then ranked as if none were."""
+    ledger = Ledger(directory.swarm, directory.membership)
+    try:
+        ledger.take(directory.attestations(), now)
+    except DHTUnavailable as error:
+        logger.warning("the ledger was not read (%s): no host's checkpoint is measured first for its credit", error)
+        return frozenset()
+    return frozenset(credit.key for credit in ledger.credits(now) if credit.earned)

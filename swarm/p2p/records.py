@@ -122,6 +122,10 @@ class RevocationList(_Record):
     )
 
 
+MAX_TAKEN_FROM = 8  # keys one record may name as where its checkpoint came from
+Fingerprint = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", strict=True)]  # an `owner_fingerprint`
+
+
 class BlockAnnouncement(_Record):
     """What a peer says about the block it hosts, refreshed every announce period."""
 
@@ -148,6 +152,10 @@ class BlockAnnouncement(_Record):
     membership: MemberProof | None = None  # in a members-only swarm: the certificate of the key that signed this record
     # where the creator prices identities: the nonce of this key's and this peer id's work (swarm/p2p/work.py)
     work_nonce: int | None = Field(default=None, ge=0, lt=2**63)
+    # lineage: where this peer took the weights of `checkpoint` from, bit for bit, when it joined: the
+    # voices (swarm/checkpoints/measure.py `voices`) that vouched for them then; () if it made them itself.
+    # A host that took them from one voice alone counts as that voice, not as a voucher of its own
+    taken_from: tuple[Fingerprint, ...] = Field(default=(), max_length=MAX_TAKEN_FROM, strict=False)
 
 
 MAX_WORK_BITS = 40  # 2^40 scrypt tries: more would shut every joiner out

@@ -55,14 +55,14 @@ from swarm.p2p import reachability
 from swarm.p2p.directory import DHTUnavailable, SwarmDirectory, least_hosted_block
 from swarm.p2p.gate import MemberGate
 from swarm.p2p.info import InfoServicer
-from swarm.p2p.tokenizer import TokenizerServicer, swarm_peer_ids, units_from_swarm
-from swarm.p2p.ledger import Witness
+from swarm.p2p.ledger import Witness, backed_keys
 from swarm.p2p.limits import OPEN, CallerGate
 from swarm.p2p.members import Credentials, load_credentials
 from swarm.p2p.messages import PeerInfo
 from swarm.p2p.network import EventLoopThread, load_or_create_key, start_dht, stop_child
 from swarm.p2p.pings import NeighbourPings
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, MemberProof, PeerState, Reached
+from swarm.p2p.tokenizer import TokenizerServicer, swarm_peer_ids, units_from_swarm
 from swarm.p2p.work import stored_or_solved, work_path
 from swarm.peer.announcer import RECORD_LIFETIME_PERIODS, Announcer
 from swarm.peer.config import PeerConfig
@@ -151,6 +151,9 @@ class Peer:
         self.denoise_service: DenoiseServicer | None = None
         self.checkpoint: CheckpointInfo | None = None
         self.checkpoint_time: float | None = None
+        # the checkpoint it took from others when it joined, and the voices that vouched for it (its record's
+        # `taken_from` while it announces that checkpoint: a voucher of its own only if two or more did)
+        self.lineage: tuple[CheckpointInfo, tuple[str, ...]] | None = None
         # keeping the replicas in step (swarm/sync/)
         self.sync: SyncStrategy = NoSync()
         self.averager: CountingAverager | None = None  # a child process, for --sync dense
@@ -209,6 +212,7 @@ class Peer:
             reached=self.reached,
             membership=self.membership,
             work_nonce=self.work_nonce,
+            taken_from=self.lineage[1] if self.lineage and self.lineage[0] == self.checkpoint else (),
         )
 
     # joining
@@ -416,7 +420,7 @@ class Peer:
             logger.info("block %d: no checkpoint anywhere, starting fresh", self.block)
             return
         coro = choose_checkpoint(self.p2p, others, self.model_config, self.block, self.spot_check, own,
-                                 keys_count=self.directory.keys_count)  # fmt: skip
+                                 keys_count=self.directory.keys_count, backed=backed_keys(self.directory))  # fmt: skip
         try:
             choice = self.loop.run(coro, JOIN_FETCH_TIMEOUT_S, stop=self.stopping)
         except (SwarmError, TimeoutError) as error:
@@ -434,6 +438,7 @@ class Peer:
                 self.store.adopt(choice.data, choice.checkpoint)
             else:  # the weights, under the step it takes: it never vouches for a stamp it does not believe
                 self.checkpoint = self.store.save(self.trainer.module, step)
+            self.lineage = (self.checkpoint, choice.taken_from)
         else:
             origin = f"own checkpoint {self.store.path_for(choice.checkpoint.step)}"
         self.checkpoint_time = time.time()

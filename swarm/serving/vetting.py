@@ -1,8 +1,8 @@
 """Which checkpoints of a block a generation client uses: those agreed on, or measured here.
 
-A checkpoint is *agreed on* when hosts under two or more independent keys (distinct keys:
-`swarm.checkpoints.download.independent`) announce it and answer: every answer one of them
-gives can then be confirmed by another's (remote.py). Agreement counts only where keys cost
+A checkpoint is *agreed on* when two or more independent voices (distinct keys, a host that took
+it from one key alone being that key's: `swarm.checkpoints.measure.vouchers_among`) announce it and
+answer: every answer one of them gives can then be confirmed by another's (remote.py). Agreement counts only where keys cost
 something (a members-only swarm, or one that prices an identity with work); in an open swarm
 at the defaults every checkpoint is measured (`SwarmDirectory.keys_count` says why). A checkpoint
 with a single key behind it is used only once this client has *measured* it: downloaded it through the verified download
@@ -49,7 +49,8 @@ from swarm.checkpoints.choice import (
     rank,
     uniform_ce,
 )
-from swarm.checkpoints.download import download_verified, independent
+from swarm.checkpoints.download import download_verified
+from swarm.checkpoints.measure import vouchers_among
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import Denoiser, ModelConfig
@@ -82,7 +83,7 @@ class Vetting:
         on where `keys_count` (keys cost something: `SwarmDirectory.keys_count`)."""
         if self._failed(candidate.checkpoint) or not answering:
             return False
-        return (keys_count and independent(answering) >= 2) or candidate.checkpoint in self.passed
+        return (keys_count and vouchers_among(answering) >= 2) or candidate.checkpoint in self.passed
 
     def known(self, info: CheckpointInfo) -> bool:
         """Whether `info` was measured here (passed, or failed and not due for another try)."""
