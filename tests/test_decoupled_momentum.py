@@ -10,6 +10,7 @@ import torch
 
 from swarm.model.denoiser import ModelConfig, build_block
 from swarm.model.train import diffusion_loss_fn
+from swarm.sync import decoupled_momentum
 from swarm.sync.compression import decompress
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, PayloadError, decode_payload, encode_payload
 
@@ -64,6 +65,27 @@ def test_replicas_that_gather_every_payload_stay_identical_and_learn(tiny_config
     for a, b in zip(blocks[0].parameters(), blocks[1].parameters()):
         assert torch.equal(a, b)
     assert sum(losses[-10:]) / 10 < 0.9 * sum(losses[:10]) / 10
+
+
+@pytest.mark.parametrize("chunk", [1, 4096, 1 << 30])
+def test_the_step_of_three_voters_is_the_sign_of_their_summed_signs_whatever_the_chunk(
+    tiny_config, tiny_windows, monkeypatch, chunk
+):
+    """The majority is decoded DECODE_CHUNK values at a time (one tile, a few, the whole group):
+    each gives, bit for bit, the step computed from each voter's whole decoded update."""
+    demo = DeMoConfig()
+    blocks, reps = replicas(tiny_config, 3, demo)
+    for index, block in enumerate(blocks):
+        backward(block, tiny_windows, seed=index)
+    gathered = senders(decode_payload(encode_payload(r.make_payload(lr=2e-3), 16), reps[0]) for r in reps)
+    expected = {}
+    for name, param in blocks[0].named_parameters():
+        votes = sum(decompress(payload[name]).sign() for _, payload in gathered)
+        expected[name] = param.detach() * (1 - demo.sign_lr * demo.weight_decay) - demo.sign_lr * votes.sign()
+    monkeypatch.setattr(decoupled_momentum, "DECODE_CHUNK", chunk)
+    assert reps[0].apply(gathered, "r0") == ["r0", "r1", "r2"]
+    for name, param in blocks[0].named_parameters():
+        assert torch.equal(param.detach(), expected[name]), name
 
 
 def test_bad_payloads_are_refused(tiny_config, tiny_windows):

@@ -42,6 +42,7 @@ PayloadError and not applied. A payload decoded from bytes lands on its replica'
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ from swarm.sync.compression import (
     add_tiles_,
     batches,
     check_fully_read,
-    decompress_tiles,
+    idct_of_kept,
     index_bits,
     keep_per_tile,
     pack_message,
@@ -73,6 +74,7 @@ from swarm.sync.compression import (
 from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_share
 
 Payload = dict[str, Compressed]
+DECODE_CHUNK = 1 << 20  # values of all voters' decoded tiles summed at a time (`_majorities`): 4 MB in float32
 
 
 @dataclass
@@ -149,30 +151,57 @@ class DeMoOptimizer:
         (`_kept_two`), so both updates are decoded before either moves a weight (twice the
         block's size in memory); otherwise each group is stepped as it is decoded."""
         kept, self.evidence.record = self.trusted(gathered, own)
-        votes: Iterable[tuple[list[str], torch.Tensor]] = self._votes([gathered[i][1] for i in kept])
-        if len(gathered) == 2 and len(kept) == 2:
-            decoded = list(votes)
+        voters = [gathered[i][1] for i in kept]
+        if len(gathered) == 2 and len(kept) == 2:  # neither of two moves a coordinate the other does not
+            decoded = list(self._votes(voters))
             kept = self._kept_two(gathered, decoded, own)
-            votes = decoded if len(kept) == 2 else [(names, group[kept]) for names, group in decoded]
-        unanimity = len(gathered) == 2 and len(kept) == 2  # neither of two moves a coordinate the other does not
-        for batch_names, group in votes:
-            majority = agreeing_minimum(group) if unanimity else group.sum(dim=0).sign_()
+            steps: Iterable[tuple[list[str], torch.Tensor]] = (
+                (names, agreeing_minimum(group) if len(kept) == 2 else group[kept[0]]) for names, group in decoded
+            )
+        else:
+            steps = self._majorities(voters)
+        for batch_names, majority in steps:
             for name, tiles in zip(batch_names, majority.split([self.tiles[name][0] for name in batch_names])):
                 param = self.params[name]
                 param.mul_(1 - self.config.sign_lr * self.config.weight_decay)
                 add_tiles_(param, tiles, -self.config.sign_lr)
         return [gathered[i][0] for i in kept]
 
+    def _majorities(self, voters: list[Payload]) -> Iterator[tuple[list[str], torch.Tensor]]:
+        """Per group of parameters decoded together (`_sent`), their names and the majority: the
+        sign of the sum of the voters' signs, (tiles, *tile). Decoded DECODE_CHUNK values at a
+        time, so that each voter's decoded tiles are summed while they are still in the cache
+        instead of written out whole and read back (a tile's result does not depend on its chunk)."""
+        for names, tile, indices, values in self._sent(voters):
+            majority = torch.empty(indices.shape[1], *tile, dtype=values.dtype, device=values.device)
+            chunk = max(1, DECODE_CHUNK // (len(voters) * math.prod(tile)))
+            for start in range(0, indices.shape[1], chunk):
+                end = start + chunk
+                torch.sum(decoded_signs(indices[:, start:end], values[:, start:end], tile), dim=0,
+                          out=majority[start:end]).sign_()  # fmt: skip
+            yield names, majority
+
     def _votes(self, voters: list[Payload]) -> Iterator[tuple[list[str], torch.Tensor]]:
-        """Per group of parameters decoded together, their names and each voter's signs of its
-        decoded update, (voters, tiles, *tile): every voter's update of the parameters of one tile
-        shape in one inverse (`batches`, `idct_of_kept`); a voter that sent nothing for a parameter votes 0 there."""
+        """Per group of parameters decoded together (`_sent`), their names and each voter's signs
+        of its decoded update, (voters, tiles, *tile), whole."""
+        for names, tile, indices, values in self._sent(voters):
+            yield names, decoded_signs(indices, values, tile)
+
+    def _sent(self, voters: list[Payload]) -> Iterator[tuple[list[str], tuple[int, int], torch.Tensor, torch.Tensor]]:
+        """Per group of parameters of one tile shape (`batches`: at most BATCH_ELEMENTS values of
+        the block, so a group's majority stays small), their names, the tile, and every voter's
+        indices and values, (voters, tiles, k), one parameter after the other; a voter that sent
+        nothing for a parameter counts as no coefficient there (it votes 0)."""
         names = [name for name in self.names if any(name in p for p in voters)]
-        for batch in batches([self._transform_key(name) for name in names],
-                             [len(voters) * self.params[name].numel() for name in names]):  # fmt: skip
+        for batch in batches(
+            [self._transform_key(name) for name in names], [self.params[name].numel() for name in names]
+        ):
             batch_names = [names[i] for i in batch]
-            sent = [p[name] if name in p else self._silent(name) for p in voters for name in batch_names]
-            yield batch_names, decompress_tiles(sent).sign_().view(len(voters), -1, *sent[0].tile)
+            sent = [[p[name] if name in p else self._silent(name) for name in batch_names] for p in voters]
+            dtype = working_dtype(functools.reduce(torch.promote_types, (c.values.dtype for row in sent for c in row)))
+            indices = torch.stack([torch.cat([c.indices for c in row]) for row in sent])
+            values = torch.stack([torch.cat([c.values for c in row]).to(dtype) for row in sent])
+            yield batch_names, sent[0][0].tile, indices, values
 
     def _kept_two(self, gathered: Sequence[tuple[str, Payload]], votes: list[tuple[list[str], torch.Tensor]],
                  own: str) -> list[int]:  # fmt: skip
@@ -239,6 +268,14 @@ class DeMoOptimizer:
             places, order = places.sort()
             signs = signs[order]
         return places[signs != 0], signs[signs != 0]
+
+
+def decoded_signs(indices: torch.Tensor, values: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
+    """Each voter's sign of its decoded update: from indices and values (voters, tiles, k) of
+    one tile shape, (voters, tiles, *tile), in one inverse (`idct_of_kept`)."""
+    voters, tiles, k = indices.shape
+    decoded = idct_of_kept(indices.reshape(-1, k), values.reshape(-1, k), tile)
+    return decoded.sign_().view(voters, tiles, *tile)
 
 
 def _agreed_and_shared(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> tuple[int, int]:
