@@ -30,7 +30,6 @@ SECTIONS: dict[str, tuple[str, Renderer]] = {  # results folder: its section's h
     "identity_cost": ("Identity cost", trust.identity_cost),
     "health": ("Health page", network.health),
 }
-RERUNNING = {"long_run"}  # being rerun on subword tokens now: no byte-model line meanwhile, whatever its file says
 
 INTRO = """# Benchmarks
 
@@ -58,7 +57,7 @@ def render(results: Path) -> str:
     for name in present:
         folder = Folder(results / name, results.parent)
         body = render_folder(name, folder)
-        units = "" if name in RERUNNING else byte_model_line(folder.read.values())
+        units = byte_model_line(folder.read.values())
         lines += [f"## {SECTIONS[name][0]}", "", units, "", *body]
         if unread := folder.unread():
             raise ReportError(f"{unread[0].relative_to(results.parent)}: report.py's {name} renderer does not read it")
