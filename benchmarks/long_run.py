@@ -58,6 +58,7 @@ from swarm.waiting import wait_for
 
 logger = logging.getLogger("benchmarks.long_run")
 
+TEMPERATURES = (0.0, 0.5, 0.8, 1.0)  # of the sampler, for the sample figures side by side (`by_temperature`)
 SAMPLES = 5  # validation passages written on: the same prompts for every model, beside their true continuations
 SCHEDULE_STEPS = 3000  # the cosine schedule of peers and baselines: about the steps a block takes in 25 minutes here
 CURVE_WINDOWS = 64
@@ -169,6 +170,7 @@ def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args)
         "blocks_over_autoregressive": bpb["blocks"] / bpb["autoregressive"],
         "gen_nll_over_true": figures["blocks"]["gen_nll"] / figures["blocks"]["true_nll"],
         "blocks_by_reveal": by_reveal(blocks.denoiser_for_block, config, windows, judge, known, args),
+        "blocks_by_temperature": by_temperature(blocks.denoiser_for_block, config, windows, judge, known, args),
         "samples": sample_texts({"blocks": blocks.denoiser_for_block, "end_to_end": lambda _: e2e,
                                  "autoregressive": judge}, config, corpus, args),  # fmt: skip
         # the same validation text through general-purpose compressors (swarm/model/compressors.py)
@@ -179,15 +181,30 @@ def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args)
 def by_reveal(denoiser_for_block, config: ModelConfig, windows: torch.Tensor, judge, known, args) -> dict:
     """The blocks' writing under each reveal order of the sampler, side by side (argmax, the same
     draws); `gen_nll` over the true continuation's only with a judge."""
-    true_nll = None if judge is None else judge_nll(judge, windows, windows[:, config.prefix_len :], config)
-    rows = {}
-    for reveal in REVEAL_ORDERS:
-        written, _ = generate_for_windows(denoiser_for_block, config, windows, args.steps_per_block, Sampling(reveal=reveal))
-        words = word_figures(windows, written, config, known)
-        rows[reveal] = {k: words[k] for k in ("real_words", "distinct_words", "word_entropy")}
-        if judge is not None:
-            rows[reveal]["gen_nll_over_true"] = judge_nll(judge, windows, written, config) / true_nll
-    return rows
+    return {reveal: sampler_row(denoiser_for_block, config, windows, judge, known, args, Sampling(reveal=reveal))
+            for reveal in REVEAL_ORDERS}  # fmt: skip
+
+
+def by_temperature(denoiser_for_block, config: ModelConfig, windows: torch.Tensor, judge, known, args) -> dict:
+    """The blocks' writing at each of TEMPERATURES in --reveal order: argmax repeats itself, drawing
+    writes more words and less likely ones; the sample targets ask for both at once."""
+    return {str(t): sampler_row(denoiser_for_block, config, windows, judge, known, args, Sampling(t, args.reveal))
+            for t in TEMPERATURES}  # fmt: skip
+
+
+def sampler_row(denoiser_for_block, config: ModelConfig, windows: torch.Tensor, judge, known, args,
+                sampling: Sampling) -> dict:  # fmt: skip
+    """The sample figures of what the blocks write with `sampling`, and the ratios to the true
+    text's that the targets name."""
+    written, _ = generate_for_windows(denoiser_for_block, config, windows, args.steps_per_block, sampling)
+    words = word_figures(windows, written, config, known)
+    row = {k: words[k] for k in ("real_words", "distinct_words", "word_entropy")}
+    row["distinct_over_true"] = words["distinct_words"] / words["true_distinct_words"]
+    row["entropy_over_true"] = words["word_entropy"] / words["true_word_entropy"]
+    if judge is not None:
+        true_nll = judge_nll(judge, windows, windows[:, config.prefix_len :], config)
+        row["gen_nll_over_true"] = judge_nll(judge, windows, written, config) / true_nll
+    return row
 
 
 def train_all(config: ModelConfig, workdir: Path, corpus, args) -> tuple[dict, Path]:

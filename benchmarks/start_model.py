@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from long_run import by_reveal, sample_texts
+from long_run import by_reveal, by_temperature, sample_texts
 
 from swarm.cli.console import setup_logging
 from swarm.cli.demo import SHIPPED_START, StartModel
@@ -77,6 +77,7 @@ def main() -> None:
         "block": block_facts(start),
         "figures": figures,
         "by_reveal": by_reveal(blocks, config, windows, judge, known, args),
+        "by_temperature": by_temperature(blocks, config, windows, judge, known, args),
         "samples": {"prompts": written[args.reveal]["prompts"], "true": written[args.reveal]["true"],
                     **{order: w["blocks"] for order, w in written.items()}},
         "compressors": compressor_bits_per_byte(corpus.raw("validation"), corpus.raw("train")),

@@ -116,6 +116,7 @@ def long_run(folder: Folder) -> list[str]:
         f"{times(r.num('blocks_over_autoregressive'))} (bits per byte); the blocks' `gen_nll` over the true "
         f"continuation's {times(r.num('gen_nll_over_true'))}.",
         reveal_line(r),
+        temperature_table(r, "blocks_by_temperature"),
         samples(Node(texts, r.file), "What each wrote after the first prompt:"),
         folder.pictures(),
     )
@@ -158,6 +159,7 @@ def start_model(folder: Folder) -> list[str]:
         peer_needs(r),
         judge_line,
         table(header + (["gen_nll / true"] if judged else []), rows),
+        temperature_table(r, "by_temperature"),
         start_model_samples(r),
     )
 
@@ -210,6 +212,31 @@ def reveal_line(r: Node) -> str:
                        for order, row in rows.items())  # fmt: skip
     rescored = " The models were those of the run above, scored again (`--rescore`)." if r.data.get("rescored") else ""
     return f"The blocks' writing by the sampler's reveal order (`--reveal`): {orders}.{rescored}"
+
+
+SAMPLE_TARGETS = {"distinct_over_true": 0.90, "entropy_over_true": 0.95, "gen_nll_over_true": 1.15}  # issue 44
+
+
+def temperature_table(r: Node, key: str) -> list[str]:
+    """The blocks' writing at each sampler temperature against issue 44's sample targets (distinct
+    words and word entropy at least 0.90 and 0.95 of the true text's, the judge's NLL at most 1.15
+    of the true continuation's), where the run measured it."""
+    if key not in r.data:
+        return []
+    rows = []
+    for temperature, row in r[key].items():
+        judged = row.get("gen_nll_over_true") is not None
+        met = (row.num("distinct_over_true") >= SAMPLE_TARGETS["distinct_over_true"]
+               and row.num("entropy_over_true") >= SAMPLE_TARGETS["entropy_over_true"]
+               and judged and row.num("gen_nll_over_true") <= SAMPLE_TARGETS["gen_nll_over_true"])  # fmt: skip
+        rows.append([temperature, percent(row.num("real_words")), times(row.num("distinct_over_true")),
+                     times(row.num("entropy_over_true")), times(row.num("gen_nll_over_true")) if judged else DASH,
+                     yes(met)])  # fmt: skip
+    caption = (f"The blocks' writing by the sampler's temperature (`{r['settings']['reveal']}` order), against "
+               "the sample targets: distinct words at least 0.90 and word entropy at least 0.95 of the true "
+               "text's, the judge's NLL at most 1.15 of the true continuation's:")  # fmt: skip
+    header = ["temperature", "real words", "distinct / true", "entropy / true", "gen_nll / true", "all three met"]
+    return [caption, ""] + table(header, rows)
 
 
 def reveal_order(settings: Node) -> str:
