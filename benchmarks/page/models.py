@@ -144,8 +144,8 @@ def start_model(folder: Folder) -> list[str]:
     rows.append(["true continuation", percent(f.num("true_real_words")), percent(f.num("true_distinct_words"))]
                 + ([fixed(f.num("true_word_entropy"), 2)] if entropy else []) + (["1.000x"] if judged else []))  # fmt: skip
     steps = "" if not judged or judge.get("steps") is None else f" of {plain(judge['steps'])} steps"
-    judge_line = (f"The judge: an {judge['kind']} model{steps} (`swarm-train --kind autoregressive`), not the long "
-                  "run's; `gen_nll` is its NLL of the writing over the true continuation's." if judged
+    judge_line = (f"The judge: the {judge['kind']} model{steps} given as `--judge`; `gen_nll` is its NLL of the "
+                  "writing over the true continuation's." if judged
                   else "No judge was given, so no `gen_nll`.")  # fmt: skip
     header = ["reveal order", "real words", "distinct words"] + (["word entropy (bits)"] if entropy else [])
     return section(
