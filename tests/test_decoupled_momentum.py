@@ -67,6 +67,21 @@ def test_replicas_that_gather_every_payload_stay_identical_and_learn(tiny_config
     assert sum(losses[-10:]) / 10 < 0.9 * sum(losses[:10]) / 10
 
 
+def test_three_replicas_that_gather_every_payload_stay_bit_identical(tiny_config, tiny_windows):
+    """The vote of three (decoded a chunk at a time, `_majorities`) gives every replica the same step."""
+    blocks, reps = replicas(tiny_config, 3, DeMoConfig())
+    for step in range(5):
+        wires = []
+        for index, (block, replica) in enumerate(zip(blocks, reps)):
+            backward(block, tiny_windows, seed=1000 * index + step)
+            wires.append(encode_payload(replica.make_payload(lr=2e-3), 16))
+        for index, replica in enumerate(reps):
+            assert replica.apply(senders(decode_payload(w, replica) for w in wires), f"r{index}") == ["r0", "r1", "r2"]
+    for other in blocks[1:]:
+        for a, b in zip(blocks[0].parameters(), other.parameters()):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("chunk", [1, 4096, 1 << 30])
 def test_the_step_of_three_voters_is_the_sign_of_their_summed_signs_whatever_the_chunk(
     tiny_config, tiny_windows, monkeypatch, chunk
