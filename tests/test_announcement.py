@@ -18,7 +18,7 @@ def a_peer(state: str) -> SimpleNamespace:
                            announcer=None, checkpoint=CheckpointInfo(step=10, sha256="a" * 64, size=1),
                            checkpoint_time=123.0, averager=SimpleNamespace(bytes_sent=20),
                            config=SimpleNamespace(public_name="alice"), reached="relayed", membership=None,
-                           work_nonce=7)  # fmt: skip
+                           work_nonce=7, lineage=None)  # fmt: skip
 
 
 def test_a_training_peer_announces_its_figures():
