@@ -181,28 +181,34 @@ def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args)
 def by_reveal(denoiser_for_block, config: ModelConfig, windows: torch.Tensor, judge, known, args) -> dict:
     """The blocks' writing under each reveal order of the sampler, side by side (argmax, the same
     draws); `gen_nll` over the true continuation's only with a judge."""
-    return {reveal: sampler_row(denoiser_for_block, config, windows, judge, known, args, Sampling(reveal=reveal))
+    true_nll = true_continuation_nll(judge, windows, config)
+    return {reveal: sampler_row(denoiser_for_block, config, windows, judge, known, args, Sampling(reveal=reveal), true_nll)
             for reveal in REVEAL_ORDERS}  # fmt: skip
 
 
 def by_temperature(denoiser_for_block, config: ModelConfig, windows: torch.Tensor, judge, known, args) -> dict:
     """The blocks' writing at each of TEMPERATURES in --reveal order: argmax repeats itself, drawing
     writes more words and less likely ones; the sample targets ask for both at once."""
-    return {str(t): sampler_row(denoiser_for_block, config, windows, judge, known, args, Sampling(t, args.reveal))
+    true_nll = true_continuation_nll(judge, windows, config)
+    return {str(t): sampler_row(denoiser_for_block, config, windows, judge, known, args, Sampling(t, args.reveal), true_nll)
             for t in TEMPERATURES}  # fmt: skip
 
 
+def true_continuation_nll(judge, windows: torch.Tensor, config: ModelConfig) -> float | None:
+    """The judge's NLL of the windows' true continuations (None without a judge): once per table."""
+    return None if judge is None else judge_nll(judge, windows, windows[:, config.prefix_len :], config)
+
+
 def sampler_row(denoiser_for_block, config: ModelConfig, windows: torch.Tensor, judge, known, args,
-                sampling: Sampling) -> dict:  # fmt: skip
+                sampling: Sampling, true_nll: float | None) -> dict:  # fmt: skip
     """The sample figures of what the blocks write with `sampling`, and the ratios to the true
-    text's that the targets name."""
+    text's that the targets name (`true_nll`: `true_continuation_nll`)."""
     written, _ = generate_for_windows(denoiser_for_block, config, windows, args.steps_per_block, sampling)
     words = word_figures(windows, written, config, known)
     row = {k: words[k] for k in ("real_words", "distinct_words", "word_entropy")}
     row["distinct_over_true"] = words["distinct_words"] / words["true_distinct_words"]
     row["entropy_over_true"] = words["word_entropy"] / words["true_word_entropy"]
     if judge is not None:
-        true_nll = judge_nll(judge, windows, windows[:, config.prefix_len :], config)
         row["gen_nll_over_true"] = judge_nll(judge, windows, written, config) / true_nll
     return row
 

@@ -107,6 +107,11 @@ def heading(title: str) -> list[str]:
     return [f"### {title}", ""] if title else []
 
 
+def with_later_runs(folder: Folder, run: Callable[[Folder, str], list[str]], what: str) -> list[str]:
+    """A section of one results folder's run and the later runs kept beside it, under `what`."""
+    return section(what, run(folder, "") + later_runs(folder, run))
+
+
 def later_runs(folder: Folder, run: Callable[[Folder, str], list[str]]) -> list[str]:
     """The runs kept in a folder's subfolders beside its main one, each under a heading of its own."""
     return [line for sub in folder.subfolders() for line in run(sub, f"Later run, `{sub.rel}/`")]

@@ -17,6 +17,7 @@ from .formatting import (
     table,
     targets_table,
     times,
+    with_later_runs,
     yes,
 )
 from .reading import Folder, Node
@@ -96,12 +97,12 @@ def os_check(folder: Folder) -> list[str]:
 
 
 def outer_gap(folder: Folder) -> list[str]:
-    parts = outer_gap_run(folder, "") + later_runs(folder, outer_gap_run)
-    return section(
+    return with_later_runs(
+        folder,
+        outer_gap_run,
         "Runs the outer mode's replicas and the dense baseline (gradients averaged every step) in one process, "
         "with no network, for longer than peers could run here, to see whether the outer mode's loss gap closes "
         "as the run grows longer.",
-        parts,
     )
 
 
@@ -171,8 +172,9 @@ def time_to_loss(folder: Folder) -> list[str]:
 
 
 def scale(folder: Folder) -> list[str]:
-    parts = scale_run(folder, "") + later_runs(folder, scale_run)
-    return section(
+    return with_later_runs(
+        folder,
+        scale_run,
         "One block at several sizes through the library's own code: the trainer's forward and backward, each sync "
         "mode's compress, encode, decode and apply with 4 replicas' payloads gathered (outer: a round spread over "
         "its H steps), bytes per replica per step against dense fp32 all-reduce, the peak RSS of a fresh process "
@@ -180,7 +182,6 @@ def scale(folder: Folder) -> list[str]:
         "overhead; on a GPU, its peak allocation there and what was allocated before the block), the checkpoint's "
         "bytes, save and load, its download at 20 and 100 Mbit/s (bytes over the link plus the receiver's measured "
         "work), the spot check and one denoise request (4 steps, one prompt).",
-        parts,
     )
 
 
