@@ -113,6 +113,7 @@ from swarm.checkpoints.download import independent
 from swarm.checkpoints.store import CheckpointStore
 from swarm.checkpoints.transfer import BlockServicer
 from swarm.cli.console import setup_logging
+from swarm.files import write_atomic, write_picture
 from swarm.lab.attacks import (
     STEP_LIE,
     HonestThenWrong,
@@ -332,7 +333,7 @@ def generation(swarm: Swarm, liar: str | None = None, liar_sha256: str | None = 
         for block in range(config.n_blocks):
             for host in client.directory.hosts(block):
                 if host.peer_id == liar:
-                    runner._rtt[host.peer_id, host.owner] = 0.0
+                    runner.replicas.rtt[host.peer_id, host.owner] = 0.0
     started = time.monotonic()
     text = b"".join(continue_text(runner, config, PROMPT, GENERATED_BYTES, steps_per_block=2, seed=1))
     seconds = time.monotonic() - started
@@ -346,7 +347,7 @@ def generation(swarm: Swarm, liar: str | None = None, liar_sha256: str | None = 
     if liar_sha256 is not None:
         result["used_liars_checkpoint"] = any(liar_sha256 in shas for shas in used)
     if liar is not None:
-        result["liar_banned"] = liar in runner._banned_until
+        result["liar_banned"] = liar in runner.replicas.banned_until
     return result
 
 
@@ -787,7 +788,7 @@ def plot(result: dict, path: Path) -> None:
         ax.set(title=title, xlim=(0.9, max([1.1, *ratios.values()])))
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_picture(path, fig, dpi=110)
 
 
 def arguments():
@@ -825,7 +826,7 @@ def main() -> None:
     result["met"] = all(result[key]["met"] for key, _ in parts.values() if key in result)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "attacks.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "attacks.json", json.dumps(result, indent=2).encode())
     plot(result, out / "attacks.png")
     print(json.dumps(result, indent=2))
 

@@ -29,7 +29,6 @@ removes every namespace and process it made, also after an error, Ctrl-C or SIGT
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import logging
 import signal
@@ -42,7 +41,7 @@ from typing import NoReturn
 
 from swarm.cli.console import setup_logging
 from swarm.errors import SwarmError
-from swarm.files import write_atomic
+from swarm.files import write_atomic, write_picture
 from swarm.lab import netlab
 from swarm.lab.launch import LocalSwarm
 from swarm.model.denoiser import ModelConfig
@@ -179,9 +178,7 @@ def plot(summary: dict, path: Path) -> None:
         axis.set_xlabel("B (blocks)")
         axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, fontsize=9)  # below: never on a point
     fig.tight_layout()
-    picture = io.BytesIO()
-    fig.savefig(picture, dpi=110, format="png")
-    write_atomic(path, picture.getvalue())
+    write_picture(path, fig, dpi=110)
 
 
 def parse_args() -> argparse.Namespace:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from swarm.cli.console import setup_logging
+from swarm.files import write_atomic
 from swarm.lab.chaos import ChaosConfig, ChaosMonkey
 from swarm.lab.launch import LocalSwarm
 from swarm.model.checkpoint import load_model_folder
@@ -98,7 +99,7 @@ def main() -> None:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "chaos.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "chaos.json", json.dumps(result, indent=2).encode())
     print(json.dumps(result, indent=2))
 
 

@@ -46,6 +46,7 @@ from tqdm import tqdm
 
 from swarm.cli.console import setup_logging
 from swarm.errors import SwarmError
+from swarm.files import write_atomic, write_picture
 from swarm.lab import netlab
 from swarm.lab.discovery import AnnouncingSwarm, last_lookup, spread
 from swarm.p2p.client import SwarmClient
@@ -187,7 +188,7 @@ def plot(sizes: list[dict], network: dict, path: Path) -> None:
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     fig.suptitle(f"discovery, {network['placement']}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_picture(path, fig, dpi=110)
 
 
 def run(args, regions: list[str], lab: netlab.NetLab | None) -> list[dict]:
@@ -256,7 +257,7 @@ def main() -> None:
 def finish(result: dict, out: Path) -> None:
     """discovery.json with every lookup and trial, the PNG, and the figures without them on stdout."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "discovery.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "discovery.json", json.dumps(result, indent=2).encode())
     plot(result["sizes"], result["network"], out / "discovery.png")
     brief = [{k: v for k, v in s.items() if k not in ("lookups", "visibility")} for s in result["sizes"]]
     print(json.dumps({**result, "sizes": brief}, indent=2))

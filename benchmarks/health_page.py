@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 from swarm.cli.console import setup_logging
+from swarm.files import write_atomic
 from swarm.health import browser
 from swarm.lab.launch import command_path
 from swarm.waiting import wait_for
@@ -102,7 +103,7 @@ def main() -> None:
             url = page_address(demo, 120)
             shown = wait_for(lambda: ready(url, args.points, args.replicas), args.timeout, "every block healthy", 2.0)
             screenshot(url, out / "health.png", out / "leaderboard.png" if args.replicas > 1 else None)
-            (out / "state.json").write_text(json.dumps(shown, indent=2))
+            write_atomic(out / "state.json", json.dumps(shown, indent=2).encode())
             demo.communicate(timeout=args.timeout)
         finally:
             if demo.poll() is None:  # SIGINT: the demo stops every process it started

@@ -24,6 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
+from swarm.files import write_atomic
 from swarm.p2p import work
 from swarm.p2p.records import IdentityWork, owner_fingerprint
 
@@ -111,7 +112,7 @@ def main() -> None:
     result = measure(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "identity_cost.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_atomic(out / "identity_cost.json", (json.dumps(result, indent=2) + "\n").encode())
     print(json.dumps(result, indent=2))
 
 

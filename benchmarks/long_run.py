@@ -33,7 +33,7 @@ import torch
 
 from swarm.cli.console import setup_logging
 from swarm.cli.demo import save_start_model
-from swarm.files import write_atomic
+from swarm.files import write_atomic, write_picture
 from swarm.lab.launch import LocalSwarm
 from swarm.lab.trainjobs import run_jobs
 from swarm.model.autoregressive import generate_bytes
@@ -145,7 +145,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_title(f"long run: {result['model']['n_blocks']} blocks at {result['steps_each']} steps each, baselines at equal steps")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_picture(path, fig, dpi=120)
 
 
 def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args) -> dict:

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from swarm.cli.console import setup_logging
-from swarm.files import write_atomic
+from swarm.files import write_atomic, write_picture
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import elbo_bits_per_byte
@@ -124,7 +124,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xlabel(f"validation bits per byte ({result['settings']['windows']} windows)")
     ax.set_title(f"recipe variants: each block {result['settings']['cpu_seconds']:g} CPU seconds")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_picture(path, fig, dpi=120)
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from sync import (  # the model and validation windows of benchmarks/sync.py, be
 from tqdm import tqdm
 
 from swarm.cli.console import setup_logging
+from swarm.files import write_atomic, write_picture
 from swarm.model.data import Windows, load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import block_denoise_ce
@@ -112,7 +113,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ratios.set(xlabel="steps", ylabel="outer / dense", title="the gap")
     ratios.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    write_picture(path, fig, dpi=100)
 
 
 def positive(text: str) -> int:
@@ -155,7 +156,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     result = {"config": {**vars(args), "outer": vars(outer_config), "model": config.to_dict()}, "runs": rows}
     plot(rows, out / "outer_gap.png")
-    (out / "outer_gap.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "outer_gap.json", json.dumps(result, indent=2).encode())
     print(json.dumps(result, indent=2))
 
 

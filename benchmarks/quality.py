@@ -30,6 +30,7 @@ import torch
 
 from swarm.cli.console import setup_logging
 from swarm.errors import SwarmError
+from swarm.files import write_atomic, write_picture
 from swarm.lab.trainjobs import run_jobs
 from swarm.model.autoregressive import generate_bytes
 from swarm.model.checkpoint import load_block, load_model_folder
@@ -183,7 +184,7 @@ def plot_curves(result: dict, configs: dict[str, ModelConfig], path: Path) -> No
     ax.set_title("quality at equal compute")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_picture(path, fig, dpi=120)
 
 
 def main() -> None:
@@ -219,7 +220,7 @@ def main() -> None:
     result["wall_s"] = time.time() - started
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "quality.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "quality.json", json.dumps(result, indent=2).encode())
     plot_curves(result, configs, out / "quality.png")
     print(json.dumps({k: v for k, v in result.items() if k != "curves"}, indent=2))
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from swarm.cli.console import setup_logging
-from swarm.files import write_atomic
+from swarm.files import write_atomic, write_picture
 from swarm.lab import netlab
 from swarm.lab.launch import LocalSwarm
 from swarm.model.generate import STEPS_PER_BLOCK
@@ -274,7 +274,7 @@ def plot(runs: dict, summary: dict, path: Path) -> None:
         axes[3].set(title=f"behind NAT over direct, from {nat['from']}", ylabel="ratio")
         axes[3].tick_params(axis="x", rotation=30)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_picture(path, fig, dpi=110)
 
 
 def main() -> None:

@@ -57,7 +57,6 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
-import io
 import json
 import logging
 import multiprocessing as mp
@@ -80,7 +79,7 @@ from swarm.checkpoints.choice import SPOT_CHECK_WINDOWS, SpotCheck
 from swarm.checkpoints.chunks import chunk_hashes
 from swarm.cli.console import setup_logging
 from swarm.errors import SwarmError
-from swarm.files import write_atomic
+from swarm.files import write_atomic, write_picture
 from swarm.lab.trainjobs import peak_rss_bytes, reset_peak_rss
 from swarm.model.checkpoint import decode_block, encode_block, load_block, save_block
 from swarm.model.data import Windows, load_corpus
@@ -521,10 +520,8 @@ def plot(sizes: list[dict], fitted: dict, path: Path) -> None:
         ax.set(xscale="log", yscale="log", title=title, xlabel="parameters of the block")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    picture = io.BytesIO()
-    fig.savefig(picture, dpi=100, format="png")
+    write_picture(path, fig, dpi=100)
     plt.close(fig)
-    write_atomic(path, picture.getvalue())  # a reader never sees half a picture
 
 
 # --- the program -----------------------------------------------------------------------------------------------

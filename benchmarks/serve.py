@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from swarm.cli.console import setup_logging
+from swarm.files import write_atomic
 from swarm.lab.launch import LocalSwarm
 from swarm.model.generate import continue_text
 from swarm.p2p.client import SwarmClient
@@ -61,6 +62,7 @@ def measure(client: SwarmClient, lengths: list[int], repeats: int, steps_per_blo
     stage_peers = [runner.choose(block).peer_id for block in range(config.n_blocks)]
     pings = {peer: statistics.median(runner.ping(peer) for _ in range(5)) for peer in stage_peers}
     result = {
+        "model": config.to_dict(),  # the swarm's, as its record gives it: the units it counts in too
         "n_blocks": config.n_blocks,
         "gen_len": config.gen_len,
         "steps_per_block": steps_per_block,
@@ -121,7 +123,7 @@ def main() -> None:
         result = run_client(args, local, initial_peers, start_peers=not args.initial_peers)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "serve.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "serve.json", json.dumps(result, indent=2).encode())
     print(json.dumps(result, indent=2))
 
 

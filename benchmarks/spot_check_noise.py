@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from swarm.checkpoints.spot_check import SpotCheck
+from swarm.files import write_atomic
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.train import TrainConfig, block_trainer, train
@@ -70,7 +71,7 @@ def main() -> None:
               "threads": args.threads, "training_seconds": training_s, "windows_per_source": rows}  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "spot_check_noise.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "spot_check_noise.json", json.dumps(result, indent=2).encode())
     print(json.dumps(result, indent=2))
 
 

@@ -60,6 +60,7 @@ import torch
 from tqdm import tqdm
 
 from swarm.cli.console import setup_logging
+from swarm.files import write_atomic, write_picture
 from swarm.lab import netlab
 from swarm.lab.launch import LocalSwarm
 from swarm.model.checkpoint import load_block
@@ -481,7 +482,7 @@ def plot(runs: list[dict], table: dict, path: Path) -> None:
     )
     by_step.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_picture(path, fig, dpi=120)
 
 
 def main() -> None:
@@ -528,9 +529,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         args.model_path = model_path(args.model, Path(tmp))
+        model = ModelConfig.from_json_file(args.model_path) if args.model_path else ModelConfig()
         if args.os_check_only:
             kernel = os_check(args, Path(tmp))
-            (out / "sync_os_check.json").write_text(json.dumps(kernel, indent=2))
+            write_atomic(out / "sync_os_check.json", json.dumps(kernel, indent=2).encode())
             print(json.dumps(kernel, indent=2))
             return
         runs = []
@@ -549,9 +551,9 @@ def main() -> None:
         "regions": {k: v for k, v in regions.items() if k != "runs"},
         "outer_defaults": vars(OuterConfig()),
     }
-    result = {"config": vars(args), "summary": summary, "runs": all_runs, "os_check": kernel}
+    result = {"config": vars(args), "model": model.to_dict(), "summary": summary, "runs": all_runs, "os_check": kernel}
     plot(all_runs, table, out / "sync.png")
-    (out / "sync.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "sync.json", json.dumps(result, indent=2).encode())
     print(json.dumps({**result, "runs": [{k: v for k, v in r.items() if k != "curve"} for r in all_runs]}, indent=2))
 
 

@@ -70,7 +70,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import io
 import json
 import logging
 import math
@@ -89,7 +88,7 @@ from sync import MODES, model_path, region_facts, region_lab, run_mode, validati
 
 from swarm.cli.console import setup_logging
 from swarm.errors import SwarmError
-from swarm.files import write_atomic
+from swarm.files import write_atomic, write_picture
 from swarm.lab import netlab
 from swarm.model.checkpoint import load_block
 from swarm.model.data import load_corpus
@@ -347,10 +346,8 @@ def plot(target: dict, modes: dict[str, dict], path: Path) -> None:
     for axis in list(axes.flat)[len(modes) :]:
         axis.set_visible(False)
     fig.tight_layout()
-    image = io.BytesIO()
-    fig.savefig(image, format="png", dpi=110)
+    write_picture(path, fig, dpi=110)
     plt.close(fig)
-    write_atomic(path, image.getvalue())
 
 
 def settings_of(args) -> dict:

@@ -59,6 +59,7 @@ from swarm.checkpoints.download import Downloaded, download
 from swarm.checkpoints.transfer import BlockServicer, max_checkpoint_bytes
 from swarm.cli.console import setup_logging
 from swarm.errors import SwarmError
+from swarm.files import write_atomic, write_picture
 from swarm.lab import netlab
 from swarm.lab.attacks import CorruptChunks
 from swarm.lab.hosting import CheckpointHost
@@ -323,7 +324,7 @@ def plot(result: dict, path: Path) -> None:
         times.set(title="4 hosts, one of them lying: download seconds", xticks=range(len(runs)), ylabel="seconds")
         times.set_xticklabels([f"{k}\n{result['corrupt']['median_seconds'][k]:.1f} s" for k in runs])
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_picture(path, fig, dpi=110)
 
 
 def main() -> None:
@@ -367,7 +368,7 @@ def main() -> None:
 def finish(result: dict, out: Path) -> None:
     """transfer.json, the PNG, and the figures without the single runs on stdout."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "transfer.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "transfer.json", json.dumps(result, indent=2).encode())
     plot(result, out / "transfer.png")
     print(json.dumps(_without_runs(result), indent=2))
 

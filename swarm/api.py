@@ -29,7 +29,7 @@ from swarm.model.checkpoint import LoadedModel, load_model_folder
 from swarm.model.denoiser import ModelConfig
 from swarm.model.families import local_runner
 from swarm.model.generate import STEPS_PER_BLOCK, continue_text
-from swarm.model.steps import BlockRunner, Reveal, Sampling
+from swarm.model.steps import DEFAULT_TEMPERATURE, BlockRunner, Reveal, Sampling
 
 if TYPE_CHECKING:
     from swarm.p2p.client import SwarmClient
@@ -57,13 +57,15 @@ class Writer:
     config: ModelConfig
     run_block: BlockRunner
 
-    def stream(self, prompt: str, max_bytes: int = 128, temperature: float = 0.0, reveal: Reveal = "confident",
-               steps_per_block: int = STEPS_PER_BLOCK, seed: int = 0) -> Iterator[str]:  # fmt: skip
+    def stream(self, prompt: str, max_bytes: int = 128, temperature: float = DEFAULT_TEMPERATURE,
+               reveal: Reveal = "confident", steps_per_block: int = STEPS_PER_BLOCK,
+               seed: int = 0) -> Iterator[str]:  # fmt: skip
         """The continuation of `prompt`, piece by piece as each pass through the blocks writes it.
 
         Args:
             max_bytes: the longest continuation, in bytes of UTF-8.
-            temperature: 0 takes the most likely unit; above 0, draws from the softened logits.
+            temperature: 0 takes the most likely unit; above 0 (the default: DEFAULT_TEMPERATURE), draws from
+                the softened logits.
             reveal: which hidden units a masked step shows ("confident", "random", "leftmost").
             steps_per_block: denoising steps of each block per span.
             seed: the same seed writes the same text, here or through the swarm.

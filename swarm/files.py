@@ -7,6 +7,7 @@ never half of either, and a reader never sees a torn file.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tempfile
@@ -57,3 +58,10 @@ def write_folder_atomic(folder: Path, files: dict[str, str | bytes]) -> None:
         _fsync_dir(folder.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_picture(path: Path, figure, dpi: int = 110) -> None:
+    """A matplotlib figure written as a PNG with `write_atomic`: a reader never sees half a picture."""
+    picture = io.BytesIO()
+    figure.savefig(picture, format="png", dpi=dpi)
+    write_atomic(path, picture.getvalue())

@@ -110,14 +110,14 @@ class Ranked(Recorder):
 
 
 def test_a_confident_step_reveals_the_bytes_the_block_is_surest_of_and_a_random_one_does_not(masked_config):
-    """From all hidden, one step from t = 1 to s = 0.5 reveals half the span: under confident
+    """From all hidden, one step from t = 1 to s = 0.5 reveals half the span: under argmax draws and confident
     order exactly the later half (where this block is surest), under leftmost order the earlier
     half, under random order a draw."""
     g = masked_config.gen_len
     answer = torch.randint(0, 256, (g,), generator=torch.Generator().manual_seed(4))
     block, prefix = Ranked(masked_config, answer), torch.zeros(2, masked_config.prefix_len, dtype=torch.long)
     hidden, ts = torch.full((2, g), MASK_ID), torch.tensor([1.0, 0.5])
-    shown = {reveal: unmask_steps(block, prefix, hidden, ts, 3, Sampling(reveal=reveal))[0] != MASK_ID
+    shown = {reveal: unmask_steps(block, prefix, hidden, ts, 3, Sampling(temperature=0.0, reveal=reveal))[0] != MASK_ID
              for reveal in REVEAL_ORDERS}  # fmt: skip
     later_half = torch.arange(g) >= g // 2
     assert (shown["confident"] == later_half).all()

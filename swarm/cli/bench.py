@@ -29,7 +29,7 @@ from swarm.checkpoints.transfer import TransferError
 from swarm.cli.console import Group, run_command
 from swarm.cli.options import member_options, steps_per_block_option, swarm_client, swarm_options
 from swarm.errors import SwarmError
-from swarm.files import write_atomic
+from swarm.files import write_atomic, write_picture
 from swarm.model.generate import continue_text
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import Host
@@ -191,7 +191,7 @@ def plot(result: dict, path: Path) -> None:
     for axis in (rate, gen):
         axis.tick_params(axis="x", rotation=45)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_picture(path, fig, dpi=110)
 
 
 @click.group("swarm-bench", cls=Group)

@@ -18,7 +18,7 @@ from swarm.cli.options import (
     swarm_options,
 )
 from swarm.errors import SwarmError
-from swarm.model.steps import MAX_TEMPERATURE
+from swarm.model.steps import DEFAULT_TEMPERATURE, MAX_TEMPERATURE
 
 MODEL_TIMEOUT_S = 15.0
 
@@ -36,9 +36,9 @@ MODEL_TIMEOUT_S = 15.0
 @click.option(
     "--temperature",
     type=click.FloatRange(min=0, max=MAX_TEMPERATURE),
-    default=0.0,
+    default=DEFAULT_TEMPERATURE,
     show_default=True,
-    help="0 takes the most likely unit.",
+    help="0 takes the most likely unit (which repeats itself); above 0, draws from the softened logits.",
 )
 @reveal_option
 @click.option("--seed", type=int, default=0, show_default=True,
