@@ -139,12 +139,12 @@ def test_a_replica_answering_wrongly_is_outvoted_and_banned(swarm):
         wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(1)}, 30, "the liar's record")
         runner = generation_client(local, client, config)
         liar = next(h for h in client.directory.hosts(1) if h.peer_id == node.peer_id)
-        runner._rtt[liar.peer_id, liar.owner] = 0.0  # the harness: the liar is the one that answers fastest
+        runner.replicas.rtt[liar.peer_id, liar.owner] = 0.0  # the harness: the liar is the one that answers fastest
         text = b"".join(continue_text(runner, config, b"The quick brown", 24, steps_per_block=2, seed=3))
     assert text == honest_text(model, b"The quick brown", 24, seed=3)
     assert runner.checks.banned == 1 and runner.checks.disagreements == 1, runner.checks
     assert runner.choose(1).peer_id != node.peer_id
-    assert runner._banned_until[liar.peer_id] < math.inf  # outvoted by keys, not shown wrong here: for a while
+    assert runner.replicas.banned_until[liar.peer_id] < math.inf  # outvoted by keys, not shown wrong here: for a while
 
 
 def generation_client(local, client, config: ModelConfig) -> RemoteBlocks:
@@ -234,7 +234,7 @@ def test_a_replica_that_answers_honestly_at_first_and_lies_afterwards_gets_no_li
         wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(block)}, 30, "the liar's record")
         runner = generation_client(local, client, config)
         host = next(h for h in client.directory.hosts(block) if h.peer_id == node.peer_id)
-        runner._rtt[host.peer_id, host.owner] = 0.0  # the harness: the liar is the one that answers fastest
+        runner.replicas.rtt[host.peer_id, host.owner] = 0.0  # the harness: the liar is the one that answers fastest
         text = b"".join(continue_text(runner, config, b"Swarms of", 40, steps_per_block=2, seed=6))
     assert liar.answered > liar.honest  # it did lie
     assert text == honest_text(model, b"Swarms of", 40, seed=6)
@@ -267,17 +267,17 @@ def test_a_liar_gets_no_lie_through_when_its_only_fellow_replica_fails_once(swar
     local, client, model = swarm
     with a_liar_beside_a(local, client, model, tmp_path, honest=2) as (liar, liar_host, a):
         runner = generation_client(local, client, model.config)
-        runner._rtt[liar_host.peer_id, liar_host.owner] = 0.0  # the harness: the liar answers fastest
-        runner._ban(a, "failed once (the harness)")
+        runner.replicas.rtt[liar_host.peer_id, liar_host.owner] = 0.0  # the harness: the liar answers fastest
+        runner.replicas.ban(a, "failed once (the harness)")
         assert runner.choose(0).peer_id == liar_host.peer_id
-        runner._banned_until.pop(a.peer_id)  # the harness: a's ban runs out
+        runner.replicas.banned_until.pop(a.peer_id)  # the harness: a's ban runs out
         text = b"".join(continue_text(runner, model.config, b"Swarms of", 40, steps_per_block=2, seed=7))
     assert liar.answered > liar.honest  # it did lie
     assert text == honest_text(model, b"Swarms of", 40, seed=7)
     assert runner.checks.disagreements == 1, runner.checks  # a, its witness again, contradicted it
     held = [info for info, _ in runner.vetting._held.values()]
     assert held == [honest_of(client, 0), honest_of(client, 1)]  # one file a block (both measured: an open swarm)
-    assert runner._banned_until[liar_host.peer_id] == math.inf  # shown wrong by the client's own computation
+    assert runner.replicas.banned_until[liar_host.peer_id] == math.inf  # shown wrong by the client's own computation
 
 
 def test_a_liar_gets_no_lie_through_while_its_only_fellow_replica_is_banned(swarm, tmp_path):
@@ -288,14 +288,14 @@ def test_a_liar_gets_no_lie_through_while_its_only_fellow_replica_is_banned(swar
     config = model.config
     with a_liar_beside_a(local, client, model, tmp_path, honest=0) as (liar, liar_host, a):
         runner = generation_client(local, client, config)
-        runner._ban(a, "failed once (the harness)", 600)
+        runner.replicas.ban(a, "failed once (the harness)", 600)
         text = b"".join(continue_text(runner, config, b"Swarms of", config.gen_len, steps_per_block=2, seed=7))
     assert liar.answered == 1 and runner.checks.checkpoints_measured == 2, runner.checks  # a's, and block 1's
     assert text == honest_text(model, b"Swarms of", config.gen_len, seed=7)
     assert runner.checks.computed_here == runner.checks.banned == 1, runner.checks
-    assert runner._banned_until[liar_host.peer_id] == math.inf
-    runner._ban(liar_host, "failed")  # a later, shorter ban does not end a ban for good
-    assert runner._banned_until[liar_host.peer_id] == math.inf
+    assert runner.replicas.banned_until[liar_host.peer_id] == math.inf
+    runner.replicas.ban(liar_host, "failed")  # a later, shorter ban does not end a ban for good
+    assert runner.replicas.banned_until[liar_host.peer_id] == math.inf
 
 
 def test_honest_weights_restamped_by_a_stranger_that_answers_wrongly_are_witnessed_by_their_honest_host(swarm, tmp_path):
@@ -312,11 +312,11 @@ def test_honest_weights_restamped_by_a_stranger_that_answers_wrongly_are_witness
         wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(0)}, 30, "the stranger's record")
         runner = generation_client(local, client, config)
         host = next(h for h in client.directory.hosts(0) if h.peer_id == node.peer_id)
-        runner._rtt[host.peer_id, host.owner] = 0.0  # the harness: the stranger answers fastest
+        runner.replicas.rtt[host.peer_id, host.owner] = 0.0  # the harness: the stranger answers fastest
         text = b"".join(continue_text(runner, config, b"Swarms of", 40, steps_per_block=2, seed=9))
         node.leave(0)
     assert text == honest_text(model, b"Swarms of", 40, seed=9)
-    assert runner._banned_until[node.peer_id] == math.inf, runner.checks  # shown wrong by the client's own computation
+    assert runner.replicas.banned_until[node.peer_id] == math.inf, runner.checks  # shown wrong by the client's own computation
     assert runner.checks.disagreements >= 1, runner.checks
 
 
@@ -451,14 +451,14 @@ def test_a_client_waits_once_for_a_ban_to_end_where_every_host_of_a_block_failed
     hosts are all banned for good fails at once."""
     local, client, model = swarm
     runner = generation_client(local, client, model.config)
-    runner.ban_seconds = 2.0
+    runner.replicas.ban_seconds = 2.0
     hosts = [h for h in client.directory.hosts(0) if h.announcement.checkpoint]  # earlier tests' strangers too
     for host in hosts:
-        runner._ban(host, "failed once (the harness)")
+        runner.replicas.ban(host, "failed once (the harness)")
     text = b"".join(continue_text(runner, model.config, b"Swarms of", model.config.gen_len, steps_per_block=2, seed=7))
     assert text == honest_text(model, b"Swarms of", model.config.gen_len, seed=7)
     for host in hosts:
-        runner._ban(host, "shown to lie (the harness)", math.inf)
+        runner.replicas.ban(host, "shown to lie (the harness)", math.inf)
     with pytest.raises(SwarmError, match="no live peer serves block 0"):
         next(continue_text(runner, model.config, b"Swarms of", model.config.gen_len, steps_per_block=2, seed=7))
 
@@ -473,7 +473,7 @@ def over_two_fake_replicas(answer_of, **options) -> tuple[RemoteBlocks, Host, Ho
     directory = SimpleNamespace(hosts=lambda block: [first, second], keys_count=True)
     loop = SimpleNamespace(run=lambda coro, timeout: asyncio.run(asyncio.wait_for(coro, timeout)))
     runner = RemoteBlocks(directory, None, loop, ModelConfig(), **options)
-    runner._rtt.update({(first.peer_id, first.owner): 0.0, (second.peer_id, second.owner): 1.0})
+    runner.replicas.rtt.update({(first.peer_id, first.owner): 0.0, (second.peer_id, second.owner): 1.0})
     runner.vetting.passed[info] = Measured(Candidate(info, (first, second), plausible=True), b"", second, loss=1.0)
     runner._denoise = lambda host, request: answer_of(host)
     return runner, first, second
@@ -517,4 +517,4 @@ def test_a_replica_that_never_answers_is_given_up_at_the_request_deadline_and_an
 
     runner, first, _ = over_two_fake_replicas(answer_of, request_timeout=0.5)
     assert ask_block_0(runner) is answer
-    assert asked == ["first", "second"] and runner._banned(first.peer_id)
+    assert asked == ["first", "second"] and runner.replicas.banned(first.peer_id)

@@ -121,7 +121,7 @@ class SwarmDirectory:
         lone honest host in `rank`) or each announce a different one (filling the candidates a fetch
         measures): issue 27, the Sybil row of benchmarks/attacks.py. There, those who choose a
         checkpoint measure every one first (`swarm.checkpoints.choice.choose_checkpoint`,
-        `swarm.serving.remote.RemoteBlocks`). A directory that has not read the model record takes
+        `swarm.serving.replicas.Replicas`). A directory that has not read the model record takes
         the swarm as open: its readers measure more, never less."""
         return self.membership.members_only or self.work.required
 

@@ -7,7 +7,7 @@ peers checked, of four kinds:
 - `verified_step`: the newest step of a peer's checkpoints that passed another's spot check
   (a joiner's choice of its start checkpoint, swarm/checkpoints/choice.py);
 - `answers`: its denoise answers that a generation client saw confirmed by a replica under
-  another key (swarm/serving/remote.py);
+  another key (swarm/serving/cross_check.py);
 - `uptime_s`: the time between two `rpc_info` answers it gave another peer's pings
   (swarm/p2p/pings.py), at most `max_gap_s` apart, under the key of a record that names it.
 A subject is the key of the peer's records (its fingerprint, `owner_fingerprint`), learnt from

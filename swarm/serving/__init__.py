@@ -2,7 +2,8 @@
 
 - server.py: remote denoising on a peer (its block's steps for a client)
 - remote.py: a client that runs the blocks on swarm peers, with failover
-- cross_check.py: checking one replica's answers against others'
+- replicas.py: which replica the client asks for each block, and whom it bans
+- cross_check.py: the confirmation rule: which of the replicas' answers is used, and who is banned
 - vetting.py: which checkpoints a generation client uses (two keys serve them, or measured here)
 - ar_pipeline.py: the autoregressive pipeline baseline of the serving benchmarks
 """

@@ -2,7 +2,7 @@
 
 A checkpoint is *agreed on* when two or more independent voices (distinct keys, a host that took
 it from one key alone being that key's: `swarm.checkpoints.measure.vouchers_among`) announce it and
-answer: every answer one of them gives can then be confirmed by another's (remote.py). Agreement counts only where keys cost
+answer: every answer one of them gives can then be confirmed by another's (cross_check.py). Agreement counts only where keys cost
 something (a members-only swarm, or one that prices an identity with work); in an open swarm
 at the defaults every checkpoint is measured (`SwarmDirectory.keys_count` says why). A checkpoint
 with a single key behind it is used only once this client has *measured* it: downloaded it through the verified download
