@@ -14,11 +14,14 @@ def a_peer(state: str) -> SimpleNamespace:
     trainer = SimpleNamespace(losses=[9.0] * 30 + [4.0, 2.0] * 10, step_seconds=[0.5] * 20, step_count=12,
                               utilisation=lambda waited: 1.0 - waited / 10)  # fmt: skip
     sync = SimpleNamespace(steps=3, bytes_sent=100, bytes_received=80, round_seconds=0.2, wait_seconds=2.5)
-    return SimpleNamespace(peer_id="12D3KooWpeer", state=state, trainer=trainer, sync=sync, reconcile=None,
-                           announcer=None, checkpoint=CheckpointInfo(step=10, sha256="a" * 64, size=1),
-                           checkpoint_time=123.0, averager=SimpleNamespace(bytes_sent=20),
-                           config=SimpleNamespace(public_name="alice"), reached="relayed", membership=None,
-                           work_nonce=7, lineage=None)  # fmt: skip
+    parts = SimpleNamespace(
+        entered=SimpleNamespace(peer_id="12D3KooWpeer", reached="relayed", membership=None, work_nonce=7),
+        claimed=None,
+        replica=SimpleNamespace(trainer=trainer),
+        synced=SimpleNamespace(sync=sync, averager=SimpleNamespace(bytes_sent=20), reconcile=None),
+    )  # the records of its join (swarm/peer/parts.py)
+    return SimpleNamespace(state=state, parts=parts, checkpoint=CheckpointInfo(step=10, sha256="a" * 64, size=1),
+                           checkpoint_time=123.0, config=SimpleNamespace(public_name="alice"), lineage=None)  # fmt: skip
 
 
 def test_a_training_peer_announces_its_figures():

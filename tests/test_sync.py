@@ -212,10 +212,14 @@ class OneStepLatePeer:
 
     def __init__(self, max_steps: int, save_every: int):
         self.config = SimpleNamespace(max_steps=max_steps, save_every=save_every)
-        self.block = 0  # the loop names its block in its log lines
         self.stopping = threading.Event()
         self.trainer = SimpleNamespace(step_count=0, compute_gradients=lambda: None, end_step=self._end_step)
         self.sync = SimpleNamespace(update=self._update, settle=self._settle_sync)
+        self.joined = SimpleNamespace(  # what the loop reads of its join (swarm/peer/parts.py)
+            claimed=SimpleNamespace(block=0),  # the loop names its block in its log lines
+            replica=SimpleNamespace(trainer=self.trainer),
+            synced=SimpleNamespace(sync=self.sync),
+        )
         self.applied = 0  # the last step whose update the weights hold
         self.saves: list[tuple[int, int]] = []  # (checkpoint step, last update it holds)
 
@@ -231,7 +235,7 @@ class OneStepLatePeer:
     def _keep_replicas_together(self) -> None:
         pass
 
-    def _save(self) -> None:  # as Peer._save: a step already saved is not saved again
+    def _save(self, replica) -> None:  # as Peer._save: a step already saved is not saved again
         if not self.saves or self.saves[-1][0] != self.trainer.step_count:
             self.saves.append((self.trainer.step_count, self.applied))
 
