@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import math
+import random
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -46,6 +48,7 @@ from swarm.p2p.directory import Host
 from swarm.p2p.info import InfoServicer
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, ModelRecord, model_key, owner_fingerprint
 from swarm.serving import vetting
+from swarm.serving.audit import LoneKeyAudit
 from swarm.serving.cross_check import majority
 from swarm.serving.remote import RemoteBlocks
 
@@ -318,6 +321,39 @@ def test_honest_weights_restamped_by_a_stranger_that_answers_wrongly_are_witness
     assert text == honest_text(model, b"Swarms of", 40, seed=9)
     assert runner.replicas.banned_until[node.peer_id] == math.inf, runner.checks  # shown wrong by the client's own computation
     assert runner.checks.disagreements >= 1, runner.checks
+
+
+def test_a_lone_key_lying_about_weights_of_its_own_is_caught_by_the_audit_and_banned(swarm, tmp_path):
+    """Issue 46, lone keys' answers: a stranger serves block 0 weights of its own (a's, changed a
+    little: they measure as well, and no other key serves them, so nobody can witness its answers)
+    and answers every request with other weights. The client checks a share of a lone key's
+    answers, drawn in private (seeded here: the third draw is the first under the rate), bans the
+    stranger for good on the first lie it checks, and goes on with a's checkpoint."""
+    local, client, model = swarm
+    config, honest = model.config, honest_of(client, 0)
+    own = copy.deepcopy(model.denoiser_for_block(0))
+    noise = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for parameter in own.parameters():
+            parameter.add_(1e-4 * torch.randn(parameter.shape, generator=noise))
+    store = CheckpointStore(tmp_path, config, 0, SWARM)
+    info = store.save(own, honest.step + 1)
+    with HostileNode(SWARM, local.initial_peers) as node:
+        liar = HonestThenWrong(config, 0, own, info.sha256, honest=0)
+        node.serve_checkpoint(store, info, liar)
+        wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(0)}, 30, "the stranger's record")
+        runner = generation_client(local, client, config)
+        runner.audit = LoneKeyAudit(draws=random.Random(2))  # draws 0.956, 0.948, 0.057, ...: the third is checked
+        a = next(h for h in serving(client, 0) if h.announcement.public_name == "a")
+        runner.replicas.ban(a, "busy (the harness)", 600)  # so the stranger's checkpoint is the one chosen
+        assert runner.choose(0).peer_id == node.peer_id
+        runner.replicas.banned_until.pop(a.peer_id)
+        b"".join(continue_text(runner, config, b"Swarms of", 5 * config.gen_len, steps_per_block=2, seed=8))
+        node.leave(0)
+    assert liar.answered == 3, runner.checks  # two lies used, the third checked: no fourth request
+    assert runner.replicas.banned_until[node.peer_id] == math.inf, runner.checks
+    assert runner.checks.lone_checked >= 1 and runner.checks.banned == 1, runner.checks
+    assert runner.used[0] == {info.sha256, honest.sha256}  # a's checkpoint from then on
 
 
 def test_a_joiner_takes_a_better_block_stamped_far_ahead_but_not_its_step(swarm, tmp_path):

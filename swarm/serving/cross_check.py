@@ -17,7 +17,9 @@ No answer is used on one key's word (issue 26, items 6 and 7):
   (two Sybil keys outvote an honest third), and an outvoted liar that comes back is checked,
   and caught, again.
 - An answer with no witness is used as it is only if no other key announced the checkpoint
-  and this client has measured it (`unwitnessed`). Where another key announced it but none
+  and this client has measured it (`unwitnessed`), and then not always: a share of such a lone
+  key's answers, drawn in private after each answer arrives (audit.py), is checked against the
+  answer computed here, and a host shown wrong is banned for good. Where another key announced it but none
   answers now, the client computes the answer itself and compares (a liar must not gain from
   its fellow replicas being busy or banned); where no other key announced it and it was not
   measured, the answer is dropped and the block is asked again of a checkpoint it may use,
@@ -44,10 +46,11 @@ swarm-fetch makes, then nothing; in an open swarm so does every checkpoint a blo
 hosts announce (`SwarmDirectory.keys_count`), Sybils' included: a stranger with many keys can
 make a client download as many checkpoints, once each. A disagreement costs up to `witnesses` more requests,
 or the block's steps computed here (and one download where the file is not held).
-Left open: the lone host of a checkpoint that passed its measurement is believed. A stranger
-that serves a copy of an honest checkpoint stamped a step ahead (so that it measures as well)
-and answers with other weights is caught only once a second key serves its checkpoint; a
-client that must be sure can run such a block itself, as it holds its weights.
+A lone key's answers are the exception to "every answer": nobody can witness them, and checking
+each would mean computing each here. They are checked at `audit.AUDIT_RATE`, so a liar gets on
+average (1 - p) / p of its lies used (3 at p = 0.25) before its first checked one bans it for good;
+that costs the client p of that block's steps computed here (`CrossCheckStats.lone_checked`).
+A client that must be sure can run such a block itself, as it holds its weights.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ class CrossCheckStats:
     computed_here: int = 0  # answers computed from the checkpoint's file: a disagreement, or no witness answering
     banned: int = 0  # replicas outvoted (banned a while) or contradicted by the answer computed here (for good)
     unconfirmed: int = 0  # answers dropped: no witness, no other key announcing, and a checkpoint not measured here
+    lone_checked: int = 0  # answers of a checkpoint's lone key checked here all the same (audit.py)
     seconds: float = 0.0  # spent on the checks beyond the answers' own round trips
     checkpoints_measured: int = 0  # downloaded and spot-checked: those with one key; in an open swarm, all
     measuring_seconds: float = 0.0
@@ -175,17 +179,20 @@ def against_own(answers: dict[str, Answer], right: Answer | None, z_in: torch.Te
     return Use(right, credit, Ban(tuple(liars), "contradicted by the answer computed here", for_good=True))
 
 
-def unwitnessed(host: str, answer: Answer, others_announce: bool, measured: bool, z_in: torch.Tensor,
-                tolerance: float, compute_here: ComputeHere) -> Verdict:  # fmt: skip
+def unwitnessed(host: str, answer: Answer, others_announce: bool, measured: bool, audited: bool,
+                z_in: torch.Tensor, tolerance: float, compute_here: ComputeHere) -> Verdict:  # fmt: skip
     """The verdict on an answer no witness confirms: used as it is only from the lone key of a
-    checkpoint `measured` here; where `others_announce` (another key announced the checkpoint but
-    none answers now), checked against the answer computed here, since a liar beside it could
-    otherwise wait for its fellow replicas to be busy or banned."""
+    checkpoint `measured` here, unless this answer is `audited` (the share of a lone key's answers
+    checked, drawn in private: audit.py); where `others_announce` (another key announced the
+    checkpoint but none answers now), always checked, since a liar beside it could otherwise wait
+    for its fellow replicas to be busy or banned. Checked: against the answer computed here, the
+    host banned for good where they differ."""
     if not others_announce:
-        if measured:
+        if not measured:
+            why = f"no other key confirms the answer of {host}, whose checkpoint is not measured"
+            return AskAgain(why, unconfirmed=True)
+        if not audited:
             return Use(answer)
-        why = f"no other key confirms the answer of {host}, whose checkpoint is not measured"
-        return AskAgain(why, unconfirmed=True)
     if (right := compute_here()) is None:
         return NOT_COMPUTED
     if agree(answer, right, z_in, tolerance):

@@ -34,6 +34,7 @@ from swarm.p2p.ledger import Witness
 from swarm.p2p.messages import DenoiseRequest
 from swarm.p2p.network import EventLoopThread
 from swarm.p2p.reachability import ensure_direct
+from swarm.serving.audit import LoneKeyAudit
 from swarm.serving.cross_check import (
     Answer,
     AskAgain,
@@ -73,6 +74,7 @@ class RemoteBlocks:
     round_trips: int = 0  # answers of the replicas asked first (a witness's are `checks.extra_requests`)
     hop_seconds: dict[int, list[float]] = field(default_factory=dict)  # per block, each answered request
     used: dict[int, set[str]] = field(default_factory=dict)  # per block, the checkpoints (sha256) of answers used
+    audit: LoneKeyAudit = field(default_factory=LoneKeyAudit)  # which answers of a lone key are checked here
 
     def __post_init__(self) -> None:
         self.family = family_of(self.config)
@@ -144,7 +146,12 @@ class RemoteBlocks:
             host, answer = next(iter(answers.items()))
             measured = chosen.checkpoint in self.vetting.passed
             others = self.replicas.others_announce(chosen)
-            return unwitnessed(host, answer, others, measured, z_in, tolerance, compute_here)
+            audited = measured and not others and self.audit.check_this_one()  # drawn once the answer is here
+            self.checks.lone_checked += audited
+            started = time.perf_counter()
+            verdict = unwitnessed(host, answer, others, measured, audited, z_in, tolerance, compute_here)
+            self.checks.seconds += time.perf_counter() - started
+            return verdict
         if not disputed(answers, z_in, tolerance):
             return witnessed(answers, z_in, tolerance, compute_here)
         started = time.perf_counter()
