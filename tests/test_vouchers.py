@@ -10,8 +10,10 @@ only the rule under test can.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import time
+from types import SimpleNamespace
 
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.utils.crypto import RSAPrivateKey
@@ -29,6 +31,7 @@ from swarm.checkpoints.choice import (
 )
 from swarm.checkpoints.measure import vouchers_among
 from swarm.checkpoints.spot_check import Losses
+from swarm.checkpoints.store import CheckpointStore
 from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import ModelConfig
 from swarm.model.train import TrainConfig, block_trainer, train
@@ -44,6 +47,7 @@ from swarm.p2p.records import (
     owner_fingerprint,
     parse_record,
 )
+from swarm.peer.life import Peer
 from swarm.serving.vetting import Vetting
 
 BAD, GOOD = "b" * 64, "a" * 64  # the sha256 of a stranger's checkpoint, and of the honest one
@@ -169,3 +173,35 @@ def test_a_record_whose_lineage_is_not_fingerprints_or_too_long_is_refused():
     for taken_from in (["not a fingerprint"], [voice(str(i)) for i in range(MAX_TAKEN_FROM + 1)]):
         assert parse_record(BlockAnnouncement, {**record, "taken_from": taken_from}) is None
     assert parse_record(BlockAnnouncement, {**record, "taken_from": [voice("stranger")]}) is not None
+
+
+def test_a_peer_restarted_from_a_checkpoint_it_adopted_announces_its_lineage_again(tmp_path, tiny_config, tiny_windows):
+    """Laundering across a restart: a joiner that adopted a block from one key keeps that lineage
+    beside the checkpoint (`CheckpointStore.keep_lineage`), so that, restarted from it as its own
+    newest, it announces the same lineage instead of those weights as its own. Once it has saved
+    weights of its own, the old lineage names nothing it serves."""
+    store = CheckpointStore(tmp_path, tiny_config, 0, HOSTS_SWARM)
+    trainer = block_trainer(tiny_config, 0, tiny_windows, TrainConfig())
+    adopted = store.save(trainer.module, 10)
+    stranger = "ab" * 16
+    store.keep_lineage(adopted, (stranger,))
+    restarted = Peer.__new__(Peer)  # the one method under test; nothing of the network is needed
+    restarted.checkpoint = restarted.lineage = None
+    data = store.path_for(10).read_bytes()
+    own = Choice(data, adopted, 1.0, chosen=None)  # its own newest won: no host
+    restarted._start_from(own, tiny_config, SimpleNamespace(trainer=trainer, store=store))
+    assert restarted.lineage == (adopted, (stranger,))
+    trained = store.save(trainer.module, 11)
+    assert store.lineage_of(trained) is None
+
+
+def test_a_lineage_file_that_is_not_one_the_store_wrote_names_nobody(tmp_path, tiny_config, tiny_windows):
+    store = CheckpointStore(tmp_path, tiny_config, 0, HOSTS_SWARM)
+    info = store.save(block_trainer(tiny_config, 0, tiny_windows, TrainConfig()).module, 3)
+    path = tmp_path / "lineage_block_0.json"
+    for written in ("{not json", '["a list"]', json.dumps({"sha256": info.sha256, "taken_from": ["Z" * 32]}),
+                    json.dumps({"sha256": info.sha256, "taken_from": ["ab" * 16] * (MAX_TAKEN_FROM + 1)})):  # fmt: skip
+        path.write_text(written)
+        assert store.lineage_of(info) is None, written
+    store.keep_lineage(info, ("cd" * 16,))
+    assert store.lineage_of(info) == ("cd" * 16,)

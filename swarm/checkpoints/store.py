@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 from swarm.files import write_atomic
 from swarm.model.checkpoint import save_block
 from swarm.model.denoiser import Denoiser, ModelConfig
-from swarm.p2p.records import CheckpointInfo
+from swarm.p2p.records import MAX_TAKEN_FROM, CheckpointInfo
 
 
 class CheckpointStore:
@@ -19,6 +20,10 @@ class CheckpointStore:
 
     Keeping older files lets a peer still serve a checkpoint its record named a moment before
     it saved the next ones (a fast peer may save several within one announce period).
+
+    Beside them, `lineage_block_<b>.json` says whom the last checkpoint it adopted was taken from
+    (`keep_lineage`): a peer restarted from that checkpoint announces the same lineage, not those
+    weights as its own (issue 46, laundering).
     """
 
     def __init__(
@@ -80,3 +85,28 @@ class CheckpointStore:
             if self.info(path).sha256 == sha256:
                 return path
         return None
+
+    @property
+    def _lineage_path(self) -> Path:
+        return self.folder / f"lineage_block_{self.block}.json"
+
+    def keep_lineage(self, info: CheckpointInfo, voices: tuple[str, ...]) -> None:
+        """Remember that checkpoint `info`, adopted, was taken from `voices` (owner fingerprints)."""
+        record = {"sha256": info.sha256, "taken_from": list(voices)}
+        write_atomic(self._lineage_path, json.dumps(record).encode())
+
+    def lineage_of(self, info: CheckpointInfo) -> tuple[str, ...] | None:
+        """The voices checkpoint `info` was taken from, if it is the one this store last adopted;
+        None for any other (its own), and for a lineage file that is not one `keep_lineage` wrote."""
+        try:
+            record = json.loads(self._lineage_path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(record, dict) or record.get("sha256") != info.sha256:
+            return None
+        voices = record.get("taken_from")
+        if not isinstance(voices, list) or len(voices) > MAX_TAKEN_FROM:
+            return None
+        if not all(isinstance(v, str) and re.fullmatch(r"[0-9a-f]{32}", v) for v in voices):
+            return None
+        return tuple(voices)

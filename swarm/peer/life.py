@@ -492,8 +492,11 @@ class Peer:
             else:  # the weights, under the step it takes: it never vouches for a stamp it does not believe
                 self.checkpoint = store.save(trainer.module, step)
             self.lineage = (self.checkpoint, choice.taken_from)
+            store.keep_lineage(self.checkpoint, choice.taken_from)
         else:
             origin = f"own checkpoint {store.path_for(choice.checkpoint.step)}"
+            if (voices := store.lineage_of(choice.checkpoint)) is not None:  # adopted before a restart: not its own
+                self.lineage = (choice.checkpoint, voices)
         self.checkpoint_time = time.time()
         logger.info(
             "block %d: starting at step %d from %s (spot-check loss %.3f)", store.block, step, origin, choice.loss
