@@ -513,6 +513,7 @@ def over_two_fake_replicas(answer_of, **options) -> tuple[RemoteBlocks, Host, Ho
     runner.replicas.rtt.update({(first.peer_id, first.owner): 0.0, (second.peer_id, second.owner): 1.0})
     runner.vetting.passed[info] = Measured(Candidate(info, (first, second), plausible=True), b"", second, loss=1.0)
     runner._denoise = lambda host, request: answer_of(host)
+    runner.audit = LoneKeyAudit(draws=SimpleNamespace(random=lambda: 1.0))  # failover alone: no answer is audited
     return runner, first, second
 
 
