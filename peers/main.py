@@ -75,8 +75,9 @@ PAYLOAD_MODES = ", ".join(payload_modes())
               help="DeMo: bfloat16 values or 1-bit signs.")
 @click.option("--momentum-decay", type=click.FloatRange(0, 1, max_open=True), default=DE_MO.momentum_decay,
               show_default=True, help="DeMo: how much of its local momentum a replica keeps each step.")
-@click.option("--sign-lr", type=click.FloatRange(min=0, min_open=True), default=DE_MO.sign_lr, show_default=True,
-              help="DeMo: the sign step's learning rate.")
+@click.option("--demo-lr", "step_lr", type=click.FloatRange(min=0, min_open=True), default=DE_MO.step_lr,
+              show_default=True, help="DeMo: the step's peak rate (the RMS of each parameter's step; it follows "
+              "the --lr schedule).")
 @click.option("--outer-steps", type=click.IntRange(min=1), default=OUTER.steps, show_default=True,
               help="outer, outer-overlap: local steps between outer steps (H).")
 @click.option("--outer-compression", type=click.Choice(COMPRESSIONS), default=OUTER.compression, show_default=True,
@@ -98,11 +99,11 @@ PAYLOAD_MODES = ", ".join(payload_modes())
               help=f"For benchmarks: append each payload publish and each wait for the others' payloads to this file "
               f"(JSON lines, monotonic times; {PAYLOAD_MODES}): benchmarks/sync.py tells network waits from waits "
               "for slower replicas.")
-def peer_command(top_k, value_bits, momentum_decay, sign_lr, outer_steps, outer_compression, outer_top_k,
+def peer_command(top_k, value_bits, momentum_decay, step_lr, outer_steps, outer_compression, outer_top_k,
                  outer_value_bits, outer_lr, serve_ar_stage, sync_trace, **kwargs):  # fmt: skip
     """Join a swarm and train one block of its model."""
     network = network_options(kwargs)
-    de_mo = DeMoConfig(top_k=top_k, value_bits=int(value_bits), momentum_decay=momentum_decay, sign_lr=sign_lr)
+    de_mo = DeMoConfig(top_k=top_k, value_bits=int(value_bits), momentum_decay=momentum_decay, step_lr=step_lr)
     outer = OuterConfig(steps=outer_steps, compression=outer_compression, top_k=outer_top_k,
                         value_bits=int(outer_value_bits), outer_lr=outer_lr)  # fmt: skip
     hooks = PeerHooks(servicers=untrained_stage if serve_ar_stage else None,

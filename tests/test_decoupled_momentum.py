@@ -1,5 +1,6 @@
 """DeMo replicas in one process: the wire format, replicas that stay identical, refused payloads."""
 
+import copy
 import dataclasses
 import itertools
 import math
@@ -11,7 +12,8 @@ import torch
 from swarm.model.denoiser import ModelConfig, build_block
 from swarm.model.train import diffusion_loss_fn
 from swarm.sync import decoupled_momentum
-from swarm.sync.compression import decompress
+from swarm.sync.compression import decompress, from_tiles
+from swarm.sync.evidence import majority_mean
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, PayloadError, decode_payload, encode_payload
 
 
@@ -27,6 +29,20 @@ def replicas(config, n: int, demo: DeMoConfig):
 def senders(payloads) -> list:
     """Payloads as gathered: (sender, payload), the senders r0, r1, ..."""
     return [(f"r{i}", payload) for i, payload in enumerate(payloads)]
+
+
+def directions(replica: DeMoOptimizer, gathered, own: str = "r0") -> tuple[list[str], dict]:
+    """The voters and the step's direction of each parameter, in its shape (`DeMoOptimizer.step`,
+    which keeps the records as `apply` does; 0 for a parameter nobody sent)."""
+    voters, steps = replica.step(gathered, own)
+    return voters, {name: from_tiles(steps[name], p.shape) if name in steps else torch.zeros_like(p)
+                    for name, p in replica.params.items()}  # fmt: skip
+
+
+def unit_rms(update: torch.Tensor) -> torch.Tensor:
+    """An update scaled to an RMS of 1, as the step scales each parameter's (0 stays 0)."""
+    rms = update.pow(2).mean().sqrt()
+    return update / rms if rms > 0 else update
 
 
 def backward(block, windows, seed: int) -> float:
@@ -50,7 +66,7 @@ def test_payload_survives_the_wire(tiny_config, tiny_windows, value_bits):
 
 @pytest.mark.parametrize("value_bits", [16, 1])
 def test_replicas_that_gather_every_payload_stay_identical_and_learn(tiny_config, tiny_windows, value_bits):
-    demo = DeMoConfig(value_bits=value_bits, sign_lr=2e-3)
+    demo = DeMoConfig(value_bits=value_bits, step_lr=2e-3)
     blocks, reps = replicas(tiny_config, 2, demo)
     losses = []
     for step in range(40):
@@ -82,25 +98,32 @@ def test_three_replicas_that_gather_every_payload_stay_bit_identical(tiny_config
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("chunk", [1, 4096, 1 << 30])
-def test_the_step_of_three_voters_is_the_sign_of_their_summed_signs_whatever_the_chunk(
+@pytest.mark.parametrize("chunk", [1, 4096])
+def test_the_step_of_three_voters_is_what_their_majority_vouches_for_at_rms_1_whatever_the_chunk(
     tiny_config, tiny_windows, monkeypatch, chunk
 ):
-    """The majority is decoded DECODE_CHUNK values at a time (one tile, a few, the whole group):
-    each gives, bit for bit, the step computed from each voter's whole decoded update."""
+    """The voters' decoded updates are combined DECODE_CHUNK values at a time (one tile, a few):
+    each gives, bit for bit, the step computed from the whole group at once, and that step is
+    each parameter's `majority_mean` of the voters' decoded updates, scaled to RMS 1, at the rate."""
     demo = DeMoConfig()
     blocks, reps = replicas(tiny_config, 3, demo)
     for index, block in enumerate(blocks):
         backward(block, tiny_windows, seed=index)
     gathered = senders(decode_payload(encode_payload(r.make_payload(lr=2e-3), 16), reps[0]) for r in reps)
+    whole = copy.deepcopy(reps[0])
     expected = {}
     for name, param in blocks[0].named_parameters():
-        votes = sum(decompress(payload[name]).sign() for _, payload in gathered)
-        expected[name] = param.detach() * (1 - demo.sign_lr * demo.weight_decay) - demo.sign_lr * votes.sign()
+        direction = unit_rms(majority_mean([unit_rms(decompress(payload[name])) for _, payload in gathered]))
+        expected[name] = param.detach() * (1 - demo.step_lr * demo.weight_decay) - demo.step_lr * direction
+    whole_voters, whole_steps = whole.step(gathered, "r0")
     monkeypatch.setattr(decoupled_momentum, "DECODE_CHUNK", chunk)
-    assert reps[0].apply(gathered, "r0") == ["r0", "r1", "r2"]
-    for name, param in blocks[0].named_parameters():
-        assert torch.equal(param.detach(), expected[name]), name
+    voters, steps = reps[0].step(gathered, "r0")
+    assert voters == whole_voters == ["r0", "r1", "r2"]
+    for name in steps:
+        assert torch.equal(steps[name], whole_steps[name]), name
+    assert reps[1].apply(gathered, "r1") == ["r0", "r1", "r2"]
+    for name, param in blocks[1].named_parameters():
+        torch.testing.assert_close(param.detach(), expected[name], rtol=0, atol=1e-7, msg=name)
 
 
 def test_bad_payloads_are_refused(tiny_config, tiny_windows):
@@ -164,11 +187,9 @@ def test_one_hostile_payload_cannot_outvote_two_honest_ones(tiny_config, tiny_wi
             for n, c in honest.items()
         }
     wires = [encode_payload(p, 16) for p in (honest, other_honest, hostile)]
-    before = {n: p.detach().clone() for n, p in replica.params.items()}
-    replica.apply(senders(decode_payload(w, replica) for w in wires), "r0")
-    for name, param in replica.params.items():
-        decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
-        moved = (decay - param).sign()  # +1 where the step went down the update
+    _, steps = directions(replica, senders(decode_payload(w, replica) for w in wires))
+    for name in replica.params:
+        moved = steps[name].sign()  # +1 where the step goes down the update
         a, b = decompress(honest[name]).sign(), decompress(other_honest[name]).sign()
         agreed = (a == b) & (a != 0)
         assert torch.equal(moved[agreed], a[agreed]), name
@@ -178,7 +199,8 @@ def test_one_hostile_payload_cannot_outvote_two_honest_ones(tiny_config, tiny_wi
 @pytest.mark.parametrize("attack", ["negated", "largest values against it"])
 def test_a_payload_the_others_contradict_leaves_the_vote(tiny_config, tiny_windows, value_bits, attack):
     """Two honest payloads and a third replica's update turned against itself: the third leaves
-    the vote, so where the honest two disagree nothing moves (rather than the hostile deciding)."""
+    the vote, so the step is the two honest updates' mean alone; where they disagree the hostile
+    would have decided (the median of three is the hostile's value wherever it lies between)."""
     blocks, reps = replicas(tiny_config, 3, DeMoConfig(value_bits=value_bits))
     payloads = []
     for index, (block, replica) in enumerate(zip(blocks, reps)):
@@ -192,19 +214,13 @@ def test_a_payload_the_others_contradict_leaves_the_vote(tiny_config, tiny_windo
     wires = [encode_payload(p, value_bits) for p in (payloads[0], payloads[1], hostile)]
     replica = reps[0]
     gathered = senders(decode_payload(w, replica) for w in wires)
-    before = {n: p.detach().clone() for n, p in replica.params.items()}
-    assert replica.apply(gathered, "r0") == ["r0", "r1"]
+    voters, steps = directions(replica, gathered)
+    assert voters == ["r0", "r1"]
     disagreements = 0
-    for name, param in replica.params.items():
-        decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
-        moved = (decay - param).sign()
-        a, b = decompress(gathered[0][1][name]).sign(), decompress(gathered[1][1][name]).sign()
-        assert torch.equal(moved[a == b], a[a == b]), name
-        opposed = (a == -b) & (a != 0)
-        assert torch.equal(moved[opposed], torch.zeros_like(a[opposed])), name  # a tie, not the hostile's call
-        alone = (a == 0) != (b == 0)  # one honest update is silent there (an embedding row it never saw)
-        assert torch.equal(moved[alone], (a + b)[alone]), name  # the other honest voice, not the hostile's
-        disagreements += int(opposed.sum())
+    for name in replica.params:
+        a, b, c = (unit_rms(decompress(gathered[i][1][name])) for i in range(3))
+        torch.testing.assert_close(steps[name], unit_rms(a + b), rtol=1e-5, atol=1e-6, msg=name)
+        disagreements += int((majority_mean([a, b, c]).sign() != (a + b).sign()).sum())
     assert disagreements > 0
 
 
@@ -285,13 +301,13 @@ def test_of_two_senders_a_contradicting_one_leaves_and_the_replica_steps_on_its_
         payloads[1] = negate(payloads[1])
         replica = reps[0]
         gathered = senders(decode_payload(encode_payload(p, 16), replica) for p in payloads)
-        before = {n: p.detach().clone() for n, p in replica.params.items()}
-        voters.append(replica.apply(gathered, "r0"))
-    assert voters[-1] == ["r0"], voters
-    for name, param in replica.params.items():  # the last step: its own update's signs, everywhere
-        decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
-        own = decompress(gathered[0][1][name]).sign()
-        assert torch.equal((decay - param).sign(), own), name
+        if step < 11:
+            voters.append(replica.apply(gathered, "r0"))
+    last_voters, steps = directions(replica, gathered)
+    assert last_voters == ["r0"], voters
+    for name in replica.params:  # the last step: its own update, everywhere
+        own = decompress(gathered[0][1][name])
+        torch.testing.assert_close(steps[name], unit_rms(own), rtol=1e-5, atol=1e-6, msg=name)
 
 
 def distance(a, b) -> float:
@@ -324,7 +340,7 @@ def test_of_two_senders_a_stranger_that_would_freeze_the_replica_leaves_and_it_t
         alone.apply([("r0", own[1])], "r0")
     assert voters == ["r0"]
     moved = distance(blocks[1].parameters(), start)
-    decay_alone = (1 - (1 - demo.sign_lr * demo.weight_decay) ** 10) * distance(start, [0 * p for p in start])
+    decay_alone = (1 - (1 - demo.step_lr * demo.weight_decay) ** 10) * distance(start, [0 * p for p in start])
     assert moved > 10 * decay_alone  # the twin's steps are worth stopping
     assert distance(blocks[0].parameters(), blocks[1].parameters()) <= 0.01 * moved
 
@@ -345,11 +361,10 @@ def test_of_two_senders_the_other_moves_no_coordinate_this_one_does_not(tiny_con
         for n, c in replica.make_payload(lr=2e-3).items()
     }
     gathered = senders(decode_payload(encode_payload(p, 16), replica) for p in (own, hostile))
-    before = {n: p.detach().clone() for n, p in replica.params.items()}
-    assert replica.apply(gathered, "r0") == ["r0", "r1"]  # no evidence yet: both vote
+    voters, steps = directions(replica, gathered)
+    assert voters == ["r0", "r1"]  # no evidence yet: both vote
     for name, param in replica.params.items():
-        decay = before[name] * (1 - replica.config.sign_lr * replica.config.weight_decay)
-        moved = (decay - param).sign()
+        moved = steps[name].sign()
         mine = decompress(gathered[0][1][name]).sign() if name in own else torch.zeros_like(param)
         theirs = decompress(gathered[1][1][name]).sign()
         assert torch.equal(moved, torch.where(mine == theirs, mine, 0.0)), name

@@ -9,14 +9,8 @@ import torch
 
 from swarm.model.denoiser import build_block
 from swarm.sync.decoupled_momentum import PayloadError
-from swarm.sync.pseudo_gradient import (
-    OuterConfig,
-    OuterOptimizer,
-    _compress,
-    _encode,
-    majority_mean,
-    sorted_coordinatewise,
-)
+from swarm.sync.evidence import majority_mean, sorted_coordinatewise
+from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer, _compress, _encode
 
 
 def moved_replica(config, outer: OuterConfig, seed: int = 0, scale: float = 1e-3) -> OuterOptimizer:

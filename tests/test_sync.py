@@ -18,9 +18,9 @@ from swarm.model.data import load_corpus
 from swarm.model.train import TrainConfig
 from swarm.peer.config import PeerConfig
 from swarm.peer.life import Peer, replica_trainer
+from swarm.sync.evidence import agreeing_minimum
 from swarm.sync.exchange import Exchange
 from swarm.sync.overlap import DeMoOverlapSync
-from swarm.sync.pseudo_gradient import agreeing_minimum
 
 SYNC = ["--sync", "demo", "--wait-for-replicas", "2", "--save-every", "50", "--announce-period", "1"]
 

@@ -222,7 +222,7 @@ def test_demo_replicas_of_a_block_of_tokens_stay_identical_and_learn(tokenizer_f
     config = tiny_tokens(tokenizer_file)
     documents = datasets.Dataset.from_dict({"text": [SAMPLE_TEXT]})
     windows = Windows(to_unit_stream(documents, config.units()), config.seq_len)
-    blocks, reps = replicas(config, 2, DeMoConfig(value_bits=16, sign_lr=2e-3))
+    blocks, reps = replicas(config, 2, DeMoConfig(value_bits=16, step_lr=2e-3))
     losses = []
     for step in range(30):
         wires = []

@@ -1,7 +1,9 @@
-"""Keeping replicas in step: the sync modes side by side, the outer mode's loss gap, time to a loss
+"""Keeping replicas in step: the sync modes side by side, the outer mode's and DeMo's loss gaps, time to a loss
 across regions, and what a block costs as it grows."""
 
 from __future__ import annotations
+
+import functools
 
 from .formatting import (
     DASH,
@@ -99,24 +101,36 @@ def os_check(folder: Folder) -> list[str]:
 def outer_gap(folder: Folder) -> list[str]:
     return with_later_runs(
         folder,
-        outer_gap_run,
+        functools.partial(sync_gap_run, "outer"),
         "Runs the outer mode's replicas and the dense baseline (gradients averaged every step) in one process, "
         "with no network, for longer than peers could run here, to see whether the outer mode's loss gap closes "
         "as the run grows longer.",
     )
 
 
-def outer_gap_run(folder: Folder, title: str) -> list[str]:
-    g = folder.json("outer_gap.json")
+def demo_gap(folder: Folder) -> list[str]:
+    return with_later_runs(
+        folder,
+        functools.partial(sync_gap_run, "demo"),
+        "Runs DeMo's replicas (`--sync demo`, every step's payloads exchanged) and the dense baseline in one "
+        "process, with no network: the quick check of whether DeMo learns as dense does at equal steps.",
+    )
+
+
+def sync_gap_run(mode: str, folder: Folder, title: str) -> list[str]:
+    """<mode>_gap.json of benchmarks/sync_gap.py (outer_gap.py before it took --mode: the same options)."""
+    g = folder.json(f"{mode}_gap.json")
     config = g["config"]
-    rows = [[plain(r["steps"]), fixed(r.num("dense_loss")), fixed(r.num("outer_loss")), times(r.num("outer_over_dense")),
-             size(r.num("outer_payload_bytes_per_step"))] for r in g["runs"]]  # fmt: skip
-    options = {k: config[k] for k in ("steps", "replicas", "batch_size", "block", "outer_lr")}
+    rows = [[plain(r["steps"]), fixed(r.num("dense_loss")), fixed(r.num(f"{mode}_loss")),
+             times(r.num(f"{mode}_over_dense")), size(r.num(f"{mode}_payload_bytes_per_step"))]
+            for r in g["runs"]]  # fmt: skip
+    names = ("steps", "replicas", "batch_size", "block") + (("outer_lr",) if mode == "outer" else ("momentum_decay",))
+    options = {k: config[k] for k in names if k in config}
     lines = heading(title)
     return (
         lines
-        + [command("outer_gap.py", options), "", settings(config, set(options)), ""]
-        + table(["steps", "dense loss", "outer loss", "outer / dense", "payload per replica per step"], rows)
+        + [command("sync_gap.py", {"mode": mode, **options}), "", settings(config, {"mode", "out", *options}), ""]
+        + table(["steps", "dense loss", f"{mode} loss", f"{mode} / dense", "payload per replica per step"], rows)
         + [folder.pictures(), ""]
     )
 

@@ -1,4 +1,4 @@
-"""Replicas of a block in one process, exchanging payloads with no network (benchmarks/outer_gap.py).
+"""Replicas of a block in one process, exchanging payloads with no network (benchmarks/sync_gap.py).
 
 `LocalBoard` is what the replicas share: each publishes its payload of a step on it, and a
 gather of a step is done once every replica asked has published that step, or once the

@@ -32,7 +32,7 @@ class DeMoSync(Exchanging):
         return encode_payload(payload, self.optimizer.config.value_bits)
 
     def apply(self, round_: Round, step: int) -> int | None:
-        """Wait for a round's gather and take the sign step on its set, at the trainer's `step`;
+        """Wait for a round's gather and take the step on its set, at the trainer's `step`;
         the step to continue from when a majority of the replicas is ahead."""
         return self.exchange.finish(round_, step, self._decode, self._vote)
 

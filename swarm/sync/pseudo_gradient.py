@@ -77,7 +77,7 @@ from swarm.sync.compression import (
     unpack_message,
     working_dtype,
 )
-from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_share
+from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_share, majority_mean
 
 COMPRESSIONS = ("dct", "raw", "none")
 Changes = dict[str, torch.Tensor]  # decoded pseudo-gradient, by parameter name
@@ -110,30 +110,6 @@ class OuterConfig:
                 f"outer steps: compression {self.compression!r}, value bits {self.value_bits}, H {self.steps}"
             )
         return self
-
-
-def majority_mean(changes: list[torch.Tensor]) -> torch.Tensor:
-    """The mean of the replicas' values, clipped coordinate-wise into [v(n-m+1), v(m)] (module docstring)."""
-    n = len(changes)
-    majority = n // 2 + 1
-    ordered = sorted_coordinatewise(changes)
-    mean = changes[0].clone()  # summed in place, in order: stacking them would copy them all
-    for change in changes[1:]:
-        mean.add_(change)
-    return mean.div_(n).clamp_(ordered[n - majority], ordered[majority - 1])
-
-
-def sorted_coordinatewise(values: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The values sorted coordinate by coordinate, smallest first: an odd-even transposition sort,
-    n rounds of min and max of neighbours over whole tensors. For the handful of replicas a round
-    has it is several times faster than `torch.sort` along a stacked dimension, which sorts each
-    coordinate's short column apart (4 replicas of 4 M values: 32 against 108 ms on 2 cores)."""
-    ordered = list(values)
-    for round_ in range(len(ordered)):
-        for i in range(round_ % 2, len(ordered) - 1, 2):
-            low, high = ordered[i], ordered[i + 1]
-            ordered[i], ordered[i + 1] = torch.minimum(low, high), torch.maximum(low, high)
-    return ordered
 
 
 class OuterOptimizer:

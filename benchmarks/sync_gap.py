@@ -1,22 +1,26 @@
-"""The outer-step mode's validation loss against dense at equal steps, as the run grows longer.
+"""A compressed sync mode's validation loss against dense at equal steps, as the run grows longer.
 
-benchmarks/sync.py measures the outer mode over real peers, but on this machine 4 dense peers
-take about 0.3 s a step, so it stops at a few hundred steps, where error feedback has not yet
-caught up with what the top-k left behind. This runs the same replicas in one process, with no
-network, for each --steps length:
+benchmarks/sync.py and time_to_loss.py measure the modes over real peers in the emulated
+regions, which takes an hour for 600 steps on this machine. This runs the same replicas in one
+process, with no network, for each --steps length, so that a mode's learning can be studied in
+minutes (issue 47 found DeMo's sign step stalling here first):
 - dense: each step, the replicas' gradients averaged (what hivemind's all-reduce gives every
   replica), then each replica's AdamW step;
-- outer: the peers' own `--sync outer` strategy (`OuterSync`: each replica's AdamW steps, and
-  every H steps its payload exchanged and the outer step taken on the set, as a peer does), each
-  replica in a thread of its own, the payloads passed in this process (swarm/sync/in_process.py)
-  instead of over P2P.
+- --mode outer: the peers' own `--sync outer` strategy (`OuterSync`: each replica's AdamW
+  steps, and every H steps its payload exchanged and the outer step taken on the set);
+- --mode demo: the peers' own `--sync demo` strategy (`DeMoSync`: every step each replica's
+  payload exchanged and the DeMo step taken on the set);
+each replica in a thread of its own, the payloads passed in this process
+(swarm/sync/in_process.py) instead of over P2P, as a peer does.
 Replicas are `replica_trainer`s of block --block of the small model of benchmarks/sync.py,
 batches drawn from streams named as peers' are; each length is a fresh run with its own cosine
-schedule. Prints JSON and writes outer_gap.json and outer_gap.png: loss of each, the ratio,
+schedule, scored on sync.py's validation windows. Prints JSON and writes <mode>_gap.json and
+<mode>_gap.png under --out (default benchmarks/results/<mode>_gap): loss of each, the ratio,
 and the payload bytes per replica per step (one copy).
 
-    python benchmarks/outer_gap.py                      # 300, 900 and 1,500 steps: about 25 minutes
-    python benchmarks/outer_gap.py --steps 300 --outer-lr 1.5
+    python benchmarks/sync_gap.py                        # outer: 300, 900 and 1,500 steps, about 25 minutes
+    python benchmarks/sync_gap.py --steps 300 --outer-lr 1.5
+    python benchmarks/sync_gap.py --mode demo --steps 600 --batch-size 32
 """
 
 from __future__ import annotations
@@ -42,13 +46,15 @@ from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import block_denoise_ce
 from swarm.model.train import TrainConfig, Trainer, trainable
 from swarm.peer.life import replica_trainer
+from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer
 from swarm.sync.exchange import Exchange
 from swarm.sync.in_process import LocalBoard
+from swarm.sync.lockstep import DeMoSync
 from swarm.sync.outer import OuterSync
 from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer
-from swarm.sync.strategy import train_step
+from swarm.sync.strategy import SyncStrategy, train_step
 
-logger = logging.getLogger("benchmarks.outer_gap")
+logger = logging.getLogger("benchmarks.sync_gap")
 
 GATHER_DEADLINE_S = 120.0  # how long replicas wait for each other at a round's end (threads sharing the cores)
 
@@ -76,13 +82,27 @@ def dense(trainers: list[Trainer], steps: int, what: str) -> None:
             trainer.end_step(open_step)
 
 
-def outer(trainers: list[Trainer], ids: list[str], steps: int, outer_config: OuterConfig, what: str) -> float:
-    """`OuterSync` on every replica, each in a thread of its own, the payloads passed in this
-    process; the payload bytes per step of one replica (replica 0's, one copy)."""
+def strategy(mode: str, trainer: Trainer, exchange: Exchange, args: argparse.Namespace) -> SyncStrategy:
+    """The peer's strategy of `mode` for one replica, with the sync settings of `args`."""
+    if mode == "outer":
+        return OuterSync(OuterOptimizer(trainer.module, outer_settings(args), trainer.config.lr), exchange)
+    return DeMoSync(DeMoOptimizer(trainer.module, demo_settings(args), trainer.config.lr), exchange)
+
+
+def outer_settings(args: argparse.Namespace) -> OuterConfig:
+    return OuterConfig(outer_lr=args.outer_lr).checked()
+
+
+def demo_settings(args: argparse.Namespace) -> DeMoConfig:
+    return DeMoConfig(momentum_decay=args.momentum_decay)
+
+
+def compressed(trainers: list[Trainer], ids: list[str], steps: int, args: argparse.Namespace, what: str) -> float:
+    """The strategy of --mode on every replica, each in a thread of its own, the payloads passed
+    in this process; the payload bytes per step of one replica (replica 0's, one copy)."""
     board = LocalBoard(GATHER_DEADLINE_S)
-    syncs = [OuterSync(OuterOptimizer(t.module, outer_config, t.config.lr),
-                       Exchange(board.transport(own), own, lambda own=own: [p for p in ids if p != own]))
-             for t, own in zip(trainers, ids)]  # fmt: skip
+    syncs = [strategy(args.mode, t, Exchange(board.transport(own), own, lambda own=own: [p for p in ids if p != own]),
+                      args) for t, own in zip(trainers, ids)]  # fmt: skip
     with tqdm(total=steps, desc=what, unit="step", mininterval=5.0) as bar:
 
         def run(index: int) -> None:
@@ -96,7 +116,7 @@ def outer(trainers: list[Trainer], ids: list[str], steps: int, outer_config: Out
     return syncs[0].bytes_sent / (len(trainers) - 1) / steps
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], mode: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,12 +125,12 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, (losses, ratios) = plt.subplots(1, 2, figsize=(11, 4))
     steps = [r["steps"] for r in rows]
     losses.plot(steps, [r["dense_loss"] for r in rows], "o-", label="dense")
-    losses.plot(steps, [r["outer_loss"] for r in rows], "o-", label="outer")
+    losses.plot(steps, [r[f"{mode}_loss"] for r in rows], "o-", label=mode)
     losses.set(xlabel="steps", ylabel="validation denoise CE", title="loss at equal steps")
     losses.legend()
-    ratios.plot(steps, [r["outer_over_dense"] for r in rows], "o-")
+    ratios.plot(steps, [r[f"{mode}_over_dense"] for r in rows], "o-")
     ratios.axhline(LOSS_RATIO_TARGET, linestyle="--", color="grey", label=f"target {LOSS_RATIO_TARGET}")
-    ratios.set(xlabel="steps", ylabel="outer / dense", title="the gap")
+    ratios.set(xlabel="steps", ylabel=f"{mode} / dense", title="the gap")
     ratios.legend()
     fig.tight_layout()
     write_picture(path, fig, dpi=100)
@@ -125,38 +145,42 @@ def positive(text: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=positive, nargs="+", default=[300, 900, 1500], help="run lengths (multiples of H)")
+    parser.add_argument("--mode", choices=["outer", "demo"], default="outer", help="the compressed mode against dense")
+    parser.add_argument(
+        "--steps", type=positive, nargs="+", default=[300, 900, 1500], help="run lengths (outer: multiples of H)"
+    )
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--block", type=int, default=1)
     parser.add_argument("--outer-lr", type=float, default=OuterConfig.outer_lr)
-    parser.add_argument("--out", default="benchmarks/results/outer_gap")
+    parser.add_argument("--momentum-decay", type=float, default=DeMoConfig.momentum_decay, help="demo's")
+    parser.add_argument("--out", help="default: benchmarks/results/<mode>_gap")
     args = parser.parse_args()
     setup_logging()
-    outer_config = OuterConfig(outer_lr=args.outer_lr).checked()
-    if any(s % outer_config.steps for s in args.steps):
-        parser.error(f"every --steps must be a multiple of H ({outer_config.steps})")
+    if args.mode == "outer" and any(s % outer_settings(args).steps for s in args.steps):
+        parser.error(f"every --steps must be a multiple of H ({outer_settings(args).steps})")
     torch.set_num_threads(2)
     config = ModelConfig(**SMALL_MODEL)
     corpus = load_corpus(None)
     windows = corpus.windows("train", config)
     validation = corpus.windows("validation", config).fixed(VALIDATION_WINDOWS)
-    rows = []
+    mode, rows = args.mode, []
     for steps in args.steps:
         trainers = replicas(config, args, windows, steps)
         dense(trainers, steps, f"dense, {steps} steps")
         dense_loss = block_denoise_ce(trainers[0].module, config, args.block, validation)
         trainers = replicas(config, args, windows, steps)
-        per_step = outer(trainers, peer_ids(args), steps, outer_config, f"outer, {steps} steps")
-        outer_loss = block_denoise_ce(trainers[0].module, config, args.block, validation)
-        rows.append({"steps": steps, "dense_loss": dense_loss, "outer_loss": outer_loss,
-                     "outer_over_dense": outer_loss / dense_loss, "outer_payload_bytes_per_step": per_step})  # fmt: skip
-        logger.info("%d steps: dense %.4f, outer %.4f (%.3fx)", steps, dense_loss, outer_loss, outer_loss / dense_loss)
-    out = Path(args.out)
+        per_step = compressed(trainers, peer_ids(args), steps, args, f"{mode}, {steps} steps")
+        loss = block_denoise_ce(trainers[0].module, config, args.block, validation)
+        rows.append({"steps": steps, "dense_loss": dense_loss, f"{mode}_loss": loss,
+                     f"{mode}_over_dense": loss / dense_loss, f"{mode}_payload_bytes_per_step": per_step})  # fmt: skip
+        logger.info("%d steps: dense %.4f, %s %.4f (%.3fx)", steps, dense_loss, mode, loss, loss / dense_loss)
+    out = Path(args.out or f"benchmarks/results/{mode}_gap")
     out.mkdir(parents=True, exist_ok=True)
-    result = {"config": {**vars(args), "outer": vars(outer_config), "model": config.to_dict()}, "runs": rows}
-    plot(rows, out / "outer_gap.png")
-    write_atomic(out / "outer_gap.json", json.dumps(result, indent=2).encode())
+    settings = {"outer": vars(outer_settings(args))} if mode == "outer" else {"demo": vars(demo_settings(args))}
+    result = {"config": {**vars(args), **settings, "model": config.to_dict()}, "runs": rows}
+    plot(rows, mode, out / f"{mode}_gap.png")
+    write_atomic(out / f"{mode}_gap.json", json.dumps(result, indent=2).encode())
     print(json.dumps(result, indent=2))
 
 
