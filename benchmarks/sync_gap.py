@@ -177,8 +177,10 @@ def main() -> None:
         logger.info("%d steps: dense %.4f, %s %.4f (%.3fx)", steps, dense_loss, mode, loss, loss / dense_loss)
     out = Path(args.out or f"benchmarks/results/{mode}_gap")
     out.mkdir(parents=True, exist_ok=True)
+    other_mode_option = "momentum_decay" if mode == "outer" else "outer_lr"
+    options = {k: v for k, v in vars(args).items() if k != other_mode_option}
     settings = {"outer": vars(outer_settings(args))} if mode == "outer" else {"demo": vars(demo_settings(args))}
-    result = {"config": {**vars(args), **settings, "model": config.to_dict()}, "runs": rows}
+    result = {"config": {**options, **settings, "model": config.to_dict()}, "runs": rows}
     plot(rows, mode, out / f"{mode}_gap.png")
     write_atomic(out / f"{mode}_gap.json", json.dumps(result, indent=2).encode())
     print(json.dumps(result, indent=2))

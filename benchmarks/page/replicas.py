@@ -125,11 +125,11 @@ def sync_gap_run(mode: str, folder: Folder, title: str) -> list[str]:
              times(r.num(f"{mode}_over_dense")), size(r.num(f"{mode}_payload_bytes_per_step"))]
             for r in g["runs"]]  # fmt: skip
     names = ("steps", "replicas", "batch_size", "block") + (("outer_lr",) if mode == "outer" else ("momentum_decay",))
-    options = {k: config[k] for k in names if k in config}
-    lines = heading(title)
+    options = {k: config[k] for k in names if k in config.names()}
+    shown = {"mode", "out", "outer_lr", "momentum_decay", *options}  # in the command, or the other mode's option
     return (
-        lines
-        + [command("sync_gap.py", {"mode": mode, **options}), "", settings(config, {"mode", "out", *options}), ""]
+        heading(title)
+        + [command("sync_gap.py", {"mode": mode, **options}), "", settings(config, shown), ""]
         + table(["steps", "dense loss", f"{mode} loss", f"{mode} / dense", "payload per replica per step"], rows)
         + [folder.pictures(), ""]
     )
