@@ -13,8 +13,8 @@ from swarm.model.denoiser import ModelConfig, build_block
 from swarm.model.train import diffusion_loss_fn
 from swarm.sync import decoupled_momentum
 from swarm.sync.compression import decompress, from_tiles
-from swarm.sync.evidence import majority_mean
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, PayloadError, decode_payload, encode_payload
+from swarm.sync.evidence import majority_mean
 
 
 def replicas(config, n: int, demo: DeMoConfig):
@@ -428,3 +428,62 @@ def test_counts_on_the_sent_coefficients_equal_the_dense_comparison(tiny_config,
             assert shared > 0 and agreed < shared  # the payloads overlap, and disagree somewhere
             assert record[(f"r{i}", f"r{j}")] == (old_agreed * decay + agreed, old_shared * decay + shared)
         replica.evidence.record = record
+
+
+def test_the_step_follows_the_schedule_of_the_payload_it_was_made_with(tiny_config, tiny_windows):
+    """Made at half the peak learning rate, the same update moves every weight half as far."""
+    blocks, reps = replicas(tiny_config, 2, DeMoConfig())
+    before = [p.detach().clone() for p in blocks[0].parameters()]
+    for block, replica, lr in zip(blocks, reps, (2e-3, 1e-3)):
+        backward(block, tiny_windows, 0)
+        replica.apply(senders([replica.make_payload(lr=lr)]), "r0")
+    assert reps[1].rate == reps[0].rate / 2 == DeMoConfig().step_lr / 2
+    for start, full, half in zip(before, blocks[0].parameters(), blocks[1].parameters()):
+        torch.testing.assert_close(start - half.detach(), (start - full.detach()) / 2, rtol=1e-3, atol=1e-7)
+
+
+def one_tile_like(own: dict, name: str) -> dict:
+    """A stranger's payload that is `own` but sends, of `name`, only the tile where `own`'s update
+    is smallest without being zero (zero values elsewhere: no sign to contradict, and an agreeing
+    minimum of zero there): the tile the scaling would enlarge the most."""
+    sent = own[name]
+    energy = sent.values.float().pow(2).sum(dim=1)
+    tile = int(torch.where(energy > 0, energy, math.inf).argmin())
+    values = torch.zeros_like(sent.values)
+    values[tile] = sent.values[tile]
+    return {**own, name: dataclasses.replace(sent, values=values)}
+
+
+def test_of_two_senders_a_stranger_that_agrees_on_one_tile_alone_moves_it_at_most_4x_as_far(
+    tiny_config, tiny_windows, monkeypatch
+):
+    """A stranger beside one replica sends its update, but on one parameter only that update's
+    weakest tile: the combined update is that tile alone, and scaled to an RMS of 1 over the parameter
+    it would move that tile's weights many times as far as the replica's own update says. The
+    floor (`STEP_RMS_FLOOR`) bounds it at 4x; without it the bound fails."""
+    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig())
+    backward(blocks[0], tiny_windows, 0)
+    own = decode_payload(encode_payload(replica.make_payload(lr=2e-3), 16), replica)
+    name = max(own, key=lambda n: own[n].indices.shape[0])  # the parameter of the most tiles
+    stranger = one_tile_like(own, name)
+
+    def largest_gain() -> float:
+        _, steps = directions(copy.deepcopy(replica), senders([own, stranger]))
+        own_unit = unit_rms(decompress(own[name]))
+        moved = steps[name].abs()
+        return float((moved / own_unit.abs().clamp_min(1e-12))[moved > 0].max())
+
+    assert largest_gain() <= 1 / decoupled_momentum.STEP_RMS_FLOOR + 1e-4
+    monkeypatch.setattr(decoupled_momentum, "STEP_RMS_FLOOR", 1e-12)
+    assert largest_gain() > 1 / 0.25
+
+
+def test_values_too_small_to_square_in_float32_still_weigh_one_voice(tiny_config, tiny_windows):
+    """A payload of values around 1e-20 (the wire bounds values from above only): scaled to an
+    update of RMS 1 all the same, not blown up by a square that underflows."""
+    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig())
+    backward(blocks[0], tiny_windows, 0)
+    sent = next(iter(replica.make_payload(lr=2e-3).values()))
+    tiny = dataclasses.replace(sent, values=(sent.values.float().sign() * 1e-20).to(sent.values.dtype))
+    scaled = dataclasses.replace(tiny, values=decoupled_momentum.unit_values(tiny, torch.float32))
+    assert math.isclose(float(decompress(scaled).pow(2).mean().sqrt()), 1.0, rel_tol=1e-3)

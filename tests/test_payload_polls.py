@@ -9,9 +9,12 @@ from types import SimpleNamespace
 import pytest
 from hivemind.proto import runtime_pb2
 
+from swarm.model.denoiser import build_block
 from swarm.p2p.messages import PayloadReply, PayloadRequest
 from swarm.sync.compression import PayloadError
+from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, encode_payload
 from swarm.sync.exchange import Exchange, Gathered, Round, applied_fingerprint
+from swarm.sync.lockstep import DeMoSync
 from swarm.sync.transport import PENDING_STEPS, PayloadServicer
 
 
@@ -104,3 +107,20 @@ def test_a_round_finished_between_steps_is_not_counted_as_waiting():
     with exchange.between_steps():
         exchange.wait_seconds += 5.0  # what collect adds
     assert exchange.wait_seconds == 2.0
+
+
+def test_demo_replicas_that_step_the_same_set_at_different_rates_fingerprint_it_differently(tiny_config):
+    """DeMo's rate follows each trainer's schedule (another --max-steps, another rate): the rate
+    is in the fingerprint of what a replica applied, so two that stepped the same set differently
+    notice the drift. With the rate left out of the fingerprint, both would read the same."""
+    applied = []
+    for lr in (2e-3, 1e-3):  # the same step of two schedules: the peak, and halfway down
+        optimizer = DeMoOptimizer(build_block(tiny_config, 0), DeMoConfig(), lr=2e-3)
+        own = encode_payload(optimizer.make_payload(lr), 16)  # no gradients yet: no parameter, a valid payload
+        gathering = Future()
+        gathering.set_result(Gathered(asked=1))
+        exchange = Exchange(transport=SimpleNamespace(deadline=1.0), own_id="me", replica_ids=list)
+        sync = DeMoSync(optimizer, exchange)
+        sync.apply(Round(step=5, own=own, fingerprint=b"started", gathering=gathering), 5)
+        applied.append(exchange.applied)
+    assert applied[0] != applied[1]

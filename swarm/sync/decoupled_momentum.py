@@ -7,10 +7,16 @@ is zeroing it, with no inverse transform on the sending side. The replica then d
 that arrived in time (its own included) and combines them coordinate by coordinate into what a
 majority vouches for (`majority_mean`, evidence.py: their mean, clipped into the range a strict
 majority of them spans, so a minority cannot push a coordinate past what an honest replica sent,
-and wherever a majority moves it one way it goes that way). Each parameter's combined update is
-scaled to an RMS of 1, and the step is p -= rate * (update + weight_decay * p), the rate
-following the trainer's schedule (peak `step_lr`). So a payload's values, however large, move
-no weight further than the rate allows, and the step keeps the shape of the update.
+and wherever a majority moves it one way it goes that way). Each voter's update is scaled to an
+RMS of 1 per parameter before (`unit_values`), so a payload's values, however large, weigh one
+voice. Each parameter's combined update is scaled to an RMS of 1 again, but by at most
+1 / `STEP_RMS_FLOOR` (4x), and the step is p -= rate * (update + weight_decay * p), the rate
+following the trainer's schedule (peak `step_lr`). The step keeps the shape of the update. The
+floor bounds what a sender can gain by making the combined update small on most of a parameter
+and leaving it on a tile it picks (of two senders, agreeing with us on one tile alone): that
+tile's coordinates move at most 4x as far as the combined update (itself bounded by what honest
+replicas sent) says. Two independent unit updates' agreeing minimum has an RMS of about 0.43,
+and honest replicas agree more, so the floor does not bind them.
 
 Why not DeMo's own sign step (p -= lr * sign of the combined update, as the paper does, and as
 this module did until issue 47): on the token model (8192-token vocabulary, a one-layer block)
@@ -39,13 +45,14 @@ other contradicting (the same test as above: `min_shared` coefficients shared, a
 alone: a negated stranger cannot freeze it. A stranger that shares no nonzero coefficient with
 us (all-zero values, no parameter at all) never fills that record, yet under unanimity it would
 stop every coordinate; so a second record, the one outer steps of two keep (evidence.py,
-`kept_share`), counts the share of the larger of the two updates (coordinates voted) that the
-unanimous step keeps, and once its mean over the steps remembered (`kept_decay`) is at most
+`kept_share`), counts the share of the larger of the two updates (sizes summed) that their
+agreeing minimum keeps, and once its mean over the steps remembered (`kept_decay`) is at most
 `kept_at` the other leaves as well. What a stranger that knows both can still do is slow it: a
-payload whose coefficients avoid ours decodes to an update orthogonal to ours, which agrees on
-about half the coordinates, so about half of our step is kept. Two honest replicas share
-coefficients and agree on 70% or more of them (`trusted`), and their steps keep about half of
-the larger update or more (`kept_at` is 0.1), so they keep each other and stay identical.
+payload whose coefficients avoid ours decodes to an update orthogonal to ours, whose agreeing
+minimum with ours keeps about 0.29 of it by size (the floor then scales the step back up, by at
+most 4x). Two honest replicas share coefficients and agree on 70% or more of them (`trusted`),
+and their steps keep more of the larger update (`kept_at` is 0.1), so they keep each other and
+stay identical.
 
 Payloads cross the network as bytes (`encode_payload` / `decode_payload`); a payload that does
 not fit this replica's parameters, or holds NaN, Inf, out-of-range or repeated indices or values larger
@@ -89,7 +96,9 @@ from swarm.sync.compression import (
 from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_share, majority_mean
 
 Payload = dict[str, Compressed]
-DECODE_CHUNK = 1 << 20  # values of all voters' decoded tiles summed at a time (`_majorities`): 4 MB in float32
+DECODE_CHUNK = 1 << 20  # values of all voters' decoded tiles combined at a time (`_majorities`): 4 MB in float32,
+# and a few times that while `majority_mean` sorts them
+STEP_RMS_FLOOR = 0.25  # a parameter's combined update is scaled up at most 1 / this (module docstring)
 
 
 @dataclass
@@ -113,7 +122,7 @@ class DeMoConfig:
     contradicted_at: float = 0.5
     evidence_decay: float = 0.9  # each step the counts of the steps before weigh this much less (~10 steps remembered)
     # of two senders, the other also leaves when the step keeps at most this share of the larger
-    # of the two updates (coordinates voted), on the mean of the steps remembered (`kept_share`)
+    # of the two updates (sizes summed), on the mean of the steps remembered (`kept_share`)
     kept_at: float = 0.1
     kept_decay: float = 0.5  # each step the shares of the steps before weigh this much less
 
@@ -174,7 +183,7 @@ class DeMoOptimizer:
     @torch.no_grad()
     def step(self, gathered: Sequence[tuple[str, Payload]], own: str) -> tuple[list[str], dict[str, torch.Tensor]]:
         """The senders that vote and, per parameter any of them sent, the direction of this step as
-        its tiles (n_tiles, *tile), of RMS 1 (0 where nothing is vouched for): what a majority of
+        its tiles (n_tiles, *tile), of RMS 1 at most (module docstring): what a majority of
         the pairs that the evidence does not rule out (`trusted`) vouches for (`majority_mean`), or
         of two senders their agreeing minimum. Of two senders that the signs of their coefficients
         leave together, the step's kept share is judged too (`_kept_two`), so both updates are
@@ -193,8 +202,7 @@ class DeMoOptimizer:
         steps = {}
         for batch_names, majority in combined:
             for name, tiles in zip(batch_names, majority.split([self.tiles[name][0] for name in batch_names])):
-                rms = tiles.pow(2).mean().sqrt_().clamp_min_(torch.finfo(tiles.dtype).tiny)  # 0 stays 0
-                steps[name] = tiles.div_(rms)
+                steps[name] = tiles.div_(tiles.pow(2).mean().sqrt_().clamp_min_(STEP_RMS_FLOOR))
         return [gathered[i][0] for i in kept], steps
 
     def _majorities(self, voters: list[Payload]) -> Iterator[tuple[list[str], torch.Tensor]]:
@@ -207,7 +215,9 @@ class DeMoOptimizer:
             chunk = max(1, DECODE_CHUNK // (len(voters) * math.prod(tile)))
             for start in range(0, indices.shape[1], chunk):
                 end = start + chunk
-                majority[start:end] = majority_mean(list(decoded_updates(indices[:, start:end], values[:, start:end], tile)))
+                majority[start:end] = majority_mean(
+                    list(decoded_updates(indices[:, start:end], values[:, start:end], tile))
+                )
             yield names, majority
 
     def _decoded(self, voters: list[Payload]) -> Iterator[tuple[list[str], torch.Tensor]]:
@@ -305,10 +315,11 @@ class DeMoOptimizer:
 def unit_values(sent: Compressed, dtype: torch.dtype) -> torch.Tensor:
     """`sent`'s values in `dtype`, scaled so that the update they decode to has an RMS of 1 (all
     zero: left as they are). The DCT is orthonormal, so the decoded update's sum of squares is
-    the values' own: no inverse is needed to know it."""
-    values = sent.values.to(dtype)
-    rms = (values.pow(2).sum() / math.prod(sent.shape)).sqrt_().clamp_min_(torch.finfo(dtype).tiny)
-    return values / rms
+    the values' own: no inverse is needed to know it. Computed in float64, whose range holds the
+    squares of the smallest values a payload may carry (a float32 square of 1e-20 is 0)."""
+    values = sent.values.to(torch.float64)
+    rms = (values.pow(2).sum() / math.prod(sent.shape)).sqrt_().clamp_min_(torch.finfo(torch.float64).tiny)
+    return (values / rms).to(dtype)
 
 
 def decoded_updates(indices: torch.Tensor, values: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:

@@ -95,7 +95,7 @@ def sorted_coordinatewise(values: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def agreeing_minimum(changes: Sequence[torch.Tensor]) -> torch.Tensor:
     """Of two senders' values, coordinate-wise: where both go the same way, the smaller; 0 elsewhere
-    (of two signs: the sign where both voted it, DeMo's unanimity)."""
+    (the unanimity of two senders: neither moves a coordinate further than, or another way than, the other)."""
     a, b = changes
     return torch.where(a.sign() == b.sign(), a.sign() * torch.minimum(a.abs(), b.abs()), 0.0)
 

@@ -209,14 +209,16 @@ class Exchange:
         self._missing = missing
 
     def finish(self, round_: Round, step: int, decode: Callable[[bytes], D],
-               apply: Callable[[list[tuple[str, D]]], list[str]], round_steps: int = 1) -> int | None:  # fmt: skip
+               apply: Callable[[list[tuple[str, D]]], list[str]], round_steps: int = 1,
+               how: str = "") -> int | None:  # fmt: skip
         """End a round, as every strategy that swaps payloads does: wait for its gather (`collect`),
         decode its set in peer-id order (`in_order`), `apply` it (the strategy's optimizer step; it
         returns the peer ids whose payloads made the update), record that set (`applied_set`), and
         return the step to continue from when a majority of the replicas is past the round of the
-        trainer's `step` (`majority_ahead`), else None."""
+        trainer's `step` (`majority_ahead`), else None. `how`: what else decides the update besides
+        the set (DeMo: its rate), in the fingerprint, so replicas that applied it differently notice."""
         gathered = self.collect(round_)
-        self.applied_set(round_, apply(self.in_order(round_, gathered, decode)))
+        self.applied_set(round_, apply(self.in_order(round_, gathered, decode)), how)
         return self.majority_ahead(gathered, step, round_steps)
 
     @contextmanager
@@ -250,11 +252,11 @@ class Exchange:
             logger.info("step %d: another replica applied other payloads than we did: the next merge will reconcile them", round_.step)
             self.drifted = True
 
-    def applied_set(self, round_: Round, peer_ids: list[str]) -> None:
-        """The round's update was made of the payloads of `peer_ids`: this replica's fingerprint,
+    def applied_set(self, round_: Round, peer_ids: list[str], how: str = "") -> None:
+        """The round's update was made of the payloads of `peer_ids` (and `how`, `finish`'s): this replica's fingerprint,
         and one more round exchanged if another replica's payload was among them; each of theirs
         is credited to its sender in the ledger."""
-        self.applied = applied_fingerprint(round_.step, peer_ids)
+        self.applied = applied_fingerprint(round_.step, peer_ids, how)
         others = [peer_id for peer_id in peer_ids if peer_id != self.own_id]
         self.rounds += int(bool(others))
         if self.witness is not None:
@@ -327,6 +329,7 @@ def json_lines(path: str) -> Callable[[dict], None]:
     return write
 
 
-def applied_fingerprint(step: int, peer_ids: list[str]) -> bytes:
-    """8 bytes naming one step's update: equal for replicas that applied the same payloads."""
-    return hashlib.blake2b(f"{step}:{','.join(sorted(peer_ids))}".encode(), digest_size=8).digest()
+def applied_fingerprint(step: int, peer_ids: list[str], how: str = "") -> bytes:
+    """8 bytes naming one step's update: equal for replicas that applied the same payloads the same `how`."""
+    what = f"{step}:{','.join(sorted(peer_ids))}" + (f":{how}" if how else "")
+    return hashlib.blake2b(what.encode(), digest_size=8).digest()

@@ -1,9 +1,12 @@
 """`--sync demo`: DeMo in lockstep, each step's gathered set applied in the same step.
 
 The trainer folds its gradient into the DeMo momentum, publishes its payload, and waits for
-the other replicas' payloads of the same step (up to the deadline) before it takes the sign
+the other replicas' payloads of the same step (up to the deadline) before it takes the
 step; the network time of every step is time the trainer does not compute. `--sync
 demo-overlap` (overlap.py) hides it; this one stays as the baseline it is measured against.
+The step's rate follows the trainer's schedule (`DeMoOptimizer.rate`), so it is in the
+fingerprint of what a replica applied: replicas whose schedules differ (another --max-steps)
+step differently on the same set, and notice it as drift.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ class DeMoSync(Exchanging):
     def apply(self, round_: Round, step: int) -> int | None:
         """Wait for a round's gather and take the step on its set, at the trainer's `step`;
         the step to continue from when a majority of the replicas is ahead."""
-        return self.exchange.finish(round_, step, self._decode, self._vote)
+        return self.exchange.finish(round_, step, self._decode, self._vote, how=f"rate {self.optimizer.rate.hex()}")
 
     def _vote(self, decoded: list[tuple[str, Payload]]) -> list[str]:
         return self.optimizer.apply(decoded, self.exchange.own_id)

@@ -9,7 +9,7 @@ exchange to arrive in, so a replica that runs a little behind the others (a busy
 far region) does not stall them, for an update D steps stale. Every replica
 applies the same gathered set in the same order, D steps late alike (replicas of a block
 must run the same D), so replicas that gather
-the same sets stay bit-identical; the trust rules are those of lockstep DeMo (majority vote,
+the same sets stay bit-identical; the trust rules are those of lockstep DeMo (a majority's clipped mean,
 bounded values, steps believed only from a majority). Before each checkpoint, and when
 training stops, the sets still in flight are applied (`settle`), so a checkpoint holds every step's
 update up to its own.
