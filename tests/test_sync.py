@@ -265,7 +265,7 @@ class StepOrderExchange:
     def in_order(self, round_, gathered, decode) -> list:
         return []
 
-    def applied_set(self, round_: int, voters) -> None:
+    def applied_set(self, round_: int, voters, how: str = "") -> None:
         self.applied.append((round_, self.trainer.step_count))
 
     def majority_ahead(self, gathered, step: int, round_steps: int = 1) -> None:
@@ -278,7 +278,7 @@ class StepOrderExchange:
 def test_demo_overlap_applies_each_steps_set_that_many_steps_late_and_the_rest_before_a_save(late):
     trainer = SimpleNamespace(step_count=0)
     exchange = StepOrderExchange(trainer)
-    sync = DeMoOverlapSync(SimpleNamespace(apply=lambda decoded, own: []), exchange, late_steps=late)
+    sync = DeMoOverlapSync(SimpleNamespace(apply=lambda decoded, own: [], rate=1e-3), exchange, late_steps=late)
     sync.own_payload = lambda trainer: b""
     for _ in range(5):
         assert sync.update(trainer) is None
