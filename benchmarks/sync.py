@@ -68,6 +68,7 @@ from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import block_denoise_ce
 from swarm.p2p.directory import DHTUnavailable, SwarmDirectory
+from swarm.sync.decoupled_momentum import DeMoConfig
 from swarm.sync.pseudo_gradient import OuterConfig
 from swarm.waiting import wait_for
 
@@ -551,7 +552,8 @@ def main() -> None:
         "regions": {k: v for k, v in regions.items() if k != "runs"},
         "outer_defaults": vars(OuterConfig()),
     }
-    result = {"config": vars(args), "model": model.to_dict(), "summary": summary, "runs": all_runs, "os_check": kernel}
+    result = {"config": vars(args), "model": model.to_dict(), "demo": vars(DeMoConfig()), "summary": summary,
+              "runs": all_runs, "os_check": kernel}  # fmt: skip
     plot(all_runs, table, out / "sync.png")
     write_atomic(out / "sync.json", json.dumps(result, indent=2).encode())
     print(json.dumps({**result, "runs": [{k: v for k, v in r.items() if k != "curve"} for r in all_runs]}, indent=2))

@@ -28,6 +28,11 @@ from .reading import Folder, Node
 def sync(folder: Folder) -> list[str]:
     later = later_runs(folder, lambda sub, title: sync_run(sub, "sync.json", title))
     parts = sync_run(folder, "sync.json", "") + os_check(folder) + later
+    if "demo" not in folder.json("sync.json").names():  # DeMo's settings recorded since its step changed
+        stale = (
+            "Its DeMo runs took DeMo's sign step, replaced in issue 47 (docs/decisions.md): their losses await a rerun."
+        )
+        parts = [stale, ""] + parts
     return section(
         "Runs replicas of one block of a small model in separate processes and syncs them in each mode: dense "
         "fp32 gradients (the baseline), DeMo in lockstep or overlapped, outer steps on a compressed "
