@@ -108,8 +108,10 @@ def peer_extra(
     batch_size: int | None = None,
     announce_period: float = 2,
     save_every: int | None = None,
+    schedule_steps: int | None = None,
 ) -> list[str]:
-    return [*sync, "--wait-for-replicas", str(replicas), "--max-steps", str(steps),
+    schedule = ["--schedule-steps", str(schedule_steps)] if schedule_steps else []
+    return [*sync, *schedule, "--wait-for-replicas", str(replicas), "--max-steps", str(steps),
             "--save-every", str(save_every or steps), "--batch-size", str(batch_size or args.batch_size),
             "--announce-period", str(announce_period),
             "--sync-deadline", str(args.deadline), "--average-every", str(args.average_every)]  # fmt: skip
@@ -125,13 +127,15 @@ def run_mode(
     placement: str | None = None,
     save_every: int | None = None,
     identities: Path | None = None,
+    schedule_steps: int | None = None,
 ) -> dict:
     """One swarm of `replicas` peers of block `args.block` in `mode` (on 127.0.0.1, or in `lab`'s
     regions); its figures and loss curve. `placement` names the run (default "regions" in a lab,
     else "local"); `save_every` is the peers' --save-every (default: the last step only);
     `identities` is a folder of one libp2p identity file per replica name, made by the first run
     that uses it: a replica keeps its peer id across runs, and with it its batches (a replica's
-    stream of batches is seeded by its peer id), so that two runs differ only in what they vary."""
+    stream of batches is seeded by its peer id), so that two runs differ only in what they vary;
+    `schedule_steps` is the peers' --schedule-steps (default: their schedule spans `steps`)."""
     placement = placement or ("regions" if lab else "local")
     batch_size = args.region_batch_size if lab else args.batch_size
     swarm = f"sync{mode.replace('-', '')}{replicas}{placement.replace('-', '')}"
@@ -150,7 +154,8 @@ def run_mode(
             )
             for name in names:
                 extra = peer_extra(
-                    args, [*MODES[mode], *spare], replicas, steps, batch_size, 1 if lab else 2, save_every
+                    args, [*MODES[mode], *spare], replicas, steps, batch_size, 1 if lab else 2, save_every,
+                    schedule_steps,
                 )
                 identity = ["--identity", str(identities / f"{name}.id")] if identities else []
                 local.start_peer(name, str(args.block), [*extra, *identity, "--sync-trace", str(traces[name])])

@@ -7,7 +7,11 @@ mode waits for. The target is the datacenter's: the validation loss that dense a
 no delay (TARGET_MODE, the ideal DisTrO and DeMo are measured against) reaches after --steps.
 Then each mode of --modes runs --replicas replicas of one block of sync.py's small model in the
 emulated regions, from the same start weights with the same batches, and its efficiency is
-dense-with-no-delay's seconds to the target over the mode's seconds to it in the regions.
+dense-with-no-delay's seconds to the target over the mode's seconds to it in the regions. The
+regions runs go on past --steps to --regions-steps (default 1.5 times as many): their schedule
+spans --steps, as the target's does, and then stays at its floor, so that a mode a little behind
+dense at --steps can still be timed to the target rather than only said to miss it (the extra
+steps cost it wall time, which the efficiency counts).
 - regions: each replica in its own network namespace in us-east, eu-west or ap-southeast (in
   turn), with the one-way delays and link caps of benchmarks/regions.yaml: sync.py's regions
   runs, placed exactly as they are (`region_lab`);
@@ -16,7 +20,7 @@ dense-with-no-delay's seconds to the target over the mode's seconds to it in the
   that everything else is the same: the delay line carries (and costs the CPU of) every packet in
   both placements, and the processes, the namespaces and the addresses do not change; only the
   internet's delays and caps do.
-Every run takes the same steps with --region-batch-size windows a step, sync.py's batch for the
+Every run takes --region-batch-size windows a step, sync.py's batch for the
 regions (a step about as long as a round trip between regions). A replica's batches are drawn
 from a stream seeded by its peer id, so every replica keeps one libp2p identity file for the
 whole benchmark (`swarm-peer --identity`, as benchmarks/attacks.py part 3 does): replica r<i>
@@ -42,8 +46,8 @@ seconds to it, each the first time its curve reaches it, linear between saves (1
 internet and the compression cost nothing). "Reaches" allows REACHED_WITHIN (0.01%) of float
 rounding: dense computes the same weights in both placements, and they ended 0.0005% apart. A
 regions run that never reaches the target has no efficiency: the JSON says "not reached" and
-gives its final loss over the target instead. Each mode's final loss and bytes per replica per
-step stand beside it; utilisation (and the rest of sync.py's figures of each run) is kept as a
+gives its final loss over the target instead. Each mode's final loss, its loss at --steps (equal
+steps with the target) and its bytes per replica per step stand beside it; utilisation (and the rest of sync.py's figures of each run) is kept as a
 diagnostic. The summary names the best compressed mode and whether its efficiency is at least
 EFFICIENCY_TARGET. The default modes are the ones a user chooses between: dense, DeMo's default
 mode, its best overlapped variant and the best outer variant of the 150-step runs before.
@@ -55,11 +59,10 @@ outer-overlap-spare are the same modes with a spare batch of an eighth of the ba
 instead of each wait (sync.py's -spare modes).
 
 Needs root, iptables and NetfilterQueue (swarm/lab/netlab.py). Writes time_to_loss.json and
-time_to_loss.png under --out. At the defaults (5 runs of 600 steps: the target run and 4 modes
-in the regions) the run is estimated at about an hour on 2 cores (an estimate, not a
-measurement: from the 150-step runs before, steps of 0.85 s for dense with no delay, 2.4 s for
-dense in the regions and 0.65-0.75 s for the overlapped spare modes, and 20-40 s of start, stop
-and scoring a run).
+time_to_loss.png under --out. At the defaults (the target run of 600 steps, 4 modes of 900 in
+the regions) the run is estimated at about 100 minutes on 2 cores, 45 of them dense in the
+regions (an estimate from the runs before: steps of 1.5 s for dense with no delay, about 3 s for
+dense in the regions and 0.9 s for DeMo there, and 20-40 s of start, stop and scoring a run).
 
     python benchmarks/time_to_loss.py
     python benchmarks/time_to_loss.py --modes demo-overlap-spare --steps 30 --save-every 10 --out /tmp/ttl
@@ -202,7 +205,8 @@ def time_to(curve: list[dict], target: float) -> float | None:
 
 def efficiency(no_delay: list[dict], regions: list[dict]) -> dict:
     """The no-delay (target) run's seconds to its final validation loss over the regions run's
-    seconds to it (within REACHED_WITHIN, for both), and the regions run's final loss."""
+    seconds to it (within REACHED_WITHIN, for both), and the regions run's final loss and its
+    loss at the target run's last step (equal steps)."""
     target = no_delay[-1]["validation_loss"]
     within = target * (1 + REACHED_WITHIN)
     base, took = time_to(no_delay, within), time_to(regions, within)
@@ -214,6 +218,7 @@ def efficiency(no_delay: list[dict], regions: list[dict]) -> dict:
         "efficiency": base / took if took else None,  # 0 s: the target is the start loss, nothing was learned
         "final_loss": regions[-1]["validation_loss"],
         "final_loss_over_target": regions[-1]["validation_loss"] / target,
+        "loss_at_target_steps": next((p["validation_loss"] for p in regions if p.get("step") == no_delay[-1].get("step")), None),
     }
 
 
@@ -254,8 +259,10 @@ def run_placement(
     workdir: Path,
     lab_regions: tuple[dict, Callable[[str, str], float]],
     start_loss: float,
+    steps: int,
 ) -> dict:
-    """One run of `mode` in `placement`: sync.py's figures of it and its validation loss over wall time."""
+    """One run of `mode` in `placement`, `steps` long on a schedule of --steps: sync.py's figures
+    of it and its validation loss over wall time."""
     regions, one_way_s = lab_regions if placement == "regions" else (None, lambda a, b: 0.0)
     names = [f"r{r}" for r in range(args.replicas)]
     every = save_every(mode, args.save_every)
@@ -263,7 +270,7 @@ def run_placement(
         region_lab(args.replicas, regions, one_way_s, LAB_PREFIX) as lab,
         kept_checkpoints(workdir, names, workdir / "kept"),
     ):
-        run = run_mode(args, mode, args.replicas, args.steps, workdir, lab, placement, every, args.identities)
+        run = run_mode(args, mode, args.replicas, steps, workdir, lab, placement, every, args.identities, args.steps)
     logger.info("%s, %s: scoring every replica's checkpoints", mode, placement)
     times = {name: log_times((workdir / "logs" / f"{name}.log").read_text(errors="replace")) for name in names}
     starts = {name: started for name, (started, _) in times.items()}
@@ -271,8 +278,8 @@ def run_placement(
         raise SwarmError(f"no 'training from step' line in the logs of {', '.join(missing)}")
     losses = {name: scores(workdir / "kept" / name, args.config, args.block, args.windows) for name in names}
     curve = loss_curve(starts, {name: saved for name, (_, saved) in times.items()}, losses, start_loss)
-    if curve[-1]["step"] != args.steps:
-        raise SwarmError(f"the replicas' step-{args.steps} checkpoints were not all kept")
+    if curve[-1]["step"] != steps:
+        raise SwarmError(f"the replicas' step-{steps} checkpoints were not all kept")
     run.pop("curve")  # the training losses the records announced: the validation curve stands for them
     return {"save_every": every, "curve": curve, "wall_seconds": curve[-1]["seconds"],
             "first_step_seconds": {name: started - min(starts.values()) for name, started in starts.items()},
@@ -290,13 +297,15 @@ def run_all(args, workdir: Path) -> dict:
     total = len(args.modes) + 1
     logger.info("run 1 of %d: the target, %s with no delay, %d replicas, %d steps", total, TARGET_MODE, args.replicas,
                 args.steps)  # fmt: skip
-    target = run_placement(args, TARGET_MODE, "no-delay", workdir / "target", (regions, one_way_s), start_loss)
+    target = run_placement(args, TARGET_MODE, "no-delay", workdir / "target", (regions, one_way_s), start_loss,
+                           args.steps)  # fmt: skip
     modes = {}
     for i, mode in enumerate(args.modes):
         logger.info("run %d of %d: %s in the regions, %d replicas, %d steps", i + 2, total, mode, args.replicas,
-                    args.steps)  # fmt: skip
+                    args.regions_steps)  # fmt: skip
         try:
-            run = run_placement(args, mode, "regions", workdir / mode, (regions, one_way_s), start_loss)
+            run = run_placement(args, mode, "regions", workdir / mode, (regions, one_way_s), start_loss,
+                                args.regions_steps)  # fmt: skip
         except SwarmError as error:
             logger.error("%s: %s", mode, error)
             modes[mode] = {"error": str(error).replace(str(workdir), "<tmp>")}
@@ -363,7 +372,10 @@ def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=DEFAULT_MODES)
     parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=600, help="steps of every run: the target is dense's loss after them")
+    parser.add_argument("--steps", type=int, default=600, help="steps of the target run (the target is dense's loss "
+                        "after them), and of every run's schedule")
+    parser.add_argument("--regions-steps", type=int, help="steps of each regions run, the last ones at the "
+                        "schedule's floor (default: 1.5 x --steps, a multiple of the outer steps' H)")
     parser.add_argument("--save-every", type=int, default=25,
                         help="steps between checkpoints, the points of each curve (outer modes: the next multiple of H)")  # fmt: skip
     parser.add_argument("--region-batch-size", type=int, default=96, help="batch of every run (both placements): "
@@ -373,7 +385,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--deadline", type=float, default=10.0, help="--sync-deadline of the peers")
     parser.add_argument("--average-every", type=int, default=100, help="--average-every of the peers")
     parser.add_argument("--regions", default=str(Path(__file__).with_name("regions.yaml")))
-    parser.add_argument("--timeout", type=float, default=2400.0, help="seconds one run may take (dense in the regions "
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take (dense in the regions "
                         "took 3 s a step on 2 cores: 600 steps ran past 1200 s)")
     parser.add_argument("--out", default="benchmarks/results/time_to_loss")
     args = parser.parse_args()
@@ -381,8 +393,13 @@ def arguments() -> argparse.Namespace:
         parser.error("--replicas must be at least 2, --steps and --save-every at least 1")
     rounds = OuterConfig().steps
     outer = [mode for mode in args.modes if save_every(mode, 1) != 1]
-    if outer and args.steps % rounds:
-        parser.error(f"--steps must be a multiple of the outer steps' H ({rounds}) for {', '.join(outer)}")
+    if args.regions_steps is None:
+        args.regions_steps = math.ceil(1.5 * args.steps / (rounds if outer else 1)) * (rounds if outer else 1)
+    if args.regions_steps < args.steps:
+        parser.error("--regions-steps must be at least --steps")
+    for name, steps in (("--steps", args.steps), ("--regions-steps", args.regions_steps)):
+        if outer and steps % rounds:
+            parser.error(f"{name} must be a multiple of the outer steps' H ({rounds}) for {', '.join(outer)}")
     return args
 
 

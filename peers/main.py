@@ -40,6 +40,9 @@ PAYLOAD_MODES = ", ".join(payload_modes())
               help="Torch device to train and serve the block on: cpu, cuda, cuda:1, mps.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=PEER.max_steps,
               help="Stop training after this many steps, then keep serving until stopped.")
+@click.option("--schedule-steps", type=click.IntRange(min=1), default=PEER.schedule_steps,
+              help="Steps the learning rate's warm-up and cosine decay span (default: --max-steps); past them it "
+              "stays at its floor.")
 @click.option("--save-every", type=click.IntRange(min=1), default=PEER.save_every, show_default=True,
               help="Steps between two checkpoints (each is announced, and served to replicas and swarm-fetch).")
 @click.option("--announce-period", type=click.FloatRange(min=0.5), default=PEER.announce_period, show_default=True,

@@ -50,6 +50,17 @@ def test_efficiency_is_the_target_runs_seconds_over_regions_seconds_to_the_targe
     assert slower["final_loss"] == 2.5 and slower["final_loss_over_target"] == pytest.approx(1.25)
 
 
+def test_a_regions_run_past_the_target_runs_steps_is_timed_on_and_reports_its_loss_at_those_steps():
+    """A mode just behind dense at the target run's last step reaches the target later, on its
+    extra steps: it gets an efficiency, and its loss at equal steps stands beside it."""
+    no_delay = [{"step": s, "seconds": t, "validation_loss": loss} for s, t, loss in ((0, 0, 5.0), (600, 100, 2.0))]
+    regions = [{"step": s, "seconds": t, "validation_loss": loss}
+               for s, t, loss in ((0, 0, 5.0), (600, 80, 2.1), (900, 120, 1.9))]  # fmt: skip
+    found = ttl.efficiency(no_delay, regions)
+    assert found["reached"] and found["regions_seconds"] == pytest.approx(100.0, rel=1e-3)  # 2.0 crossed at 100 s
+    assert found["loss_at_target_steps"] == 2.1 and found["final_loss"] == 1.9
+
+
 def test_a_loss_a_rounding_error_above_the_target_reaches_it_and_a_real_gap_does_not():
     """Dense computes the same weights in both runs: they differ by float rounding only."""
     no_delay = curve((0, 5.0), (50, 3.0), (100, 2.0))

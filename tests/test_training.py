@@ -140,6 +140,31 @@ def test_swarm_peer_low_memory_checkpoints_the_trainers_activations(monkeypatch)
     assert [config.train_config().checkpoint_activations for config in given] == [False, True]
 
 
+def test_swarm_peer_schedule_steps_spans_the_schedule_and_max_steps_only_stops(monkeypatch):
+    """--schedule-steps sets the learning rate's schedule apart from --max-steps: a peer told 900
+    steps on a schedule of 600 trains the last 300 at the schedule's floor; without it the
+    schedule spans --max-steps."""
+    import peers.main
+
+    given = []
+
+    class Joined:
+        def __init__(self, config, hooks):
+            given.append(config)
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(peers.main, "Peer", Joined)
+    for args in (["--max-steps", "900", "--schedule-steps", "600"], ["--max-steps", "900"]):
+        peers.main.peer_command.main(args, standalone_mode=False)
+    scheduled, plain = (config.train_config() for config in given)
+    assert (scheduled.steps, plain.steps) == (600, 900)
+    floor = scheduled.lr * scheduled.min_lr_fraction
+    assert scheduled.lr_at(600) == pytest.approx(floor) and scheduled.lr_at(800) == pytest.approx(floor)
+    assert plain.lr_at(800) > floor * 1.01
+
+
 FREED_MEMORY_PROBE = """
 import sys, torch
 from swarm.peer.memory import return_freed_memory

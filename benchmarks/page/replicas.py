@@ -140,7 +140,7 @@ def sync_gap_run(mode: str, folder: Folder, title: str) -> list[str]:
     )
 
 
-TIME_TO_LOSS_OPTIONS = ("modes", "replicas", "steps", "save_every")
+TIME_TO_LOSS_OPTIONS = ("modes", "replicas", "steps", "regions_steps", "save_every")
 
 
 def time_to_loss(folder: Folder) -> list[str]:
@@ -153,20 +153,22 @@ def time_to_loss(folder: Folder) -> list[str]:
     rows = []
     for mode, m in r["modes"].items():
         if m.get("error") is not None:
-            rows.append([mode, *[DASH] * 8, f"failed: {plain(m['error'])}"])
+            rows.append([mode, *[DASH] * 9, f"failed: {plain(m['error'])}"])
             continue
         regions = m["runs"]["regions"]
         took = fixed(m.num("regions_seconds"), 1) if m["reached"] else "not reached"
         final = m.num("final_loss") if m.get("final_loss") is not None else regions["curve"][-1].num("validation_loss")
+        at_steps = fixed(m.num("loss_at_target_steps")) if m.get("loss_at_target_steps") is not None else DASH
         rows.append([mode, fixed(m.num("target_loss")), fixed(m.num("no_delay_seconds"), 1), took,
-                     fixed(m.num("efficiency")), fixed(final), times(m.num("final_loss_over_target")),
+                     fixed(m.num("efficiency")), at_steps, fixed(final), times(m.num("final_loss_over_target")),
                      size(regions["run"].num("bytes_sent_per_replica_per_step")),
                      fixed(regions["run"].num("compute_utilisation_min")), fixed(regions["run"].num("step_seconds"))])  # fmt: skip
     best = s["best_mode"]
     headline = (f"Best mode: `{best}`, efficiency {fixed(s.num('best_efficiency'))}; at least {s.num('target')}: "
                 f"{yes(s['met'])}." if best else "No mode's regions run reached the target.")  # fmt: skip
     target_s = "dense no-delay s" if common else "no-delay s"
-    header = ["mode", "target loss", target_s, "regions s", "efficiency", "regions final loss",
+    header = ["mode", "target loss", target_s, "regions s", "efficiency", "regions loss at the target's steps",
+              "regions final loss",
               "final / target", "bytes per replica per step", "regions util. min", "regions step s"]  # fmt: skip
     if common:
         what = (f"The target is the datacenter's loss: the validation loss (mean replica) that `{r['target']['mode']}` "
@@ -175,6 +177,8 @@ def time_to_loss(folder: Folder) -> list[str]:
                 "keeps one peer id); efficiency is dense-with-no-delay's wall seconds to the target over the "
                 "mode's seconds to it in the regions, each from the run's first step to the first time its curve "
                 "reaches the target, linear between saves (1.0: the internet and the compression cost nothing). "
+                "Where the regions runs take more steps than the target's (`regions_steps`), the schedule still "
+                "spans the target's steps and the rest are at its floor. "
                 "This is the sync headline; the best mode is the best compressed one.")  # fmt: skip
     else:
         what = ("Measured before issue 47, each mode against itself: the target was the mode's own no-delay run's "
@@ -182,7 +186,7 @@ def time_to_loss(folder: Folder) -> list[str]:
                 "`time_to_loss.py` replaces it with the datacenter's target.")  # fmt: skip
     return section(
         what + " Utilisation (lowest replica) and step time of the regions run are diagnostics. As root.",
-        command("time_to_loss.py", {k: config[k] for k in TIME_TO_LOSS_OPTIONS}, root=True),
+        command("time_to_loss.py", {k: config[k] for k in TIME_TO_LOSS_OPTIONS if k in config.names()}, root=True),
         settings(config, set(TIME_TO_LOSS_OPTIONS)),
         headline,
         table(header, rows),

@@ -31,6 +31,7 @@ class PeerConfig:
     data: str | None = None  # text source; None: the built-in corpus
     device: str = "cpu"  # torch device of the trainer, the sync's tensors and the denoise service
     max_steps: int | None = None  # stop after this many steps (None: until stopped)
+    schedule_steps: int | None = None  # the learning-rate schedule's length (None: --max-steps); then its floor
     save_every: int = 50
     announce_period: float = 10.0
     public_name: str = ""
@@ -55,8 +56,9 @@ class PeerConfig:
     reachability: str = "auto"  # "auto": ask the initial peers to dial back; "direct"; "relayed" (behind NAT)
 
     def train_config(self) -> TrainConfig:
-        """The trainer's settings this peer was given (its schedule spans --max-steps, or a long run)."""
-        return TrainConfig(steps=self.max_steps or 100_000, batch_size=self.batch_size, lr=self.lr,
+        """The trainer's settings this peer was given (its schedule spans --schedule-steps, else
+        --max-steps, else a long run; past its end the rate stays at the floor)."""
+        return TrainConfig(steps=self.schedule_steps or self.max_steps or 100_000, batch_size=self.batch_size, lr=self.lr,
                            checkpoint_activations=self.low_memory)  # fmt: skip
 
     def checked(self) -> PeerConfig:
