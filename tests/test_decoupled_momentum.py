@@ -12,7 +12,7 @@ import torch
 from swarm.model.denoiser import ModelConfig, build_block
 from swarm.model.train import diffusion_loss_fn
 from swarm.sync import decoupled_momentum
-from swarm.sync.compression import decompress, from_tiles
+from swarm.sync.compression import decompress, from_tiles, to_tiles
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, PayloadError, decode_payload, encode_payload
 from swarm.sync.evidence import majority_mean
 
@@ -194,6 +194,49 @@ def test_one_hostile_payload_cannot_outvote_two_honest_ones(tiny_config, tiny_wi
         agreed = (a == b) & (a != 0)
         assert torch.equal(moved[agreed], a[agreed]), name
 
+
+def test_a_hostile_voter_that_spends_its_whole_weight_on_one_tile_cannot_turn_it_against_two_honest_ones(
+    tiny_config, tiny_windows, monkeypatch
+):
+    """Each voter weighs an update of RMS 1 per parameter (`unit_values`), so a stranger that sends
+    one coefficient of one tile, on indices neither honest replica sent (no sign for the record to
+    contradict), makes that tile's update many times the honest ones there. The clip of
+    `majority_mean` keeps every coordinate the two honest updates agree on going their way; the
+    plain mean of the three (the clip alone removed) turns part of that tile against them."""
+    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig())
+    backward(blocks[0], tiny_windows, 0)
+    honest = replica.make_payload(lr=2e-3)
+    backward(blocks[0], tiny_windows, 1)
+    other_honest = replica.make_payload(lr=2e-3)
+    def agreed(name: str) -> torch.Tensor:  # where both honest updates go one way, in the parameter's shape
+        a, b = (decompress(p[name]) for p in (honest, other_honest))
+        return (a.sign() == b.sign()) & (a != 0)
+
+    # the tile of a parameter of several where the honest two agree on the most coordinates
+    name, tile = max(((n, t) for n, c in honest.items() if c.indices.shape[0] > 1 for t in range(c.indices.shape[0])),
+                     key=lambda at: int(to_tiles(agreed(at[0]))[0][at[1]].sum()))  # fmt: skip
+    a, sent = decompress(honest[name]), honest[name]
+    used = set(sent.indices[tile].tolist()) | set(other_honest[name].indices[tile].tolist())
+    free = [i for i in range(math.prod(sent.tile)) if i not in used][: sent.indices.shape[1]]
+    indices, values = torch.zeros_like(sent.indices), torch.zeros(sent.values.shape)
+    indices[:] = torch.arange(sent.indices.shape[1])  # distinct indices everywhere, zero values but one
+    indices[tile] = torch.tensor(free)
+    values[tile, 0] = 1.0
+    probe = dataclasses.replace(sent, indices=indices, values=values.to(sent.values.dtype))
+    against = -float((decompress(probe).sign() * a.sign())[agreed(name)].sum().sign())  # its pattern against theirs
+    values[tile, 0] = against * 0.95 * replica.max_value
+    hostile = {n: dataclasses.replace(c, values=torch.zeros_like(c.values)) for n, c in honest.items()}
+    hostile[name] = dataclasses.replace(probe, values=values.to(sent.values.dtype))
+    gathered = senders(decode_payload(encode_payload(p, 16), replica) for p in (honest, other_honest, hostile))
+
+    def turned() -> int:
+        voters, steps = directions(copy.deepcopy(replica), gathered)
+        assert voters == ["r0", "r1", "r2"]  # nothing but the vote's rule stands between
+        return int((steps[name].sign() != a.sign())[agreed(name)].sum())
+
+    assert turned() == 0
+    monkeypatch.setattr(decoupled_momentum, "majority_mean", lambda changes: sum(changes) / len(changes))
+    assert turned() > 0
 
 @pytest.mark.parametrize("value_bits", [16, 1])
 @pytest.mark.parametrize("attack", ["negated", "largest values against it"])

@@ -172,9 +172,12 @@ class DeMoOptimizer:
     @torch.no_grad()
     def apply(self, gathered: Sequence[tuple[str, Payload]], own: str) -> list[str]:
         """The step on what the gathered (sender, payload) pairs that count vouch for (`step`);
-        `own` is this replica's sender name. Returns the senders that voted."""
-        voters, steps = self.step(gathered, own)
-        for name, tiles in steps.items():
+        `own` is this replica's sender name. Returns the senders that voted. Each group of
+        parameters is stepped as soon as its direction is known: the directions of the whole
+        block are never held at once (at 60 M parameters, 240 MB the allocator would hand out
+        and take back every step)."""
+        voters, directions = self._directions(gathered, own)
+        for name, tiles in directions:
             param = self.params[name]
             param.mul_(1 - self.rate * self.config.weight_decay)
             add_tiles_(param, tiles, -self.rate)
@@ -185,10 +188,18 @@ class DeMoOptimizer:
         """The senders that vote and, per parameter any of them sent, the direction of this step as
         its tiles (n_tiles, *tile), of RMS 1 at most (module docstring): what a majority of
         the pairs that the evidence does not rule out (`trusted`) vouches for (`majority_mean`), or
-        of two senders their agreeing minimum. Of two senders that the signs of their coefficients
-        leave together, the step's kept share is judged too (`_kept_two`), so both updates are
-        decoded before either counts (twice the block's size in memory); otherwise each group of
-        parameters is combined as it is decoded. Keeps the records (`apply` calls it)."""
+        of two senders their agreeing minimum. Keeps the records, as `apply` does."""
+        voters, directions = self._directions(gathered, own)
+        return voters, dict(directions)
+
+    def _directions(
+        self, gathered: Sequence[tuple[str, Payload]], own: str
+    ) -> tuple[list[str], Iterator[tuple[str, torch.Tensor]]]:
+        """`step`'s voters, with the records kept now, and its directions as they are computed,
+        parameter by parameter. Of two senders that the signs of their coefficients leave
+        together, the step's kept share is judged too (`_kept_two`), so both updates are decoded
+        before either counts (twice the block's size in memory); otherwise each group of
+        parameters is combined as it is decoded."""
         kept, self.evidence.record = self.trusted(gathered, own)
         voters = [gathered[i][1] for i in kept]
         if len(gathered) == 2 and len(kept) == 2:  # neither of two moves a coordinate the other does not
@@ -199,11 +210,15 @@ class DeMoOptimizer:
             )
         else:
             combined = self._majorities(voters)
-        steps = {}
+        return [gathered[i][0] for i in kept], self._scaled(combined)
+
+    def _scaled(self, combined: Iterable[tuple[list[str], torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each parameter's combined update, (n_tiles, *tile), scaled to an RMS of 1, up by at most
+        1 / STEP_RMS_FLOOR (module docstring)."""
         for batch_names, majority in combined:
             for name, tiles in zip(batch_names, majority.split([self.tiles[name][0] for name in batch_names])):
-                steps[name] = tiles.div_(tiles.pow(2).mean().sqrt_().clamp_min_(STEP_RMS_FLOOR))
-        return [gathered[i][0] for i in kept], steps
+                rms = torch.linalg.vector_norm(tiles) / math.sqrt(tiles.numel())
+                yield name, tiles.div_(rms.clamp_min_(STEP_RMS_FLOOR))
 
     def _majorities(self, voters: list[Payload]) -> Iterator[tuple[list[str], torch.Tensor]]:
         """Per group of parameters decoded together (`_sent`), their names and what a majority of
@@ -213,10 +228,13 @@ class DeMoOptimizer:
         for names, tile, indices, values in self._sent(voters):
             majority = torch.empty(indices.shape[1], *tile, dtype=values.dtype, device=values.device)
             chunk = max(1, DECODE_CHUNK // (len(voters) * math.prod(tile)))
+            decoded = torch.empty(len(voters) * min(chunk, indices.shape[1]), *tile, dtype=values.dtype,
+                                  device=values.device)  # fmt: skip (one buffer for every chunk)
             for start in range(0, indices.shape[1], chunk):
-                end = start + chunk
+                end = min(start + chunk, indices.shape[1])
+                into = decoded[: len(voters) * (end - start)]
                 majority[start:end] = majority_mean(
-                    list(decoded_updates(indices[:, start:end], values[:, start:end], tile))
+                    list(decoded_updates(indices[:, start:end], values[:, start:end], tile, into))
                 )
             yield names, majority
 
@@ -322,11 +340,13 @@ def unit_values(sent: Compressed, dtype: torch.dtype) -> torch.Tensor:
     return (values / rms).to(dtype)
 
 
-def decoded_updates(indices: torch.Tensor, values: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
+def decoded_updates(
+    indices: torch.Tensor, values: torch.Tensor, tile: tuple[int, int], out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Each voter's decoded update: from indices and values (voters, tiles, k) of one tile shape,
-    (voters, tiles, *tile), in one inverse (`idct_of_kept`)."""
+    (voters, tiles, *tile), in one inverse (`idct_of_kept`), into `out` (voters x tiles, *tile) if given."""
     voters, tiles, k = indices.shape
-    return idct_of_kept(indices.reshape(-1, k), values.reshape(-1, k), tile).view(voters, tiles, *tile)
+    return idct_of_kept(indices.reshape(-1, k), values.reshape(-1, k), tile, out).view(voters, tiles, *tile)
 
 
 def _agreed_and_shared(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> tuple[int, int]:

@@ -68,16 +68,35 @@ class Evidence:
 
 def majority_mean(changes: list[torch.Tensor]) -> torch.Tensor:
     """The mean of the replicas' values, clipped coordinate-wise into [v(n-m+1), v(m)] of the n sorted
-    values, m = n // 2 + 1: wherever a strict majority moves a coordinate one way the result goes
-    that way, and with fewer than half of them hostile both ends are values an honest replica
-    sent (why: swarm/sync/pseudo_gradient.py's docstring). Of one: that one; of two: their mean."""
-    n = len(changes)
-    majority = n // 2 + 1
-    ordered = sorted_coordinatewise(changes)
+    values, m = n // 2 + 1 (`majority_range`): wherever a strict majority moves a coordinate one way
+    the result goes that way, and with fewer than half of them hostile both ends are values an
+    honest replica sent (why: swarm/sync/pseudo_gradient.py's docstring). Of one: that one; of
+    two: their mean."""
+    low, high = majority_range(changes)
     mean = changes[0].clone()  # summed in place, in order: stacking them would copy them all
     for change in changes[1:]:
         mean.add_(change)
-    return mean.div_(n).clamp_(ordered[n - majority], ordered[majority - 1])
+    return mean.div_(len(changes)).clamp_(low, high)
+
+
+def majority_range(changes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Coordinate-wise v(n-m+1) and v(m) of the n sorted values, m = n // 2 + 1: the range a strict
+    majority spans. Of three, the median; of four, the middle two: of each pair's smaller and
+    larger, the larger smaller one and the smaller larger one (8 passes where the sort takes 12,
+    and the vote of a block's replicas is mostly such passes); of more, from the sort."""
+    n = len(changes)
+    if n == 3:
+        a, b, c = changes
+        median = torch.maximum(torch.minimum(a, b), torch.minimum(torch.maximum(a, b), c))
+        return median, median
+    if n == 4:
+        a, b, c, d = changes
+        larger_low = torch.maximum(torch.minimum(a, b), torch.minimum(c, d))
+        smaller_high = torch.minimum(torch.maximum(a, b), torch.maximum(c, d))
+        return torch.minimum(larger_low, smaller_high), torch.maximum(larger_low, smaller_high)
+    ordered = sorted_coordinatewise(changes)
+    majority = n // 2 + 1
+    return ordered[n - majority], ordered[majority - 1]
 
 
 def sorted_coordinatewise(values: list[torch.Tensor]) -> list[torch.Tensor]:
