@@ -10,6 +10,9 @@ minutes (issue 47 found DeMo's sign step stalling here first):
   steps, and every H steps its payload exchanged and the outer step taken on the set);
 - --mode demo: the peers' own `--sync demo` strategy (`DeMoSync`: every step each replica's
   payload exchanged and the DeMo step taken on the set);
+- --mode demo-overlap: the peers' own `--sync demo-overlap` strategy (`DeMoOverlapSync`: each
+  step's set applied a step late, the replica's own update taken ahead meanwhile), and what is
+  still in flight applied at the end, as a peer does before it saves;
 each replica in a thread of its own, the payloads passed in this process
 (swarm/sync/in_process.py) instead of over P2P, as a peer does.
 Replicas are `replica_trainer`s of block --block of the small model of benchmarks/sync.py,
@@ -21,6 +24,7 @@ and the payload bytes per replica per step (one copy).
     python benchmarks/sync_gap.py                        # outer: 300, 900 and 1,500 steps, about 25 minutes
     python benchmarks/sync_gap.py --steps 300 --outer-lr 1.5
     python benchmarks/sync_gap.py --mode demo --steps 600 --batch-size 32
+    python benchmarks/sync_gap.py --mode demo-overlap --steps 600 --batch-size 32
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from swarm.sync.exchange import Exchange
 from swarm.sync.in_process import LocalBoard
 from swarm.sync.lockstep import DeMoSync
 from swarm.sync.outer import OuterSync
+from swarm.sync.overlap import DeMoOverlapSync
 from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer
 from swarm.sync.strategy import SyncStrategy, train_step
 
@@ -86,7 +91,8 @@ def strategy(mode: str, trainer: Trainer, exchange: Exchange, args: argparse.Nam
     """The peer's strategy of `mode` for one replica, with the sync settings of `args`."""
     if mode == "outer":
         return OuterSync(OuterOptimizer(trainer.module, outer_settings(args), trainer.config.lr), exchange)
-    return DeMoSync(DeMoOptimizer(trainer.module, demo_settings(args), trainer.config.lr), exchange)
+    demo = DeMoSync if mode == "demo" else DeMoOverlapSync
+    return demo(DeMoOptimizer(trainer.module, demo_settings(args), trainer.config.lr), exchange)
 
 
 def outer_settings(args: argparse.Namespace) -> OuterConfig:
@@ -109,6 +115,7 @@ def compressed(trainers: list[Trainer], ids: list[str], steps: int, args: argpar
             for _ in range(steps):
                 train_step(trainers[index], syncs[index])
                 bar.update(int(index == 0))
+            syncs[index].settle(trainers[index])  # what is still in flight, as a peer before it saves
 
         with ThreadPoolExecutor(len(trainers)) as pool:
             for running in [pool.submit(run, index) for index in range(len(trainers))]:
@@ -145,7 +152,7 @@ def positive(text: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["outer", "demo"], default="outer", help="the compressed mode against dense")
+    parser.add_argument("--mode", choices=["outer", "demo", "demo-overlap"], default="outer", help="the compressed mode against dense")
     parser.add_argument(
         "--steps", type=positive, nargs="+", default=[300, 900, 1500], help="run lengths (outer: multiples of H)"
     )

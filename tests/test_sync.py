@@ -18,9 +18,13 @@ from swarm.model.data import load_corpus
 from swarm.model.train import TrainConfig
 from swarm.peer.config import PeerConfig
 from swarm.peer.life import Peer, replica_trainer
+from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer
 from swarm.sync.evidence import agreeing_minimum
 from swarm.sync.exchange import Exchange
+from swarm.sync.in_process import LocalBoard
+from swarm.sync.lockstep import DeMoSync
 from swarm.sync.overlap import DeMoOverlapSync
+from swarm.sync.strategy import train_step
 
 SYNC = ["--sync", "demo", "--wait-for-replicas", "2", "--save-every", "50", "--announce-period", "1"]
 
@@ -278,8 +282,10 @@ class StepOrderExchange:
 def test_demo_overlap_applies_each_steps_set_that_many_steps_late_and_the_rest_before_a_save(late):
     trainer = SimpleNamespace(step_count=0)
     exchange = StepOrderExchange(trainer)
-    sync = DeMoOverlapSync(SimpleNamespace(apply=lambda decoded, own: [], rate=1e-3), exchange, late_steps=late)
-    sync.own_payload = lambda trainer: b""
+    optimizer = SimpleNamespace(apply=lambda decoded, own: [], rate=1e-3, config=SimpleNamespace(value_bits=16),
+                                params={}, apply_alone=lambda payload: None)  # fmt: skip
+    sync = DeMoOverlapSync(optimizer, exchange, late_steps=late)
+    sync.own_update = lambda trainer: {}
     for _ in range(5):
         assert sync.update(trainer) is None
         trainer.step_count += 1
@@ -288,6 +294,38 @@ def test_demo_overlap_applies_each_steps_set_that_many_steps_late_and_the_rest_b
         (step, 5) for step in range(5 - late, 5)
     ]
 
+
+def test_a_lone_demo_overlap_replica_computes_each_gradient_where_lockstep_demo_would(
+    tiny_config, tiny_windows, monkeypatch
+):
+    """With no other replica, the set of a step is the replica's own payload, so the step ahead
+    (its own update of each step in flight, overlap.py) puts the weights where lockstep DeMo's
+    are after that step: every gradient is computed on the same weights, bit for bit, and after
+    `settle` the weights are lockstep's. Without the step ahead, the gradients lag a step and the
+    weights part."""
+    train = TrainConfig(batch_size=4, warmup_steps=0, min_lr_fraction=1.0)  # one rate: each set meets the same
+
+    def lone(build) -> tuple:
+        trainer = replica_trainer(tiny_config, 0, tiny_windows, train, "me")
+        exchange = Exchange(LocalBoard(deadline=1.0).transport("me"), "me", replica_ids=list)
+        return trainer, build(DeMoOptimizer(trainer.module, DeMoConfig(), trainer.config.lr), exchange)
+
+    def weights(trainer) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in trainer.module.parameters()]
+
+    def run_beside_lockstep() -> list[bool]:
+        (lockstep, demo), (overlap, late) = lone(DeMoSync), lone(DeMoOverlapSync)
+        same = []
+        for _ in range(4):
+            train_step(lockstep, demo)
+            train_step(overlap, late)
+            same.append(all(torch.equal(a, b) for a, b in zip(weights(lockstep), weights(overlap))))
+        late.settle(overlap)
+        return [*same, all(torch.equal(a, b) for a, b in zip(weights(lockstep), weights(overlap)))]
+
+    assert run_beside_lockstep() == [True] * 5
+    monkeypatch.setattr(DeMoOverlapSync, "_step_ahead", lambda self: None)
+    assert not all(run_beside_lockstep())
 
 def test_outer_steps_of_two_replicas_take_where_their_changes_agree_and_keep_them_identical(lent_swarm):
     """H = 1, float32 changes, two replicas: each outer step moves both from their common start by

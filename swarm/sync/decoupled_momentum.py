@@ -177,11 +177,20 @@ class DeMoOptimizer:
         block are never held at once (at 60 M parameters, 240 MB the allocator would hand out
         and take back every step)."""
         voters, directions = self._directions(gathered, own)
+        self._take(directions)
+        return voters
+
+    @torch.no_grad()
+    def apply_alone(self, payload: Payload) -> None:
+        """The step this replica's own payload alone vouches for, as `apply` would take it were it
+        the only voter, and no record touched: demo-overlap's step ahead of its late set (overlap.py)."""
+        self._take(self._scaled(self._majorities([payload])))
+
+    def _take(self, directions: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, tiles in directions:
             param = self.params[name]
             param.mul_(1 - self.rate * self.config.weight_decay)
             add_tiles_(param, tiles, -self.rate)
-        return voters
 
     @torch.no_grad()
     def step(self, gathered: Sequence[tuple[str, Payload]], own: str) -> tuple[list[str], dict[str, torch.Tensor]]:

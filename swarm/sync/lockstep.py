@@ -31,8 +31,11 @@ class DeMoSync(Exchanging):
 
     def own_payload(self, trainer: Trainer) -> bytes:
         """This step's gradient folded into the momentum; what is shared, on the wire."""
-        payload = self.optimizer.make_payload(trainer.config.lr_at(trainer.step_count))
-        return encode_payload(payload, self.optimizer.config.value_bits)
+        return encode_payload(self.own_update(trainer), self.optimizer.config.value_bits)
+
+    def own_update(self, trainer: Trainer) -> Payload:
+        """This step's gradient folded into the momentum; what is shared (`own_payload` encodes it)."""
+        return self.optimizer.make_payload(trainer.config.lr_at(trainer.step_count))
 
     def apply(self, round_: Round, step: int) -> int | None:
         """Wait for a round's gather and take the step on its set, at the trainer's `step`;
