@@ -9,8 +9,9 @@ library's own code paths, at each size given by --sizes (`DxL`: d_model D, L lay
   and the same forward and backward with activation checkpointing (`TrainConfig.checkpoint_activations`:
   each layer's attention and MLP recomputed in the backward pass), its price in time;
 - sync, with --replicas replicas (the others' payloads made by the same code from other batches
-  and the same weights, as replicas that stay identical would): DeMo (`--sync demo` and
-  `demo-overlap`, which run the same code) through `DeMoOptimizer.make_payload` (compress, error
+  and the same weights, as replicas that stay identical would): DeMo (`--sync demo`, and
+  `demo-overlap`'s vote and step, the same code; its step ahead, one more decode and step of
+  its own payload per step in flight and two copies of the block, is not measured here) through `DeMoOptimizer.make_payload` (compress, error
   feedback included), `encode_payload`, `decode_payload` of every payload (own included, as
   exchange.py does) and `apply`; outer steps (`outer`, `outer-overlap`) through
   `OuterOptimizer.make_payload` (compress and encode are one call there), `decode` and `apply`,

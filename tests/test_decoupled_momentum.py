@@ -208,6 +208,7 @@ def test_a_hostile_voter_that_spends_its_whole_weight_on_one_tile_cannot_turn_it
     honest = replica.make_payload(lr=2e-3)
     backward(blocks[0], tiny_windows, 1)
     other_honest = replica.make_payload(lr=2e-3)
+
     def agreed(name: str) -> torch.Tensor:  # where both honest updates go one way, in the parameter's shape
         a, b = (decompress(p[name]) for p in (honest, other_honest))
         return (a.sign() == b.sign()) & (a != 0)
@@ -237,6 +238,7 @@ def test_a_hostile_voter_that_spends_its_whole_weight_on_one_tile_cannot_turn_it
     assert turned() == 0
     monkeypatch.setattr(decoupled_momentum, "majority_mean", lambda changes: sum(changes) / len(changes))
     assert turned() > 0
+
 
 @pytest.mark.parametrize("value_bits", [16, 1])
 @pytest.mark.parametrize("attack", ["negated", "largest values against it"])

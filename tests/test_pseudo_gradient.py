@@ -229,13 +229,15 @@ def test_the_coordinatewise_sort_is_torchs_sort(n):
 @pytest.mark.parametrize("n", range(1, 8))
 def test_the_majority_range_is_the_sorts_middle_values(n):
     """Of three and four, `majority_range` takes its own comparisons; every n gives the sort's
-    v(n - m + 1) and v(m), m = n // 2 + 1, bit for bit, ties included."""
+    v(n - m + 1) and v(m), m = n // 2 + 1, ties included (as values: of a tie between 0 and -0,
+    either may come out)."""
     generator = torch.Generator().manual_seed(n)
     values = [torch.randn(1000, generator=generator).round(decimals=1) for _ in range(n)]
     ordered = torch.stack(values).sort(dim=0).values
     low, high = majority_range(values)
     majority = n // 2 + 1
     assert torch.equal(low, ordered[n - majority]) and torch.equal(high, ordered[majority - 1])
+
 
 def test_bad_payloads_are_refused(tiny_config):
     replica = moved_replica(tiny_config, OuterConfig())

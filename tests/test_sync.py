@@ -324,8 +324,9 @@ def test_a_lone_demo_overlap_replica_computes_each_gradient_where_lockstep_demo_
         return [*same, all(torch.equal(a, b) for a, b in zip(weights(lockstep), weights(overlap)))]
 
     assert run_beside_lockstep() == [True] * 5
-    monkeypatch.setattr(DeMoOverlapSync, "_step_ahead", lambda self: None)
+    monkeypatch.setattr(DeMoOverlapSync, "_step_ahead", lambda self, payloads: None)
     assert not all(run_beside_lockstep())
+
 
 def test_outer_steps_of_two_replicas_take_where_their_changes_agree_and_keep_them_identical(lent_swarm):
     """H = 1, float32 changes, two replicas: each outer step moves both from their common start by

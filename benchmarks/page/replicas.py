@@ -122,6 +122,15 @@ def demo_gap(folder: Folder) -> list[str]:
     )
 
 
+def demo_overlap_gap(folder: Folder) -> list[str]:
+    return with_later_runs(
+        folder,
+        functools.partial(sync_gap_run, "demo-overlap"),
+        "Runs `--sync demo-overlap`'s replicas (each step's set applied a step late, each replica's own update "
+        "taken ahead meanwhile) and the dense baseline in one process, with no network.",
+    )
+
+
 def sync_gap_run(mode: str, folder: Folder, title: str) -> list[str]:
     """<mode>_gap.json of benchmarks/sync_gap.py (outer_gap.py before it took --mode: the same options)."""
     g = folder.json(f"{mode}_gap.json")

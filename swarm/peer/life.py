@@ -563,6 +563,18 @@ class Peer:
         if reconcile.run(trainer.module, self.checkpoint, replicas) is not None:
             sync.averaged(trainer.step_count)
 
+    def _settle_to_leave(self, replica: Replica) -> None:
+        """Before the last save, apply what the sync still has in flight, as every save does (after
+        `_train`, nothing is; after an error in it, an overlapped strategy may hold steps ahead).
+        Failing here (the exchange may be what failed) leaves the weights as settle left them."""
+        synced = self.parts.synced
+        if synced is None:
+            return
+        try:
+            synced.sync.settle(replica.trainer)
+        except Exception as error:  # noqa: BLE001 (leaving must not fail: the save still runs)
+            logger.warning("could not apply the updates in flight before leaving: %s", error)
+
     def _save(self, replica: Replica) -> None:
         """Save and serve a new checkpoint; if the disk refuses (full, read-only), keep serving
         the last good one and go on training: the next save tries again."""
@@ -591,6 +603,7 @@ class Peer:
             if claimed is not None:
                 claimed.announcer.join()  # its last record must not land after "leaving"
             if claimed is not None and replica is not None:
+                self._settle_to_leave(replica)
                 self._save(replica)
                 self.state = "leaving"
                 claimed.announcer.announce(wait=True)

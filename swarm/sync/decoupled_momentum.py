@@ -241,6 +241,9 @@ class DeMoOptimizer:
                                   device=values.device)  # fmt: skip (one buffer for every chunk)
             for start in range(0, indices.shape[1], chunk):
                 end = min(start + chunk, indices.shape[1])
+                if len(voters) == 1:  # its own majority: decoded where the majority goes (demo-overlap's step ahead)
+                    decoded_updates(indices[:, start:end], values[:, start:end], tile, majority[start:end])
+                    continue
                 into = decoded[: len(voters) * (end - start)]
                 majority[start:end] = majority_mean(
                     list(decoded_updates(indices[:, start:end], values[:, start:end], tile, into))

@@ -20,14 +20,17 @@ behind. Without it the next gradient still asks for what the late set is about t
 momentum sends it again, and the update overshoots: in one process (4 replicas of block 1 of
 benchmarks/sync.py's small model, batch 32, constant rate), validation loss after 100 / 400
 steps was 7.734 / 7.297 one step late, 7.352 / 7.199 with the step ahead, 7.223 / 6.972 in
-lockstep: better, not yet lockstep's (issue 47's notes). The weights before the steps ahead are kept (`behind`, one copy of the block) and put
-back before a set is applied, so every replica applies each set to the same weights and they
-stay bit-identical; a checkpoint (after `settle`) holds no step ahead.
+lockstep: better, not yet lockstep's (issue 47's notes). The weights before the steps ahead
+are kept (`behind`, one copy of the block) and put back once a set's gather is in, just before
+the set is applied (spare batches computed while waiting are taken ahead too), so every replica
+applies each set to the same weights and they stay bit-identical; `settle` puts them back as
+well, so a checkpoint holds no step ahead.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -41,7 +44,8 @@ from swarm.sync.lockstep import DeMoSync
 @dataclass
 class DeMoOverlapSync(DeMoSync):
     """`--sync demo-overlap` (a `SyncStrategy`): lockstep DeMo's update, applied `late_steps` steps
-    late, with the replica's own updates of the steps in flight taken ahead meanwhile."""
+    late, with the replica's own updates of the steps in flight taken ahead meanwhile (`ahead`:
+    the weights hold them; `behind`: the weights without them, one copy of the block)."""
 
     late_steps: int = 1
     pending: deque[Round] = field(default_factory=deque)  # the exchanges in flight, oldest first
@@ -54,12 +58,13 @@ class DeMoOverlapSync(DeMoSync):
         value_bits = self.optimizer.config.value_bits
         self.pending.append(self.exchange.start(trainer.step_count, encode_payload(payload, value_bits)))
         self.own.append(payload)
-        self._step_back()
-        jump = None
-        if len(self.pending) > self.late_steps:
-            self.own.popleft()
-            jump = self.apply(self.pending.popleft(), trainer.step_count)
-        self._step_ahead()
+        if len(self.pending) <= self.late_steps:  # no set due: the newest own update goes on top
+            self._step_ahead([payload])
+            return None
+        self.own.popleft()
+        jump = self.apply(self.pending.popleft(), trainer.step_count)  # steps back once the set is in (`_vote`)
+        self._step_back()  # (already back, unless the set was never voted on)
+        self._step_ahead(self.own)
         return jump
 
     def apply(self, round_: Round, step: int) -> int | None:
@@ -69,19 +74,27 @@ class DeMoOverlapSync(DeMoSync):
             self.own.clear()
         return jump
 
+    def _vote(self, decoded: list[tuple[str, Payload]]) -> list[str]:
+        """Back to the weights every replica shares, then the set's step. Only now, after the
+        gather: the spare batches computed while waiting for it are taken at the weights ahead."""
+        self._step_back()
+        return super()._vote(decoded)
+
     @torch.no_grad()
-    def _step_ahead(self) -> None:
-        """Keep the weights as they are, then take this replica's own update of each step in flight."""
-        if not self.own:
+    def _step_ahead(self, payloads: Iterable[Payload]) -> None:
+        """Keep the weights as they are unless already ahead, then take these own updates."""
+        payloads = list(payloads)
+        if not payloads:
             return
-        for name, param in self.optimizer.params.items():  # the same buffers every step
-            if name in self.behind:
-                self.behind[name].copy_(param)
-            else:
-                self.behind[name] = param.detach().clone()
-        for payload in self.own:
+        if not self.ahead:
+            for name, param in self.optimizer.params.items():  # the same buffers every step
+                if name in self.behind:
+                    self.behind[name].copy_(param)
+                else:
+                    self.behind[name] = param.detach().clone()
+            self.ahead = True  # before any step: one that fails halfway is still put back
+        for payload in payloads:
             self.optimizer.apply_alone(payload)
-        self.ahead = True
 
     @torch.no_grad()
     def _step_back(self) -> None:
@@ -94,9 +107,11 @@ class DeMoOverlapSync(DeMoSync):
     def settle(self, trainer: Trainer) -> int | None:
         """Apply the sets still in flight, so that the weights hold every step's update. A wait
         here comes between steps, outside the trainer's compute time: it lowers utilisation as
-        wall time already and is not counted again as waiting."""
+        wall time already and is not counted again as waiting. The copy of the weights kept for
+        the steps ahead is let go (the next step makes it again; a peer done training holds none)."""
         jump = None
         self._step_back()
+        self.behind.clear()
         with self.exchange.between_steps():
             while self.pending:
                 self.own.popleft()
