@@ -4,6 +4,7 @@ across regions, and what a block costs as it grows."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from .formatting import (
     DASH,
@@ -103,32 +104,27 @@ def os_check(folder: Folder) -> list[str]:
     ] + table(["mode", "steps", "counted", "kernel"], rows)  # fmt: skip
 
 
-def outer_gap(folder: Folder) -> list[str]:
-    return with_later_runs(
-        folder,
-        functools.partial(sync_gap_run, "outer"),
-        "Runs the outer mode's replicas and the dense baseline (gradients averaged every step) in one process, "
-        "with no network, for longer than peers could run here, to see whether the outer mode's loss gap closes "
-        "as the run grows longer.",
-    )
+def sync_gap(mode: str, what: str) -> Callable[[Folder], list[str]]:
+    """The renderer of benchmarks/sync_gap.py's results folder for `mode` (<mode>_gap), under `what`."""
+    return lambda folder: with_later_runs(folder, functools.partial(sync_gap_run, mode), what)
 
 
-def demo_gap(folder: Folder) -> list[str]:
-    return with_later_runs(
-        folder,
-        functools.partial(sync_gap_run, "demo"),
-        "Runs DeMo's replicas (`--sync demo`, every step's payloads exchanged) and the dense baseline in one "
-        "process, with no network: the quick check of whether DeMo learns as dense does at equal steps.",
-    )
-
-
-def demo_overlap_gap(folder: Folder) -> list[str]:
-    return with_later_runs(
-        folder,
-        functools.partial(sync_gap_run, "demo-overlap"),
-        "Runs `--sync demo-overlap`'s replicas (each step's set applied a step late, each replica's own update "
-        "taken ahead meanwhile) and the dense baseline in one process, with no network.",
-    )
+outer_gap = sync_gap(
+    "outer",
+    "Runs the outer mode's replicas and the dense baseline (gradients averaged every step) in one process, "
+    "with no network, for longer than peers could run here, to see whether the outer mode's loss gap closes "
+    "as the run grows longer.",
+)
+demo_gap = sync_gap(
+    "demo",
+    "Runs DeMo's replicas (`--sync demo`, every step's payloads exchanged) and the dense baseline in one "
+    "process, with no network: the quick check of whether DeMo learns as dense does at equal steps.",
+)
+demo_overlap_gap = sync_gap(
+    "demo-overlap",
+    "Runs `--sync demo-overlap`'s replicas (each step's set applied a step late, each replica's own update "
+    "taken ahead meanwhile) and the dense baseline in one process, with no network.",
+)
 
 
 def sync_gap_run(mode: str, folder: Folder, title: str) -> list[str]:
