@@ -7,7 +7,7 @@ it trains the end-to-end denoiser and the autoregressive baseline at equal compu
 optimizer steps as the blocks took (their mean), the same batch size and schedule as a
 peer's, each at its kind's own learning rate (swarm/model/train.py's `default_lr`: the
 end-to-end denoiser at the blocks' rate), each in its own process, one after the other. All three are scored on
-the same validation windows: bits per byte (the ELBO of a diffusion model, the teacher-forced
+the same validation windows: bits per byte (of the masked blocks, the exact likelihood of left-to-right writing, beside their ELBO; the teacher-forced
 cross-entropy of AR) beside gzip's, bzip2's and xz's on the same validation text (and xz's after
 reading the training text), the sample figures (real words, distinct words, word entropy,
 beside the true text's and AR's), gen_nll under the AR model as judge (beside the true
@@ -42,7 +42,7 @@ from swarm.model.compressors import compressor_bits_per_byte
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import (
-    elbo_bits_per_byte,
+    bits_per_byte,
     evaluate_autoregressive,
     evaluate_denoiser,
     generate_for_windows,
@@ -88,7 +88,7 @@ def swarm_phase(args, config_path: Path, config: ModelConfig, workdir: Path, cur
                 continue
             model, fetched_folder = load_model_folder(folder), folder
             steps = [model.manifest["blocks"][str(b)]["step"] for b in range(config.n_blocks)]
-            bpb = elbo_bits_per_byte(model.denoiser_for_block, config, curve_windows)["overall"]
+            bpb = bits_per_byte(model.denoiser_for_block, config, curve_windows)["overall"]
             curve.append((time.monotonic() - started, sum(steps) / len(steps), bpb))
             logger.info("after %.0f s: blocks at steps %s, %.3f bits per byte", curve[-1][0], steps, bpb)
     if fetched_folder is None:
@@ -254,7 +254,8 @@ def main() -> None:
     parser.add_argument("--curve-points", type=int, default=5, help="fetches of the swarm's model while it trains")
     parser.add_argument("--windows", type=int, default=256, help="validation windows for the figures")
     parser.add_argument("--steps-per-block", type=int, default=8, help="denoising steps per block at generation")
-    parser.add_argument("--temperature", type=float, default=0.0, help="of the samples (0: argmax)")
+    parser.add_argument("--temperature", type=float, default=Sampling.temperature,
+                        help="of the samples (default: the sampler's, what a user gets; 0: argmax)")
     parser.add_argument("--reveal", choices=REVEAL_ORDERS, default=Sampling.reveal, help="the masked sampler's "
                         "reveal order (swarm/model/steps.py), of the samples and the figures")  # fmt: skip
     parser.add_argument("--sample-bytes", type=int, default=128)

@@ -180,7 +180,7 @@ def plot_curves(result: dict, configs: dict[str, ModelConfig], path: Path) -> No
     s, _, bpb = zip(*curves["autoregressive"])
     ax.plot(s, bpb, linewidth=2, color="black", label="autoregressive (teacher-forced)")
     ax.set_xlabel("optimizer steps (each block, and each baseline)")
-    ax.set_ylabel("validation bits per byte (ELBO for diffusion)")
+    ax.set_ylabel("validation bits per byte (masked: exact, leftmost; gaussian: ELBO)")
     ax.set_title("quality at equal compute")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -47,7 +47,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--windows", type=int, default=256, help="validation windows for the figures (the long run's)")
     parser.add_argument("--steps-per-block", type=int, default=8, help="denoising steps per block at generation")
-    parser.add_argument("--temperature", type=float, default=0.0, help="of the samples (0: argmax)")
+    parser.add_argument("--temperature", type=float, default=Sampling.temperature,
+                        help="of the samples (default: the sampler's, what a user gets; 0: argmax)")
     parser.add_argument("--reveal", choices=REVEAL_ORDERS, default=Sampling.reveal, help="the sampler's reveal order")
     parser.add_argument("--sample-bytes", type=int, default=128)
     parser.add_argument("--judge", default=None, help="an autoregressive model folder: gen_nll under it")

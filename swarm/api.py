@@ -29,7 +29,7 @@ from swarm.model.checkpoint import LoadedModel, load_model_folder
 from swarm.model.denoiser import ModelConfig
 from swarm.model.families import local_runner
 from swarm.model.generate import STEPS_PER_BLOCK, continue_text
-from swarm.model.steps import DEFAULT_TEMPERATURE, BlockRunner, Reveal, Sampling
+from swarm.model.steps import DEFAULT_REVEAL, DEFAULT_TEMPERATURE, BlockRunner, Reveal, Sampling
 
 if TYPE_CHECKING:
     from swarm.p2p.client import SwarmClient
@@ -58,7 +58,7 @@ class Writer:
     run_block: BlockRunner
 
     def stream(self, prompt: str, max_bytes: int = 128, temperature: float = DEFAULT_TEMPERATURE,
-               reveal: Reveal = "confident", steps_per_block: int = STEPS_PER_BLOCK,
+               reveal: Reveal = DEFAULT_REVEAL, steps_per_block: int = STEPS_PER_BLOCK,
                seed: int = 0) -> Iterator[str]:  # fmt: skip
         """The continuation of `prompt`, piece by piece as each pass through the blocks writes it.
 
@@ -66,7 +66,7 @@ class Writer:
             max_bytes: the longest continuation, in bytes of UTF-8.
             temperature: 0 takes the most likely unit; above 0 (the default: DEFAULT_TEMPERATURE), draws from
                 the softened logits.
-            reveal: which hidden units a masked step shows ("confident", "random", "leftmost").
+            reveal: which hidden units a masked step shows ("leftmost", the default; "confident", "random").
             steps_per_block: denoising steps of each block per span.
             seed: the same seed writes the same text, here or through the swarm.
         """

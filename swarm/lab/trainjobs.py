@@ -29,7 +29,7 @@ import torch
 from swarm.model.checkpoint import save_block, save_model_folder
 from swarm.model.data import Windows
 from swarm.model.denoiser import ModelConfig, count_parameters
-from swarm.model.evaluate import block_elbo_bits, elbo_bits_per_byte, judge_nll
+from swarm.model.evaluate import bits_per_byte, block_bits, judge_nll, units_per_byte
 from swarm.model.train import (
     TrainConfig,
     Trainer,
@@ -58,16 +58,17 @@ def peak_rss_bytes() -> int:
 
 @torch.no_grad()
 def bits_per_byte_now(trainer: Trainer, kind: str, block: int | None, windows: torch.Tensor) -> float:
-    """The trainer's module's likelihood figure on fixed windows: the ELBO of a denoiser (for a
-    block, its own slice's share), the teacher-forced cross-entropy of the autoregressive model
-    on the same target bytes."""
+    """The trainer's module's bits per byte on fixed windows, the figure its final score gives
+    (swarm/model/evaluate.py): a denoiser's (for a block, its own share), the teacher-forced
+    cross-entropy of the autoregressive model on the same target units, per byte of their text."""
     module = trainer.module if trainer.device.type == "cpu" else copy.deepcopy(trainer.module).cpu()  # figured on the host
     module.eval()
-    if kind == "autoregressive":  # the G bytes after each prefix, as its final figure
-        return judge_nll(module, windows, windows[:, module.config.prefix_len :], module.config) / math.log(2)
+    config = module.config
+    if kind == "autoregressive":  # the G units after each prefix, as its final figure
+        return judge_nll(module, windows, windows[:, config.prefix_len :], config) * units_per_byte(windows, config) / math.log(2)
     if block is None:
-        return elbo_bits_per_byte(lambda _: module, module.config, windows)["overall"]
-    return block_elbo_bits(module, module.config, block, windows)
+        return bits_per_byte(lambda _: module, config, windows)["overall"]
+    return block_bits(module, config, block, windows)
 
 
 def train_one(job: dict) -> dict:

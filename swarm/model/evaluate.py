@@ -1,11 +1,17 @@
 """The figures of quality on validation windows (lower is better, except the share of real words).
 
 Every model is scored on the same windows and, within a family, the same noise draws:
-- bits_per_byte: the likelihood figure the papers report. For a diffusion model, its
-  variational bound (ELBO) over the whole noise range, each noise level evaluated by the block
-  that owns it; for the autoregressive baseline, its teacher-forced cross-entropy. Both are of
-  the same G target units after the same P-unit prefix, and both are per byte of the text
-  those units stand for (`units_per_byte`), so models of any units compare;
+- bits_per_byte: the model's likelihood of the true continuation. For the masked family, the
+  exact likelihood of writing it with the leftmost sampler at temperature 1 and generation's
+  default steps per block (`MaskedFamily.leftmost_nll`), each unit's share from the block that
+  writes it; for the gaussian family, which has no exact one, its variational bound (ELBO); for
+  the autoregressive baseline, its teacher-forced cross-entropy. All are of the same G target
+  units after the same P-unit prefix, and all are per byte of the text those units stand for
+  (`units_per_byte`), so models of any units compare, and with a compressor's output;
+- elbo_bits_per_byte (masked family): its variational bound over the whole noise range, each
+  noise level evaluated by the block that owns it: the figure the masked-diffusion papers report,
+  and what training lowers. It averages over every reveal order, so it is above the leftmost
+  order's exact figure when left to right is the easier order (it is, on text);
 - denoise_ce: the family's cross-entropy on a fixed grid of noise levels of each block (the
   spot check's figure), overall and per block, in nats per unit;
 - chain_ce: cross-entropy (nats per unit), against the true next G units, of the logits
@@ -30,6 +36,7 @@ from torch import nn
 from swarm.model.autoregressive import ByteTransformer, continuation_nll, generate_bytes
 from swarm.model.denoiser import ModelConfig
 from swarm.model.families import family_of, generate_span, local_runner
+from swarm.model.generate import STEPS_PER_BLOCK
 from swarm.model.steps import DenoiserForBlock, Sampling
 from swarm.model.words import real_word_share
 
@@ -86,6 +93,26 @@ def block_elbo_bits(denoiser: nn.Module, config: ModelConfig, block: int, window
 def elbo_bits_per_byte(denoiser_for_block: DenoiserForBlock, config: ModelConfig, windows: torch.Tensor) -> dict:
     """{'overall': the bound on -log2 p(target) per byte, 'per_block': each block's share of it}."""
     per_block = [block_elbo_bits(denoiser_for_block(b), config, b, windows) for b in range(config.n_blocks)]
+    return {"overall": sum(per_block), "per_block": per_block}
+
+
+@torch.no_grad()
+def block_bits(denoiser: nn.Module, config: ModelConfig, block: int, windows: torch.Tensor) -> float:
+    """Block `block`'s share of the model's bits per byte (`bits_per_byte`), fixed draws."""
+    if config.family != "masked":
+        return block_elbo_bits(denoiser, config, block, windows)
+    family, denoiser = family_of(config), denoiser.eval()
+    def per_unit(batch: torch.Tensor, _seed: int) -> float:
+        return float(family.leftmost_nll(denoiser, block, batch, STEPS_PER_BLOCK).mean()) / config.gen_len
+
+    nats = _mean_over_batches(per_unit, windows)
+    return nats * units_per_byte(windows, config) / math.log(2)
+
+
+@torch.no_grad()
+def bits_per_byte(denoiser_for_block: DenoiserForBlock, config: ModelConfig, windows: torch.Tensor) -> dict:
+    """{'overall': -log2 p(target) per byte (see the module docstring), 'per_block': each block's share}."""
+    per_block = [block_bits(denoiser_for_block(b), config, b, windows) for b in range(config.n_blocks)]
     return {"overall": sum(per_block), "per_block": per_block}
 
 
@@ -147,10 +174,12 @@ def evaluate_denoiser(
     figures = {
         "family": config.family,
         "reveal": sampling.reveal,
-        "bits_per_byte": elbo_bits_per_byte(denoiser_for_block, config, windows),
+        "bits_per_byte": bits_per_byte(denoiser_for_block, config, windows),
         "denoise_ce": denoise_ce(denoiser_for_block, config, windows),
         "chain_ce": chain_ce(logits, windows, config),
     }
+    if config.family == "masked":
+        figures["elbo_bits_per_byte"] = elbo_bits_per_byte(denoiser_for_block, config, windows)
     if judge is not None:
         figures["gen_nll"] = judge_nll(judge, windows, generated, config)
         figures["true_nll"] = judge_nll(judge, windows, windows[:, config.prefix_len :], config)
