@@ -157,9 +157,9 @@ def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args)
     judge = load_model_folder(workdir / "ar").modules[0].eval()
     figures = {
         "blocks": evaluate_denoiser(blocks.denoiser_for_block, config, windows, args.steps_per_block, judge, known,
-                                    Sampling(reveal=args.reveal)),
+                                    Sampling(args.temperature, args.reveal)),
         "end_to_end": evaluate_denoiser(lambda _: e2e, config, windows, args.steps_per_block, judge, known,
-                                        Sampling(reveal=args.reveal)),
+                                        Sampling(args.temperature, args.reveal)),
         "autoregressive": evaluate_autoregressive(judge, config, windows, known),
     }
     bpb = {name: f["bits_per_byte"]["overall"] for name, f in figures.items()}
@@ -179,10 +179,11 @@ def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args)
 
 
 def by_reveal(denoiser_for_block, config: ModelConfig, windows: torch.Tensor, judge, known, args) -> dict:
-    """The blocks' writing under each reveal order of the sampler, side by side (argmax, the same
-    draws); `gen_nll` over the true continuation's only with a judge."""
+    """The blocks' writing under each reveal order of the sampler, side by side (at --temperature,
+    the same draws); `gen_nll` over the true continuation's only with a judge."""
     true_nll = true_continuation_nll(judge, windows, config)
-    return {reveal: sampler_row(denoiser_for_block, config, windows, judge, known, args, Sampling(reveal=reveal), true_nll)
+    return {reveal: sampler_row(denoiser_for_block, config, windows, judge, known, args,
+                                Sampling(args.temperature, reveal), true_nll)
             for reveal in REVEAL_ORDERS}  # fmt: skip
 
 

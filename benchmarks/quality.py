@@ -6,8 +6,8 @@ the end-to-end model at N steps) and the end-to-end denoiser for --steps steps; 
 autoregressive byte transformer (about the same parameter count) for --steps steps. Each
 model trains in its own process, one after another (swarm/lab/trainjobs.py), so peak memory
 is that trainer's alone and none steals the others' cores. All are scored on the same
-validation windows (swarm/model/evaluate.py): bits per byte (the likelihood the papers
-report), the share of real words in what they write, gen_nll under the AR model as judge,
+validation windows (swarm/model/evaluate.py): bits per byte (a masked model's exact likelihood, with the
+ELBO the papers report beside it), the share of real words in what they write, gen_nll under the AR model as judge,
 chain_ce and denoise_ce; for the gaussian family also where its chain hands each block its
 span (`path_norms`, 1.0 = on the training path). Writes quality.json and quality.png (bits
 per byte against steps) under --out and prints the JSON without the curves.

@@ -64,7 +64,7 @@ def main() -> None:
     judge = judged.modules[0] if judged else None
     known, blocks = vocabulary(corpus.train), start.model.denoiser_for_block
     figures = evaluate_denoiser(
-        blocks, config, windows, args.steps_per_block, judge, known, Sampling(reveal=args.reveal)
+        blocks, config, windows, args.steps_per_block, judge, known, Sampling(args.temperature, args.reveal)
     )
     written = {order: sample_texts({"blocks": blocks}, config, corpus, argparse.Namespace(**{**vars(args), "reveal": order}))
                for order in REVEAL_ORDERS}  # fmt: skip

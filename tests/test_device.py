@@ -28,7 +28,7 @@ from safetensors.torch import load as load_safetensors_bytes
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block, encode_block
 from swarm.model.denoiser import ModelConfig, build_block
-from swarm.model.evaluate import block_denoise_ce, block_elbo_bits
+from swarm.model.evaluate import block_bits, block_denoise_ce, block_elbo_bits
 from swarm.model.families import family_of
 from swarm.model.steps import Sampling
 from swarm.model.train import TrainConfig, Trainer, checked_device, diffusion_loss_fn
@@ -230,7 +230,7 @@ class InputsSeen(torch.nn.Module):
         raise self.Seen
 
 
-@pytest.mark.parametrize("figure", [block_denoise_ce, block_elbo_bits])  # the spot check's, and the likelihood's
+@pytest.mark.parametrize("figure", [block_denoise_ce, block_elbo_bits, block_bits])  # the spot check's, the bound's, the likelihood's
 @pytest.mark.parametrize("family", ["masked", "gaussian"])
 def test_scoring_hands_the_block_its_windows_and_noise_on_the_blocks_device(tiny_config, tiny_windows, family, figure):
     """The windows and the draws are made on the CPU (the same on every device); a block on a GPU

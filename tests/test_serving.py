@@ -53,14 +53,17 @@ def test_distributed_generation_equals_local_generation(served):
     here = generate_span(local_runner(model.denoiser_for_block, model.config), model.config, prefix, 3,
                          torch.Generator().manual_seed(5))
     assert torch.equal(remote[0], here[0])
-    # the reveal order travels in the request: asked for random order, the peers write what it writes here
-    randomly = Sampling(reveal="random")
-    remote_random = generate_span(remote_runner(served), model.config, prefix, 3, torch.Generator().manual_seed(5),
-                                  randomly)[0]  # fmt: skip
-    here_random = generate_span(local_runner(model.denoiser_for_block, model.config), model.config, prefix, 3,
-                                torch.Generator().manual_seed(5), randomly)[0]  # fmt: skip
-    assert not torch.equal(here_random, here[0])  # else this would not tell whether the order travelled
-    assert torch.equal(remote_random, here_random)
+    # the reveal order travels in the request: asked for another order, the peers write what it writes
+    # here (confident order ranks by the logits, so the peers' and this process's must rank alike)
+    for order in ("random", "confident"):
+        sampling = Sampling(reveal=order)
+        remote_other = generate_span(remote_runner(served), model.config, prefix, 3, torch.Generator().manual_seed(5),
+                                     sampling)[0]  # fmt: skip
+        here_other = generate_span(local_runner(model.denoiser_for_block, model.config), model.config, prefix, 3,
+                                   torch.Generator().manual_seed(5), sampling)[0]  # fmt: skip
+        assert torch.equal(remote_other, here_other), order
+        if order == "random":
+            assert not torch.equal(here_other, here[0])  # else this would not tell whether the order travelled
     # a remote pass asks only the last block for logits: those of the bytes it revealed
     from_last_block = remote[1].abs().sum(dim=-1) > 0
     assert from_last_block.any()

@@ -31,7 +31,7 @@ def quality(folder: Folder) -> list[str]:
     return section(
         "Trains each family's blocks (each as many steps as the end-to-end model) and end-to-end model, and the "
         "autoregressive baseline, on the built-in corpus, each in its own process, and scores them on the same "
-        "validation windows: bits per byte (a diffusion model's ELBO, the autoregressive model's teacher-forced "
+        f"validation windows: bits per byte ({diffusion_likelihood(families, first)}, the autoregressive model's teacher-forced "
         "cross-entropy), the share of whole written words that are words of the training text, and in nats per "
         "byte `gen_nll` (the autoregressive judge's NLL of the written bytes), `chain_ce` and `denoise_ce`. The "
         "gaussian chain's path norms are where the chain hands each block its span over where training put "
@@ -113,7 +113,8 @@ def long_run(folder: Folder) -> list[str]:
         table(["model", "bits per byte", "real words", "distinct words", "gen_nll", "chain_ce"], rows),
         compressors_line(r),
         f"Blocks over end-to-end {times(r.num('blocks_over_end_to_end'))}, blocks over autoregressive "
-        f"{times(r.num('blocks_over_autoregressive'))} (bits per byte); the blocks' `gen_nll` over the true "
+        f"{times(r.num('blocks_over_autoregressive'))} (bits per byte{elbo_beside(blocks, ' of the blocks: ')}); the "
+        "blocks' `gen_nll` over the true "
         f"continuation's {times(r.num('gen_nll_over_true'))}.",
         reveal_line(r),
         temperature_table(r, "blocks_by_temperature"),
@@ -154,7 +155,8 @@ def start_model(folder: Folder) -> list[str]:
         "under each reveal order of the sampler.",
         command("start_model.py", r["settings"].data),
         f"How they were made: {made_how(made)}, on the {made['data']} corpus, started from {made['started_from']}. "
-        f"Blocks at steps {plain(r['block_steps'])}: {fixed(f['bits_per_byte'].num('overall'))} bits per byte.",
+        f"Blocks at steps {plain(r['block_steps'])}: {fixed(f['bits_per_byte'].num('overall'))} bits per byte"
+        f"{elbo_beside(f, ' (')}{')' if f.get('elbo_bits_per_byte') is not None else ''}.",
         compressors_line(r),
         peer_needs(r),
         judge_line,
@@ -162,6 +164,22 @@ def start_model(folder: Folder) -> list[str]:
         temperature_table(r, "by_temperature"),
         start_model_samples(r),
     )
+
+
+def diffusion_likelihood(families: Node, first: Node) -> str:
+    """What a diffusion model's bits per byte is in this results file: runs before the exact
+    left-to-right figure hold the ELBO for both families."""
+    masked = families["masked"]["figures"]["blocks"] if "masked" in families.names() else first
+    if masked.get("elbo_bits_per_byte") is None:
+        return "a diffusion model's ELBO"
+    return "a masked model's exact likelihood of writing left to right, a gaussian one's ELBO"
+
+
+def elbo_beside(figures: Node, lead: str) -> str:
+    """Where a masked model's bits per byte is its exact left-to-right likelihood, `lead` and its ELBO."""
+    if figures.get("elbo_bits_per_byte") is None:
+        return ""  # the gaussian family, and runs from before the exact figure: bits per byte is the ELBO
+    return f"{lead}exact, writing left to right; the ELBO {fixed(figures['elbo_bits_per_byte'].num('overall'))}"
 
 
 def peer_needs(r: Node) -> str:

@@ -96,11 +96,13 @@ def unmask_steps(
     """One block's K steps along `ts` (K + 1 decreasing mask rates): what a peer runs.
 
     All draws (which bytes to reveal, and their values) come from a CPU generator seeded with
-    `seed`, a fixed number of them per step whatever the reveal order, so the same inputs give
-    the same bytes anywhere, whatever device the block is on. The steps run on the block's
-    device, in its dtype; returns (ids, logits each newly revealed byte was drawn from, zeros
-    where none was) on the device `ids` came on, the logits in the block's dtype. With the
-    config's `prefix_cache` the prefix is encoded once for the K steps (`over_prefix`).
+    `seed`, a fixed number of them per step that takes one, so the same inputs give the same bytes
+    anywhere, whatever device the block is on. In confident and leftmost order a step whose count
+    shows nothing in any row is skipped: no pass through the block, no draw (at G = 8, four blocks
+    and 4 steps a block, half the steps). The steps run on the block's device, in its dtype;
+    returns (ids, logits each newly revealed byte was drawn from, zeros where none was) on the
+    device `ids` came on, the logits in the block's dtype. With the config's `prefix_cache` the
+    prefix is encoded once for the K steps (`over_prefix`).
     """
     weight, home = next(denoiser.parameters()), ids.device
     generator = torch.Generator().manual_seed(seed)
@@ -108,14 +110,16 @@ def unmask_steps(
     drawn_from = torch.zeros(*ids.shape, denoiser.config.vocab_size, device=weight.device, dtype=weight.dtype)
     step = over_prefix(denoiser, prefix, len(ts) - 1)
     for t, s in pairwise(ts):
+        hidden = ids == denoiser.config.mask_id
+        count = (hidden.sum(dim=1).cpu() - kept_hidden(float(s), ids.shape[1])).clamp(min=0)
+        if sampling.reveal != "random" and not count.any():
+            continue
         logits = step(ids, t.expand(len(ids)).to(weight.device))
         draws = torch.rand(ids.shape, generator=generator, device=generator.device)
         picked = pick_bytes(logits, sampling.temperature, generator)
-        hidden = ids == denoiser.config.mask_id
         if sampling.reveal == "random":
             reveal = hidden & (draws < (t - s) / t).to(weight.device)
         else:
-            count = (hidden.sum(dim=1).cpu() - kept_hidden(float(s), ids.shape[1])).clamp(min=0)
             priority = leftmost_priority(ids.shape[1]) if sampling.reveal == "leftmost" else confidence(logits, picked)
             reveal = first_in_order(hidden, priority, count)
         ids = torch.where(reveal, picked, ids)
@@ -130,8 +134,8 @@ def kept_hidden(s: float, units: int) -> int:
 
 
 def leftmost_priority(units: int) -> torch.Tensor:
-    """The leftmost order's priority: the earliest position first."""
-    return -torch.arange(units, dtype=torch.float32)
+    """The leftmost order's priority: the earliest position first (made on the CPU, where the ranking is)."""
+    return -torch.arange(units, dtype=torch.float32, device="cpu")
 
 
 def confidence(logits: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:

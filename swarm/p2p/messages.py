@@ -21,7 +21,7 @@ import msgpack
 from hivemind.proto import runtime_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from swarm.model.steps import MAX_TEMPERATURE, Reveal, Sampling
+from swarm.model.steps import DEFAULT_REVEAL, MAX_TEMPERATURE, Reveal, Sampling
 from swarm.model.units import MAX_TOKENIZER_BYTES
 from swarm.p2p.records import MAX_BLOCKS, BlockAnnouncement, MemberProof
 
@@ -163,7 +163,7 @@ class DenoiseRequest(Message):
     checkpoint: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")  # sha256 of the checkpoint to run ("": any)
     seed: int = Field(default=0, ge=0, lt=2**63)
     temperature: float = Field(default=0.0, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
-    reveal: Reveal = "confident"
+    reveal: Reveal = DEFAULT_REVEAL
 
     def sampling(self) -> Sampling:
         return Sampling(self.temperature, self.reveal)
