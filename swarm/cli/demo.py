@@ -107,7 +107,8 @@ def choose_start(start: str | None, fresh: bool, config: ModelConfig) -> StartMo
         return chosen
     if start:
         raise SwarmError(f"--start {start} was trained for another model config than this swarm's")
-    click.echo("the shipped start model was trained for the built-in config, not this one: starting from nothing")
+    click.echo("the shipped start model was trained for the built-in config, not this one: starting from nothing",
+               err=True)  # fmt: skip
     return None
 
 
@@ -163,13 +164,14 @@ def demo_command(workdir, steps, config_path, data, prompt, timeout, replicas, h
         initial_peers = local.start_bootstrap()
         logger.info("bootstrap is up: --initial-peers %s", " ".join(initial_peers))
         health = local.start_health(["--port", str(health_port), "--poll-period", "2"])  # up while the swarm is
-        click.echo(f"swarm health page: {health}")
+        click.echo(f"swarm health page: {health}", err=as_json)  # with --json, stdout holds the JSON alone
         with local.client() as client:
             config = client.wait_for_model(30)
             start_steps = start_model.steps if start_model else [0] * config.n_blocks
             if start_model:
                 click.echo(f"every block starts from the start model in {start_model.folder} (steps {start_steps}), "
-                           f"not from nothing, and trains {steps} steps on: --fresh starts from nothing")  # fmt: skip
+                           f"not from nothing, and trains {steps} steps on: --fresh starts from nothing",
+                           err=as_json)  # fmt: skip
             extra = ["--save-every", str(max(1, steps // 4)), "--announce-period", "3", "--device", device]
             extra += ["--batch-size", str(batch_size)] if batch_size else []
             # one peer per block has no replica to sync with

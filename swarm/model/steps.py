@@ -27,9 +27,9 @@ MAX_TEMPERATURE = 100.0
 # 1.06x as unlikely as the true continuations; at 1.0, 1.22x (word soup creeps back in)
 DEFAULT_TEMPERATURE = 0.8
 # Measured on the demo's start model at 0.8 (benchmarks/results/start_model, `by_reveal`): leftmost order
-# writes 0.99 of the true text's distinct words and 0.89 of its word entropy, the AR judge finding it 1.12x
-# as unlikely; confident order 0.94, 0.78 and 0.93x (likelier, but repeating common words); random order
-# 0.99, 0.94 and 1.27x. Leftmost is also the order whose likelihood is exact (swarm/model/masked.py
+# writes 0.99 of the true text's distinct words and 0.91 of its word entropy, the AR judge finding it 1.10x
+# as unlikely; confident order 0.95, 0.79 and 0.85x (likelier, but repeating common words); random order
+# 0.99, 0.94 and 1.21x. Leftmost is also the order whose likelihood is exact (swarm/model/masked.py
 # `leftmost_nll`): at temperature 1 it writes from the distribution the model's bits per byte measure.
 DEFAULT_REVEAL: Reveal = "leftmost"
 
