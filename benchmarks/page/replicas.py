@@ -194,6 +194,7 @@ def time_to_loss(folder: Folder) -> list[str]:
         command("time_to_loss.py", {k: config[k] for k in TIME_TO_LOSS_OPTIONS if k in config.names()}, root=True),
         settings(config, set(TIME_TO_LOSS_OPTIONS)),
         headline,
+        plain(r.get("note") or ""),  # what changed in the code since the run, where something did
         table(header, rows),
         folder.pictures(),
     )

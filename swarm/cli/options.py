@@ -136,5 +136,6 @@ reveal_option = click.option(
     type=click.Choice(REVEAL_ORDERS),
     default=Sampling.reveal,
     show_default=True,
-    help="Which hidden bytes each masked step shows: those the block is surest of, a random draw, or the earliest.",
+    help="Which hidden units each masked step shows: the earliest (writing left to right), those the block is "
+    "surest of, or a random draw.",
 )
