@@ -42,6 +42,7 @@ def quality(folder: Folder) -> list[str]:
         f"Bits per byte: {'; '.join(ratios)}. Default family: `{q['default_family']}`; lowest blocks' bits per "
         f"byte: `{q['best_family_by_blocks_bits_per_byte']}`. {reveal_order(q['settings'])}",
         compressors_line(q),
+        plain(q.get("note") or ""),  # what changed since the run, where something did
         costs,
         samples(Node(texts, q.file)),
         folder.pictures(),
@@ -82,6 +83,7 @@ def lr_sweep(folder: Folder) -> list[str]:
         command("lr_sweep.py", {**s.data, "variants": f"'{s['variants']}'"}),  # one shell word
         table(["variant", "bits per byte", "steps per block", "lr", "batch", "units", "tied", "stratified t"], rows),
         f"Best: `{r['best']}`.",
+        plain(r.get("note") or ""),  # what changed since the run, where something did
         folder.pictures(),
     )
 

@@ -111,9 +111,10 @@ def unmask_steps(
     step = over_prefix(denoiser, prefix, len(ts) - 1)
     for t, s in pairwise(ts):
         hidden = ids == denoiser.config.mask_id
-        count = (hidden.sum(dim=1).cpu() - kept_hidden(float(s), ids.shape[1])).clamp(min=0)
-        if sampling.reveal != "random" and not count.any():
-            continue
+        if sampling.reveal != "random":
+            count = (hidden.sum(dim=1).cpu() - kept_hidden(float(s), ids.shape[1])).clamp(min=0)
+            if not count.any():
+                continue
         logits = step(ids, t.expand(len(ids)).to(weight.device))
         draws = torch.rand(ids.shape, generator=generator, device=generator.device)
         picked = pick_bytes(logits, sampling.temperature, generator)
