@@ -171,6 +171,7 @@ def score(config: ModelConfig, workdir: Path, blocks_folder: Path, corpus, args)
         "gen_nll_over_true": figures["blocks"]["gen_nll"] / figures["blocks"]["true_nll"],
         "blocks_by_reveal": by_reveal(blocks.denoiser_for_block, config, windows, judge, known, args),
         "blocks_by_temperature": by_temperature(blocks.denoiser_for_block, config, windows, judge, known, args),
+        "autoregressive_by_temperature": autoregressive_by_temperature(judge, config, windows, known),
         "samples": sample_texts({"blocks": blocks.denoiser_for_block, "end_to_end": lambda _: e2e,
                                  "autoregressive": judge}, config, corpus, args),  # fmt: skip
         # the same validation text through general-purpose compressors (swarm/model/compressors.py)
@@ -195,6 +196,22 @@ def by_temperature(denoiser_for_block, config: ModelConfig, windows: torch.Tenso
             for t in TEMPERATURES}  # fmt: skip
 
 
+def autoregressive_by_temperature(model, config: ModelConfig, windows: torch.Tensor, known) -> dict:
+    """The autoregressive model's own writing at each of TEMPERATURES: what the sample targets ask
+    of the blocks, asked of a model that predicts the text better (no judge: it would judge itself)."""
+    rows = {}
+    for t in TEMPERATURES:
+        words = evaluate_autoregressive(model, config, windows, known, temperature=t)
+        rows[str(t)] = {**word_ratios(words), "real_words": words["real_words"]}
+    return rows
+
+
+def word_ratios(words: dict) -> dict:
+    """`word_figures`' distinct-word share and word entropy over the true continuation's."""
+    return {"distinct_over_true": words["distinct_words"] / words["true_distinct_words"],
+            "entropy_over_true": words["word_entropy"] / words["true_word_entropy"]}  # fmt: skip
+
+
 def true_continuation_nll(judge, windows: torch.Tensor, config: ModelConfig) -> float | None:
     """The judge's NLL of the windows' true continuations (None without a judge): once per table."""
     return None if judge is None else judge_nll(judge, windows, windows[:, config.prefix_len :], config)
@@ -206,9 +223,7 @@ def sampler_row(denoiser_for_block, config: ModelConfig, windows: torch.Tensor, 
     text's that the targets name (`true_nll`: `true_continuation_nll`)."""
     written, _ = generate_for_windows(denoiser_for_block, config, windows, args.steps_per_block, sampling)
     words = word_figures(windows, written, config, known)
-    row = {k: words[k] for k in ("real_words", "distinct_words", "word_entropy")}
-    row["distinct_over_true"] = words["distinct_words"] / words["true_distinct_words"]
-    row["entropy_over_true"] = words["word_entropy"] / words["true_word_entropy"]
+    row = {**{k: words[k] for k in ("real_words", "distinct_words", "word_entropy")}, **word_ratios(words)}
     if judge is not None:
         row["gen_nll_over_true"] = judge_nll(judge, windows, written, config) / true_nll
     return row

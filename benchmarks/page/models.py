@@ -120,6 +120,7 @@ def long_run(folder: Folder) -> list[str]:
         f"continuation's {times(r.num('gen_nll_over_true'))}.",
         reveal_line(r),
         temperature_table(r, "blocks_by_temperature"),
+        autoregressive_temperature_table(r),
         samples(Node(texts, r.file), "What each wrote after the first prompt:"),
         folder.pictures(),
     )
@@ -257,6 +258,18 @@ def temperature_table(r: Node, key: str) -> list[str]:
                "text's, the judge's NLL at most 1.15 of the true continuation's:")  # fmt: skip
     header = ["temperature", "real words", "distinct / true", "entropy / true", "gen_nll / true", "all three met"]
     return [caption, ""] + table(header, rows)
+
+
+def autoregressive_temperature_table(r: Node) -> list[str]:
+    """The autoregressive baseline's own writing at each temperature, where the run measured it: the
+    same sample figures asked of a model that predicts the text better."""
+    if "autoregressive_by_temperature" not in r.data:
+        return []
+    rows = [[temperature, percent(row.num("real_words")), times(row.num("distinct_over_true")),
+             times(row.num("entropy_over_true"))] for temperature, row in r["autoregressive_by_temperature"].items()]  # fmt: skip
+    caption = ("The autoregressive baseline's own writing at the same temperatures (drawn one unit at a time; no "
+               "judge, which would be itself):")
+    return [caption, ""] + table(["temperature", "real words", "distinct / true", "entropy / true"], rows)
 
 
 def reveal_order(settings: Node) -> str:

@@ -189,17 +189,21 @@ def evaluate_denoiser(
 
 
 def evaluate_autoregressive(
-    model: ByteTransformer, config: ModelConfig, windows: torch.Tensor, known_words: frozenset[str] | None = None
+    model: ByteTransformer,
+    config: ModelConfig,
+    windows: torch.Tensor,
+    known_words: frozenset[str] | None = None,
+    temperature: float = 0.0,
 ) -> dict:
     """The autoregressive model's teacher-forced cross-entropy (nats per unit, and bits per byte)
     of the same G units, and, with the training text's words, the sample figures of its own
-    (argmax) continuations."""
+    continuations at `temperature` (0: the argmax)."""
     ar_ce = judge_nll(model, windows, windows[:, config.prefix_len :], config)
     figures = {"ar_ce": ar_ce, "bits_per_byte": {"overall": ar_ce * units_per_byte(windows, config) / math.log(2)}}
     if known_words is not None:
         model.eval()
         generator = torch.Generator().manual_seed(NOISE_SEED)
-        written = torch.cat([generate_bytes(model, w[:, : config.prefix_len], config.gen_len, generator)
+        written = torch.cat([generate_bytes(model, w[:, : config.prefix_len], config.gen_len, generator, temperature)
                              for w in _batches(windows)])  # fmt: skip
         figures.update(word_figures(windows, written, config, known_words))
     return figures
