@@ -10,13 +10,15 @@ library's own code paths, at each size given by --sizes (`DxL`: d_model D, L lay
   each layer's attention and MLP recomputed in the backward pass), its price in time;
 - sync, with --replicas replicas (the others' payloads made by the same code from other batches
   and the same weights, as replicas that stay identical would): DeMo (`--sync demo`, and
-  `demo-overlap`'s vote and step, the same code; its step ahead, one more decode and step of
-  its own payload per step in flight and two copies of the block, is not measured here) through `DeMoOptimizer.make_payload` (compress, error
-  feedback included), `encode_payload`, `decode_payload` of every payload (own included, as
-  exchange.py does) and `apply`; outer steps (`outer`, `outer-overlap`) through
-  `OuterOptimizer.make_payload` (compress and encode are one call there), `decode` and `apply`,
-  after one local AdamW step from the anchor instead of H (the payload's size and cost do not
-  depend on what the change holds), per round and per step (a round is H steps);
+  `demo-overlap`'s vote and step, the same code) through `DeMoOptimizer.make_payload` (compress,
+  error feedback included), `encode_payload`, `decode_payload` of every payload (own included, as
+  exchange.py does) and `apply`; apart from those (`step_ahead_s`, not in `sync_s`), what
+  `demo-overlap` adds to each step at --overlap-steps 1: its step ahead (the weights kept, its
+  own payload stepped alone: swarm/sync/overlap.py) and the weights put back before the set is
+  applied; outer steps (`outer`, `outer-overlap`) through `OuterOptimizer.make_payload` (compress
+  and encode are one call there), `decode` and `apply`, after one local AdamW step from the
+  anchor instead of H (the payload's size and cost do not depend on what the change holds), per
+  round and per step (a round is H steps);
 - bytes each replica sends per step: DeMo's payload to each of the others, the outer payload to
   each of the others once per round, and dense's fp32 all-reduce (hivemind's butterfly: every
   replica sends 2 (n - 1) / n of the gradients' bytes), computed from the parameter count, which
@@ -90,7 +92,8 @@ from swarm.model.steps import Sampling
 from swarm.model.train import TrainConfig, Trainer, block_trainer, checked_device
 from swarm.peer.memory import return_freed_memory
 from swarm.serving.wire import check_request
-from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, decode_payload, encode_payload
+from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, Payload, decode_payload, encode_payload
+from swarm.sync.overlap import DeMoOverlapSync
 from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer
 
 logger = logging.getLogger("benchmarks.scale")
@@ -196,19 +199,30 @@ def measure_demo(trainer: Trainer, names: list[str], repeats: int) -> dict:
         trainer.compute_gradients()
         wire[name] = encode_payload(optimizers[name].make_payload(lr), value_bits)
     parts: dict[str, list[float]] = {"compress_s": [], "encode_s": [], "decode_s": [], "apply_s": []}
-    for i in range(repeats + 1):  # the first is a warm-up
+    overlap, ahead = DeMoOverlapSync(optimizers[own], exchange=None), []  # its step ahead alone: no exchange
+    for i in range(repeats + 1):  # the first is a warm-up (and makes the step ahead's copy of the block)
         trainer.compute_gradients()
         payload, compress = timed(optimizers[own].make_payload, lr)
         wire[own], encode = timed(encode_payload, payload, value_bits)
         gathered, decode = timed(lambda: [(name, decode_payload(wire[name], optimizers[own])) for name in sorted(wire)])
         _, apply = timed(optimizers[own].apply, gathered, own)
+        _, step_ahead = timed(step_ahead_and_back, overlap, payload)
         if i:
             for key, seconds in zip(parts, (compress, encode, decode, apply)):
                 parts[key].append(seconds)
+            ahead.append(step_ahead)
     figures = {key: statistics.median(values) for key, values in parts.items()}
     payload_bytes = len(wire[own])
-    return {**figures, "sync_s": sum(figures.values()), "payload_bytes": payload_bytes,
-            "bytes_per_replica_per_step": (len(names) - 1) * payload_bytes}  # fmt: skip
+    return {**figures, "sync_s": sum(figures.values()), "step_ahead_s": statistics.median(ahead),
+            "payload_bytes": payload_bytes, "bytes_per_replica_per_step": (len(names) - 1) * payload_bytes}  # fmt: skip
+
+
+def step_ahead_and_back(overlap: DeMoOverlapSync, payload: Payload) -> None:
+    """What `demo-overlap` adds to each step with one step in flight, through its own code: keep
+    the weights and step this payload alone on them, then put them back (once the set is in);
+    the weights end as they began, so the next repeat measures the same."""
+    overlap._step_ahead([payload])
+    overlap._step_back()
 
 
 @torch.no_grad()
@@ -424,7 +438,8 @@ FIGURES: dict[str, tuple[str, ...]] = {
     "forward_backward_checkpointed_s": ("forward_backward_checkpointed_s",),
     "demo_sync_s": ("sync", "demo", "sync_s"), "demo_compress_s": ("sync", "demo", "compress_s"),
     "demo_encode_s": ("sync", "demo", "encode_s"), "demo_decode_s": ("sync", "demo", "decode_s"),
-    "demo_apply_s": ("sync", "demo", "apply_s"), "outer_sync_s": ("sync", "outer", "sync_s"),
+    "demo_apply_s": ("sync", "demo", "apply_s"), "demo_step_ahead_s": ("sync", "demo", "step_ahead_s"),
+    "outer_sync_s": ("sync", "outer", "sync_s"),
     "outer_compress_and_encode_s": ("sync", "outer", "compress_and_encode_s"),
     "outer_decode_s": ("sync", "outer", "decode_s"), "outer_apply_s": ("sync", "outer", "apply_s"),
     "dense_bytes_per_step": ("sync", "dense", "bytes_per_replica_per_step"),
@@ -445,7 +460,8 @@ PANELS = {  # the PNG's panels: title, then the figures drawn in it
     "seconds per training step": ["forward_backward_s", "forward_backward_checkpointed_s", "adamw_step_s",
                                   "step_s", "step_low_memory_s", "demo_sync_s", "outer_sync_s"],
     "seconds per sync part (outer: per round)": ["demo_compress_s", "demo_encode_s", "demo_decode_s", "demo_apply_s",
-                                                 "outer_compress_and_encode_s", "outer_decode_s", "outer_apply_s"],
+                                                 "demo_step_ahead_s", "outer_compress_and_encode_s", "outer_decode_s",
+                                                 "outer_apply_s"],
     "bytes per replica per step; checkpoint bytes": ["dense_bytes_per_step", "demo_bytes_per_step",
                                                      "outer_bytes_per_step", "checkpoint_bytes"],
     "bytes of memory": ["peak_rss_bytes", "peak_rss_checkpointed_bytes", "peak_rss_low_memory_bytes", "peak_gpu_bytes",

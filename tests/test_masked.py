@@ -11,7 +11,7 @@ from torch import nn
 from swarm.model.denoiser import ModelConfig, build_block
 from swarm.model.evaluate import elbo_bits_per_byte
 from swarm.model.families import family_of, generate_span, local_runner
-from swarm.model.masked import MaskedFamily, unmask_steps
+from swarm.model.masked import MaskedFamily, at_least_one_hidden, unmask_steps
 from swarm.model.steps import REVEAL_ORDERS, Sampling
 from swarm.p2p.messages import DenoiseRequest, MessageError
 
@@ -222,3 +222,27 @@ def test_the_leftmost_likelihood_sums_to_one_over_every_span(tiny_config):
     windows = torch.cat([torch.tensor([[7, 8, 9, 10]]).expand(len(spans), -1), spans], dim=1)
     nats = sum(family.leftmost_nll(blocks[b], b, windows, 2) for b in range(config.n_blocks))
     assert float(torch.exp(-nats.double()).sum()) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_every_training_window_hides_at_least_one_unit_and_only_empty_ones_change():
+    generator = torch.Generator().manual_seed(0)
+    draws, t = torch.rand(64, 8, generator=generator), torch.rand(64, generator=generator) * 0.2
+    forced = at_least_one_hidden(draws, t)
+    hidden, was = forced < t[:, None], draws < t[:, None]
+    assert hidden.any(dim=1).all() and not was.any(dim=1).all()  # some windows hid nothing before
+    assert torch.equal(forced[was.any(dim=1)], draws[was.any(dim=1)])  # the others are as drawn
+    empty = ~was.any(dim=1)
+    assert torch.equal(hidden[empty].sum(dim=1), torch.ones(int(empty.sum()), dtype=torch.long))
+    assert torch.equal(hidden[empty].int().argmax(dim=1), draws[empty].argmin(dim=1))  # the nearest to hiding
+
+
+def test_the_lowest_block_learns_from_every_window_it_is_given(masked_config):
+    """A one-window batch in the lowest block's slice, at many seeds: each one's loss is a real loss
+    (with windows that hide nothing, a batch of one often scored 0 and taught nothing)."""
+    config = ModelConfig(**{**masked_config.to_dict(), "gen_len": 4, "block_overlap": 0.0})
+    block = config.n_blocks - 1
+    denoiser = build_block(config, block)
+    loss = MaskedFamily(config).training_loss(denoiser, block)
+    window = torch.randint(0, 256, (1, config.seq_len), generator=torch.Generator().manual_seed(1))
+    losses = [float(loss(window, torch.Generator().manual_seed(seed))) for seed in range(40)]
+    assert min(losses) > 0

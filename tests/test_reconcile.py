@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from swarm.sync.reconcile import Voice, median_of, weighted_median
+from swarm.p2p.directory import Host
+from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, owner_fingerprint
+from swarm.sync.reconcile import Voice, median_of, weigh, weighted_median
 
 
 def voice(name: str, keys: int, *values: float) -> Voice:
@@ -39,3 +43,33 @@ def test_two_replicas_that_disagree_change_nothing():
 def test_every_replica_that_reads_the_same_checkpoints_computes_the_same_median():
     voices = [voice("c", 1, 0.5, 0.1), voice("a", 1, 0.2, 0.4), voice("b", 1, 0.3, -0.3)]
     assert torch.equal(median_of(voices)["w"], median_of(voices[::-1])["w"])
+
+
+def replica(key: str, sha: str, taken_from: tuple[str, ...] = ()) -> Host:
+    """A replica under key `key` announcing the checkpoint `sha` of step 100, taken from `taken_from`."""
+    info = CheckpointInfo(step=100, sha256=sha, size=1000)
+    record = BlockAnnouncement(peer_id=key, state="training", step=100, checkpoint=info, taken_from=taken_from)
+    return Host(0, record, math.inf, owner=key.encode())
+
+
+def test_a_replica_that_took_a_strangers_checkpoint_adds_no_voice_to_the_strangers_word():
+    """Issue 46: this replica and one honest key hold the honest checkpoint; a stranger and an honest key
+    that took the stranger's checkpoint from it alone hold the stranger's. Counted by keys that is 2
+    against 2, no majority, and the median moves weights off the honest ones; counted by voices it is
+    2 against 1, and the honest checkpoint is the median bit for bit."""
+    own, honest = replica("own", "a" * 64), replica("honest", "a" * 64)
+    stranger = replica("stranger", "b" * 64)
+    launderer = replica("launderer", "b" * 64, taken_from=(owner_fingerprint(b"stranger"),))
+    weights = weigh(own, {honest.announcement.checkpoint: [honest],
+                          stranger.announcement.checkpoint: [stranger, launderer]})  # fmt: skip
+    tensors = {"a" * 64: {"w": torch.tensor([0.1, -0.2, 0.3])}, "b" * 64: {"w": torch.tensor([-9.0, 9.0, -9.0])}}
+    merged = median_of([Voice(c.sha256, tensors[c.sha256], n) for c, n in weights.items()])
+    assert torch.equal(merged["w"], tensors["a" * 64]["w"]), weights
+
+
+def test_a_replica_that_took_this_replicas_checkpoint_is_this_replicas_voice():
+    """A replica's own record and the hosts that agree with it are one group: a host that took its
+    checkpoint from this replica's key is not a second voice beside it."""
+    own = replica("own", "a" * 64)
+    taker = replica("taker", "a" * 64, taken_from=(owner_fingerprint(b"own"),))
+    assert weigh(own, {own.announcement.checkpoint: [taker]}) == {own.announcement.checkpoint: 1}

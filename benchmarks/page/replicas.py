@@ -219,11 +219,14 @@ def scale_run(folder: Folder, title: str) -> list[str]:
     r = folder.json("scale.json")
     steps, costs = [], []
     on_gpu = r["sizes"][0]["memory"].get("peak_gpu_bytes") is not None
+    ahead = r["sizes"][0]["sync"]["demo"].get("step_ahead_s") is not None  # not in runs from before scale.py timed it
     for s in r["sizes"]:
         sync, memory, checkpoint = s["sync"], s["memory"], s["checkpoint"]
         name = f"{plain(s['size'])} ({s.num('parameters') / 1e6:.2f} M)"
+        over_step = [percent(sync["demo"].num("step_ahead_s") / s.num("forward_backward_s"))] if ahead else []
         steps.append([name, fixed(s.num("forward_backward_s")), fixed(s.num("adamw_step_s")),
-                      percent(sync["demo"].num("over_forward_backward")), percent(sync["outer"].num("over_forward_backward")),
+                      percent(sync["demo"].num("over_forward_backward")), *over_step,
+                      percent(sync["outer"].num("over_forward_backward")),
                       size(sync["dense"].num("bytes_per_replica_per_step")), times(sync["demo"].num("dense_over_mode")),
                       times(sync["outer"].num("dense_over_mode"))])  # fmt: skip
         peak = [size(memory.num("peak_gpu_bytes")), size(memory.num("gpu_overhead_bytes"))] if on_gpu else []
@@ -235,8 +238,9 @@ def scale_run(folder: Folder, title: str) -> list[str]:
     fitted = r["slopes"]
     slopes = ", ".join(f"`{name}` {fixed(fitted.num(name), 2)}" for name in fitted.names() if fitted[name] is not None)
     smoke = "" if r["complete"] else ("Not every default size was measured: the slopes come from these sizes alone.")
-    step_header = ["size (parameters)", "forward+backward s", "AdamW s", "DeMo sync / f+b", "outer sync / f+b",
-                   "dense bytes / step", "dense / DeMo", "dense / outer"]  # fmt: skip
+    step_header = ["size (parameters)", "forward+backward s", "AdamW s", "DeMo sync / f+b",
+                   *(["demo-overlap step ahead / f+b"] if ahead else []), "outer sync / f+b", "dense bytes / step",
+                   "dense / DeMo", "dense / outer"]  # fmt: skip
     gpu_header = ["peak GPU", "GPU before block"] if on_gpu else []
     cost_header = ["size", "peak RSS", "overhead", *gpu_header, "weights+grads+AdamW", "(peak - overhead) / that",
                    "checkpoint", "save s", "load s", "download 20 Mbit/s s", "100 Mbit/s s", "spot check s",

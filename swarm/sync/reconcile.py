@@ -5,12 +5,16 @@ for a checkpoint of the same step. When they may have drifted (a missed payload,
 one, a restart), each saves its checkpoint at the round's step, reads the others' checkpoints
 of that step (downloaded and verified like any other: size, sha256, finite weights), and
 takes the *weighted coordinate-wise median* of the distinct checkpoints, each weighted by the
-independent keys that vouch for it, its own included:
-- a checkpoint vouched for by a strict majority of the keys is the median exactly, bit for
+lineage voices that vouch for it, its own included, as checkpoint choice counts them
+(swarm/checkpoints/measure.py `vouchers_among`): a host whose record says it took its checkpoint
+from one key alone is that key's voice, and no group counts more voices than it has keys, so a
+replica that adopted a stranger's block and serves it bit for bit adds no voice to the
+stranger's word (issue 46):
+- a checkpoint vouched for by a strict majority of the voices is the median exactly, bit for
   bit: honest replicas that agree outvote any minority, which moves nothing at all;
 - otherwise every coordinate lands between values that honest replicas hold, as long as
-  fewer than half the keys lie: a minority cannot move a weight outside the honest range;
-- with fewer than `MIN_VOICES` keys (two replicas), nobody can tell the liar from the honest
+  fewer than half the voices lie: a minority cannot move a weight outside the honest range;
+- with fewer than `MIN_VOICES` voices (two replicas), nobody can tell the liar from the honest
   one: the replica keeps its own weights and says so.
 Every replica that reads the same checkpoints computes the same median (the groups are taken
 in sha256 order), so replicas that drifted become identical again.
@@ -23,6 +27,7 @@ length. Here every byte arrives through the bounded, verified checkpoint downloa
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -30,27 +35,29 @@ from typing import Callable
 import torch
 from hivemind.p2p import P2P
 
-from swarm.checkpoints.download import download_verified, independent
+from swarm.checkpoints.download import download_verified
+from swarm.checkpoints.measure import vouchers_among
 from swarm.checkpoints.transfer import TransferError
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import DHTUnavailable, Host
 from swarm.p2p.network import EventLoopThread
-from swarm.p2p.records import CheckpointInfo
+from swarm.p2p.records import BlockAnnouncement, CheckpointInfo
 
 logger = logging.getLogger(__name__)
 
-MIN_VOICES = 3  # independent keys needed before a replica lets the others change its weights
+MIN_VOICES = 3  # independent voices needed before a replica lets the others change its weights
 POLL_S = 1.0  # how often the replicas' records are read while waiting for their checkpoints
 
 
 @dataclass(frozen=True)
 class Voice:
-    """One distinct checkpoint of the round: its sha256, its tensors, and the independent keys that vouch for it."""
+    """One distinct checkpoint of the round: its sha256, its tensors, and the independent voices that vouch for
+    it (`weigh`)."""
 
     sha256: str
     tensors: dict[str, torch.Tensor]
-    keys: int
+    vouchers: int
 
 
 def weighted_median(stacked: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -64,16 +71,28 @@ def weighted_median(stacked: torch.Tensor, weights: torch.Tensor) -> torch.Tenso
 
 def median_of(voices: list[Voice]) -> dict[str, torch.Tensor] | None:
     """The weighted coordinate-wise median of the voices' tensors (module docstring), or None
-    when fewer than `MIN_VOICES` keys speak. A voice of a strict majority is returned as it is."""
-    keys = sum(v.keys for v in voices)
-    if keys < MIN_VOICES:
+    when fewer than `MIN_VOICES` vouchers speak. A voice of a strict majority is returned as it is."""
+    vouchers = sum(v.vouchers for v in voices)
+    if vouchers < MIN_VOICES:
         return None
     voices = sorted(voices, key=lambda v: v.sha256)
-    leader = max(voices, key=lambda v: v.keys)
-    if 2 * leader.keys > keys:
+    leader = max(voices, key=lambda v: v.vouchers)
+    if 2 * leader.vouchers > vouchers:
         return {name: tensor.clone() for name, tensor in leader.tensors.items()}
-    weights = torch.tensor([float(v.keys) for v in voices], device="cpu")
+    weights = torch.tensor([float(v.vouchers) for v in voices], device="cpu")
     return {name: weighted_median(torch.stack([v.tensors[name] for v in voices]), weights) for name in voices[0].tensors}
+
+
+def weigh(own: Host, others: dict[CheckpointInfo, list[Host]]) -> dict[CheckpointInfo, int]:
+    """Each checkpoint's weight in the round: the voices that vouch for it (`vouchers_among`), never more
+    than its distinct keys. `own` is this replica's record, counted in one group with the hosts that
+    agree with it: apart, a host that took its checkpoint from this replica's key would count as a
+    second voice of that key, and a replica that took its own weights from one key alone would vouch
+    for them beside that key."""
+    checkpoint = own.announcement.checkpoint
+    weights = {c: vouchers_among(hosts) for c, hosts in others.items() if c != checkpoint}
+    weights[checkpoint] = vouchers_among([own, *others.get(checkpoint, [])])
+    return weights
 
 
 @dataclass
@@ -83,7 +102,7 @@ class ReconcileRound:
 
     Args:
         hosts: reads the block's hosts from the DHT now (the replica's own record included).
-        own_key: the key this replica's records are signed with (its own voice).
+        own_key: the key this replica's records are signed with.
         deadline: how long a round waits for the others' checkpoints of its step, downloads included.
     """
 
@@ -96,28 +115,29 @@ class ReconcileRound:
     deadline: float
     drift: float | None = None  # the largest change the last merge made to a weight
 
-    def run(self, module: torch.nn.Module, own: CheckpointInfo, replicas: int) -> bool | None:
-        """Merge `module` (whose checkpoint of this step is `own`) with the others' checkpoints of
-        the step, waiting for up to `replicas` other replicas: True if its weights changed, False
-        if they were the median already, None if too few keys spoke to judge (weights kept)."""
-        started = time.monotonic()
-        groups = self._checkpoints_of(own, replicas, started + self.deadline / 2)
-        agreeing = independent(groups.pop(own, []))
-        keys = 1 + agreeing + sum(independent(hosts) for hosts in groups.values())
-        if keys < MIN_VOICES:  # nothing to download: no median could come of it
-            logger.info("step %d: %d keys hold checkpoints of this step (%d needed to judge): weights kept",
-                        own.step, keys, MIN_VOICES)  # fmt: skip
+    def run(self, module: torch.nn.Module, own: BlockAnnouncement, replicas: int) -> bool | None:
+        """Merge `module` with the others' checkpoints of its step, waiting for up to `replicas` other
+        replicas. `own` is the record this replica announced for the step: its checkpoint is `module`'s,
+        and its lineage says whose voice that is (`weigh`). True if the weights changed, False if they
+        were the median already, None if too few voices spoke to judge (weights kept)."""
+        started, checkpoint = time.monotonic(), own.checkpoint
+        assert checkpoint is not None, "a round is run on a checkpoint this replica announced"
+        groups = self._checkpoints_of(checkpoint, replicas, started + self.deadline / 2)
+        weights = weigh(Host(self.block, own, math.inf, owner=self.own_key), groups)
+        if sum(weights.values()) < MIN_VOICES:  # nothing to download: no median could come of it
+            logger.info("step %d: %d voices hold checkpoints of this step (%d needed to judge): weights kept",
+                        checkpoint.step, sum(weights.values()), MIN_VOICES)  # fmt: skip
             return None
-        voices = [Voice(own.sha256, _tensors(module), 1 + agreeing)]
-        for checkpoint, hosts in groups.items():
-            if (tensors := self._download(hosts, started + self.deadline, module)) is not None:
-                voices.append(Voice(checkpoint.sha256, tensors, independent(hosts)))
+        voices = [Voice(checkpoint.sha256, _tensors(module), weights.pop(checkpoint))]
+        for other, weight in weights.items():
+            if (tensors := self._download(groups[other], started + self.deadline, module)) is not None:
+                voices.append(Voice(other.sha256, tensors, weight))
         merged = median_of(voices)
         if merged is None:  # downloads failed: fewer voices than announced
-            logger.info("step %d: only %d keys' checkpoints arrived (%d needed to judge): weights kept",
-                        own.step, sum(v.keys for v in voices), MIN_VOICES)  # fmt: skip
+            logger.info("step %d: only %d voices' checkpoints arrived (%d needed to judge): weights kept",
+                        checkpoint.step, sum(v.vouchers for v in voices), MIN_VOICES)  # fmt: skip
             return None
-        return self._adopt(module, merged, own.step)
+        return self._adopt(module, merged, checkpoint.step)
 
     def _checkpoints_of(self, own: CheckpointInfo, replicas: int, give_up_at: float) -> dict[CheckpointInfo, list[Host]]:
         """The other hosts' checkpoints of `own.step`, by checkpoint, once `replicas` hosts
