@@ -340,7 +340,7 @@ def test_a_demo_overlap_peer_that_fails_mid_training_leaves_no_step_ahead_in_its
     weights hold its own update of step 1 ahead of step 1's set (a's and b's payloads voted on).
     `_leave` settles before its save, so a's last checkpoint holds b's weights after b's own
     settle, bit for bit; saving the step ahead would have kept it off the weights its replicas share."""
-    board = LocalBoard(deadline=5.0)
+    board = LocalBoard(deadline=60.0)  # a gather ends once both payloads are in: a long deadline costs nothing
     train = TrainConfig(batch_size=4, warmup_steps=0)  # a step ahead of any size at step 1
 
     def replica(peer_id: str, other: str) -> tuple:
@@ -371,8 +371,8 @@ def test_a_demo_overlap_peer_that_fails_mid_training_leaves_no_step_ahead_in_its
 
 
 def differing_bits(weights: dict, others: dict) -> list[str]:
-    """The tensors whose bytes differ (`torch.equal` takes -0.0 for 0.0). Not the files' sha256:
-    safetensors writes a checkpoint's metadata in another order from one save to the next."""
+    """The tensors whose bytes differ (`torch.equal` takes -0.0 for 0.0): which of them a step ahead
+    left behind, where the files' sha256 would say only that something did."""
     assert weights.keys() == others.keys()
     return [k for k in weights if weights[k].numpy().tobytes() != others[k].numpy().tobytes()]
 

@@ -46,7 +46,7 @@ def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]
     length = int.from_bytes(data[:8], "little")
     header = json.dumps(json.loads(data[8 : 8 + length]), sort_keys=True, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)
-    return len(header).to_bytes(8, "little") + header + data[8 + length :]
+    return b"".join((len(header).to_bytes(8, "little"), header, memoryview(data)[8 + length :]))  # one copy
 
 
 def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:

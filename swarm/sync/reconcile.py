@@ -121,7 +121,8 @@ class ReconcileRound:
         and its lineage says whose voice that is (`weigh`). True if the weights changed, False if they
         were the median already, None if too few voices spoke to judge (weights kept)."""
         started, checkpoint = time.monotonic(), own.checkpoint
-        assert checkpoint is not None, "a round is run on a checkpoint this replica announced"
+        if checkpoint is None:
+            raise SwarmError("a merge round runs on a checkpoint this replica announced; its record holds none")
         groups = self._checkpoints_of(checkpoint, replicas, started + self.deadline / 2)
         weights = weigh(Host(self.block, own, math.inf, owner=self.own_key), groups)
         if sum(weights.values()) < MIN_VOICES:  # nothing to download: no median could come of it
