@@ -61,6 +61,7 @@ def test_two_replicas_that_get_every_payload_stay_identical(lent_swarm, tmp_path
     assert first.keys() == second.keys()
     differing = [k for k in first if not (first[k] == second[k]).all()]
     assert not differing, differing
+    assert r1.checkpoint == r2.checkpoint  # the same weights saved to the same file: one checkpoint, two vouchers
     assert "refused" not in local.started[-1].log() + local.started[-2].log()
     waits = [json.loads(line) for line in trace.read_text().splitlines() if '"wait"' in line]
     assert len(waits) == 12 and sum(w["spare_windows"] for w in waits) > 0, waits
