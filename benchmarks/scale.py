@@ -15,7 +15,8 @@ library's own code paths, at each size given by --sizes (`DxL`: d_model D, L lay
   exchange.py does) and `apply`; apart from those (`step_ahead_s`, not in `sync_s`), what
   `demo-overlap` adds to each step at --overlap-steps 1: its step ahead (the weights kept, its
   own payload stepped alone: swarm/sync/overlap.py) and the weights put back before the set is
-  applied (its memory, one more copy of the block, is not in the memory figures); outer steps (`outer`, `outer-overlap`) through `OuterOptimizer.make_payload` (compress
+  applied (its memory, one more copy of the block, is not in the memory figures); outer steps
+  (`outer`, `outer-overlap`) through `OuterOptimizer.make_payload` (compress
   and encode are one call there), `decode` and `apply`, after one local AdamW step from the
   anchor instead of H (the payload's size and cost do not depend on what the change holds), per
   round and per step (a round is H steps);

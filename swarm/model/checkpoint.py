@@ -36,8 +36,9 @@ KINDS = ("blocks", "end_to_end", "autoregressive")
 def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
     """The safetensors file of `tensors` and `metadata`, the same bytes for the same input.
 
-    Replicas that applied the same updates must announce the same sha256: checkpoint choice and
-    the merge rounds count vouchers of one checkpoint by it. safetensors 0.5 to 0.8 write the
+    Replicas that applied the same updates must announce the same sha256: merge rounds group
+    checkpoints by it, and so do generation's witnesses where keys count (an open swarm's choice
+    groups by the weights, `weights_hash`). safetensors 0.5 to 0.8 write the
     metadata's keys in a random order, a new one on every save (safetensors issue #584), so
     the same weights gave different files. The header is written again here as sorted, compact
     JSON, padded with spaces to a multiple of 8 bytes as safetensors pads it; the tensor data,

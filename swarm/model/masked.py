@@ -95,8 +95,8 @@ def masked_loss(denoiser: Denoiser, window: torch.Tensor, t: torch.Tensor, draws
     that happens to hide one byte weigh 3 times its share and, as t -> 0, without bound: its
     variance grows like 1 / (t G), and the lowest block's slice reaches t = 0. Dividing by the
     realised count keeps every term at most the largest CE. Windows with nothing hidden carry no
-    information and are left out (training draws leave none: `at_least_one_hidden`). The bound (`MaskedFamily.block_elbo`)
-    keeps the exact 1/t form, where a fixed grid and many windows tame it.
+    information and are left out (training draws leave none: `at_least_one_hidden`). The bound
+    (`MaskedFamily.block_elbo`) keeps the exact 1/t form, where a fixed grid and many windows tame it.
     """
     ce, mask = masked_ce(denoiser, window, t, draws)
     counts = mask.sum(dim=1)
