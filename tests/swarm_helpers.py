@@ -18,7 +18,7 @@ from swarm.p2p.network import NetworkOptions
 from swarm.p2p.records import CheckpointInfo
 from swarm.waiting import wait_for
 
-__all__ = ["FAST_PEER", "HOSTS_SWARM", "client_of", "one_tests_peers", "poisoned_host", "tiny_swarm", "wait_for",
+__all__ = ["FAST_PEER", "HOSTS_SWARM", "client_of", "logs_end", "one_tests_peers", "poisoned_host", "tiny_swarm", "wait_for",
            "write_tiny_setup"]  # fmt: skip
 
 HOSTS_SWARM = "transfer"  # the swarm of the checkpoint hosts that the `start` fixture (conftest.py) starts
@@ -88,3 +88,10 @@ def poisoned_host(local: LocalSwarm, config: ModelConfig, step: int) -> tuple[Ch
 def client_of(*nodes: CheckpointHost) -> SwarmClient:
     """A client of the swarm the checkpoint hosts `nodes` are in, as `swarm-fetch` would join it."""
     return SwarmClient(HOSTS_SWARM, NetworkOptions(initial_peers=[m for node in nodes for m in node.maddrs]))
+
+
+def logs_end(started: dict[str, Started], lines: int = 15) -> str:
+    """The last `lines` lines of each started process's log, for a failure message: a wait that
+    times out in CI leaves nothing else behind to say which peer stalled, and where."""
+    return "\n".join(f"--- {name}:\n" + "\n".join(handle.log().splitlines()[-lines:]) for name, handle in started.items())
+

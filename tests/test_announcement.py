@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 from swarm import __version__
 from swarm.p2p.records import CheckpointInfo
+from swarm.peer.announcer import Announcer
 from swarm.peer.life import Peer
 
 
@@ -41,3 +43,16 @@ def test_a_training_peer_announces_its_figures():
 def test_a_joining_peer_claims_no_progress():
     record = Peer.announcement(a_peer("joining"))
     assert record.state == "joining" and record.step == 0 and record.checkpoint is None
+
+
+def test_the_start_barrier_counts_replicas_that_already_finished_training():
+    """Two quick replicas of one block with --wait-for-replicas 2: if the first trains to its last step
+    between two reads of the second, the second must still count it (it is done, so "serving"), or it
+    waits out its whole join timeout; the sync exchange still asks only the ones training."""
+    states = {"me": "training", "quick": "serving", "slow": "training", "new": "joining"}
+    hosts = [SimpleNamespace(peer_id=p, announcement=SimpleNamespace(state=s)) for p, s in states.items()]
+    directory = SimpleNamespace(hosts=lambda block: hosts)
+    announcer = Announcer(directory, block=0, peer_id="me", period=1.0, record=None, stopping=threading.Event())
+    announcer.read_replicas()
+    assert announcer.replica_ids() == ["slow"]
+    assert announcer.replicas_started() == 2

@@ -18,7 +18,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from swarm_helpers import wait_for, write_tiny_setup
+from swarm_helpers import logs_end, wait_for, write_tiny_setup
 
 from swarm.checkpoints.choice import SpotCheck
 from swarm.lab import netlab
@@ -28,6 +28,7 @@ from swarm.model.families import local_runner
 from swarm.model.generate import continue_text
 from swarm.p2p.reachability import ensure_direct, route
 from swarm.serving.remote import RemoteBlocks
+from swarm.waiting import WaitTimeout
 
 REASON = netlab.available(nat=True)
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -70,7 +71,11 @@ def test_peers_behind_a_symmetric_nat_host_serve_and_sync_through_a_relay(tmp_pa
             local.start_bootstrap(refresh_period=2)
             started = {name: local.start_peer(name, block, options) for name, (block, _, options) in PEERS.items()}
             with local.client("client") as client:
-                hosts = wait_for(lambda: all_serving(client), 200, "every peer serving")
+                try:
+                    hosts = wait_for(lambda: all_serving(client), 200, "every peer serving")
+                except WaitTimeout:
+                    seen = {name: h.announcement.state for name, h in announcements(client).items()}
+                    pytest.fail(f"not every peer serving after 200 s: {seen}\n{logs_end(started)}")
                 running = lab.pids()
                 reached = {name: hosts[name].announcement.reached for name in PEERS}
                 assert reached == {"home0": "relayed", "public0": "direct", "home1": "relayed", "public1": "direct"}

@@ -39,6 +39,7 @@ class Announcer:
         self.record, self.stopping, self.witness = record, stopping, witness
         self.pings: NeighbourPings | None = None  # round trips to neighbours, once the block is served
         self._replica_ids: list[str] = []  # written by the announcer thread, read by the trainer's
+        self._replicas_started = 0  # the others training or done training (serving), as last read
         self._announcing = threading.Lock()  # held while a record is built and stored
         self._thread = threading.Thread(target=self._run, name="announcer", daemon=True)
 
@@ -69,9 +70,17 @@ class Announcer:
         except DHTUnavailable as error:  # a slow DHT: keep the replicas we knew, ask again next period
             logger.warning("block %d: %s; keeping the %d replicas known", self.block, error, len(self._replica_ids))
             return
+        others = [h for h in hosts if h.peer_id != self.peer_id]
         self._replica_ids = sorted(
-            h.peer_id for h in hosts if h.peer_id != self.peer_id and h.announcement.state == "training"
+            h.peer_id for h in others if h.announcement.state == "training"
         )  # a joining one has no payloads to give yet: asking it would hold every step up to the deadline
+        self._replicas_started = sum(h.announcement.state in ("training", "serving") for h in others)
+
+    def replicas_started(self) -> int:
+        """How many other replicas have started training (or already finished it), as last read: a
+        start barrier counts a replica that reached its last step between two reads, not only the
+        ones still training, or the slower of two quick replicas waits out its whole join timeout."""
+        return self._replicas_started
 
     def read_revocations(self) -> None:
         """In a members-only swarm, read the creator's revocations again (once per announce period):

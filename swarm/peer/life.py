@@ -438,7 +438,12 @@ class Peer:
         """Hold the first step until `wait_for_replicas` replicas are up, so they start in step."""
         deadline = time.monotonic() + self.config.join_timeout
         announcer.read_replicas()
-        while len(announcer.replica_ids()) + 1 < self.config.wait_for_replicas and time.monotonic() < deadline:
+        while announcer.replicas_started() + 1 < self.config.wait_for_replicas:
+            if time.monotonic() >= deadline:
+                logger.warning("block %d: %d of %d replicas up after %.0fs; training without waiting longer",
+                               announcer.block, announcer.replicas_started() + 1, self.config.wait_for_replicas,
+                               self.config.join_timeout)  # fmt: skip
+                return
             if self.stopping.wait(0.5):
                 return
             announcer.read_replicas()
