@@ -4,29 +4,40 @@ One tiny swarm created with `--members-only`: alice and carol (members) train bl
 bob (a member) block 1; `watcher` is a member's client (fetch, status, generation). Before
 anyone joins, a stranger (a node in this process, with no certificate) announces itself as a
 replica of block 0 in training, with a plausible checkpoint (trained on shuffled text), and
-serves it, and a payload service that counts the polls it gets. The unit tests of each check
-are tests/test_members.py.
+serves it, and a payload service that counts the polls it gets. alice and carol, in step, save
+one file and so confirm each other's answers to the watcher's generation. The unit tests of each
+check are tests/test_members.py.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+from pathlib import Path
 
 import pytest
+import torch
 from hivemind.p2p import PeerID
 from hivemind.proto import runtime_pb2
+from safetensors.torch import load_file
 from swarm_helpers import poisoned_host, wait_for, write_tiny_setup
 
+from swarm.checkpoints.choice import SpotCheck
 from swarm.checkpoints.transfer import HostFailed, ask_chunk_list
 from swarm.lab.hosting import CheckpointHost, InProcessNode
 from swarm.lab.launch import LocalSwarm
+from swarm.model.checkpoint import load_block
+from swarm.model.families import local_runner
+from swarm.model.generate import continue_text
 from swarm.p2p.info import InfoServicer
 from swarm.p2p.limits import NOT_A_MEMBER
 from swarm.p2p.members import DAY_S, prove, read_certificate
 from swarm.p2p.messages import DenoiseRequest, PayloadReply, PayloadRequest, PeerInfo, refusal
 from swarm.p2p.network import load_key
 from swarm.p2p.records import BlockAnnouncement
+from swarm.serving.audit import LoneKeyAudit
+from swarm.serving.remote import RemoteBlocks
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.transport import PayloadServicer
 
@@ -125,6 +136,57 @@ def test_members_train_together_and_a_stranger_is_ignored_by_joiners_sync_fetch_
     generated = local.run("swarm-generate", "--max-bytes", "8", "--data", local.data, *local.member_args["watcher"],
                           "hello")  # fmt: skip
     assert generated.returncode == 0, generated.stderr[-3000:]
+
+
+def final_file(local: LocalSwarm, name: str, block: int) -> Path:
+    """The step-12 checkpoint of `block` that the peer started as `name` saved."""
+    return local.checkpoint_dir(name) / f"block_{block}_step_12.safetensors"
+
+
+def test_replicas_in_step_announce_one_checkpoint_and_witness_each_others_answers(club):
+    """alice and carol applied the same payloads at every step, so they hold bit-identical weights;
+    saved to the same bytes, those announce one sha256 under two member keys. Where keys count, the
+    watcher's generation then uses block 0's checkpoint as agreed on (never downloaded: only bob's
+    lone block 1 is measured) and sends each of its requests to one of them and, at the same moment,
+    to the other as its witness (replicas.py: witnesses are hosts of the same file). Every answer of
+    bob's lone key is audited here (rate 1), so `lone_checked` counts his answers and none of block 0's.
+
+    Without `safetensors_bytes`'s sorted header (swarm/model/checkpoint.py), safetensors writes the
+    five metadata keys in a random order on each save (one chance in 120 of the same order): the two
+    files differ, and so do their sha256s. Block 0 then has two checkpoints of one key each: both are
+    downloaded and measured (checkpoints_measured 3, not 1), no witness shares either file
+    (requests_checked and extra_requests 0, one host announcing the chosen one), and each block 0
+    answer is a lone key's, audited like bob's (lone_checked 4, not 2). The generated text is the
+    same either way: only what confirmed it tells the two apart."""
+    local, client, config, _, _ = club
+    replicas = {h.announcement.public_name: h.announcement for h in serving(client, 0)}
+    alice, carol = replicas["alice"], replicas["carol"]
+    in_step = (alice.sync_steps, carol.sync_steps, alice.drift, carol.drift)
+    assert in_step == (12, 12, None, None), f"a payload missed its deadline (not this test's subject): {in_step}"
+    weights = [load_file(final_file(local, name, 0)) for name in ("alice", "carol")]
+    assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+    remote = RemoteBlocks(client.directory, client.p2p, client.loop, config, audit=LoneKeyAudit(rate=1.0),
+                          spot_check=SpotCheck.from_source(local.data, config))  # fmt: skip
+    spans = 2
+
+    def generate(runner) -> bytes:
+        return b"".join(continue_text(runner, config, b"The fox", spans * config.gen_len, 2, seed=3))
+
+    through_swarm = generate(remote)
+    blocks = [load_block(final_file(local, name, b), config, b)[0] for b, name in ((0, "alice"), (1, "bob"))]
+    assert through_swarm == generate(local_runner(lambda b: blocks[b], config))
+
+    checks, shas = remote.checks, (alice.checkpoint.sha256, carol.checkpoint.sha256)
+    assert remote.round_trips == spans * config.n_blocks, checks  # no answer dropped or asked again
+    assert checks.requests_checked == checks.extra_requests == spans, (checks, shas)  # each block 0 answer witnessed
+    assert checks.checkpoints_measured == 1, (checks, shas)  # bob's; block 0's was agreed on by two keys
+    assert checks.lone_checked == checks.computed_here == spans, (checks, shas)  # bob's answers alone
+    assert checks.disagreements == checks.banned == checks.undecided == checks.unconfirmed == 0, checks
+    assert {h.announcement.public_name for h in remote.replicas.chosen[0].announcing} == {"alice", "carol"}
+    assert remote.used[0] == {alice.checkpoint.sha256}
+    assert alice.checkpoint == carol.checkpoint  # one sha256, step and size, under two keys
+    assert hashlib.sha256(final_file(local, "carol", 0).read_bytes()).hexdigest() == alice.checkpoint.sha256
 
 
 def test_a_stranger_is_refused_by_every_service_and_a_member_is_served(club):
