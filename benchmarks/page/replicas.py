@@ -149,10 +149,32 @@ TIME_TO_LOSS_OPTIONS = ("modes", "replicas", "steps", "regions_steps", "save_eve
 
 
 def time_to_loss(folder: Folder) -> list[str]:
-    """time_to_loss.json: each mode's efficiency (the target run's seconds to its final loss / the
-    mode's regions seconds to it). A file with a "target" holds the datacenter's target (dense
-    with no delay, for every mode); one without, each mode's own no-delay run's final loss (the
-    headline before issue 47), told apart in the text."""
+    """time_to_loss.json and the runs kept beside it (a later run adds modes with a target of its
+    own). A file with a "target" holds the datacenter's target (dense with no delay, for every
+    mode); one without, each mode's own no-delay run's final loss (the headline before issue 47),
+    told apart in the text."""
+    if folder.json("time_to_loss.json").get("target") is not None:
+        what = ("The target is the datacenter's loss: the validation loss (mean replica) that `dense` all-reduce with "
+                "no delay reaches after the run's steps. Each mode then runs its replicas of one block in the "
+                "emulated regions from the same start weights with the same batches (each replica keeps one peer "
+                "id); efficiency is dense-with-no-delay's wall seconds to the target over the mode's seconds to it "
+                "in the regions, each from the run's first step to the first time its curve reaches the target, "
+                "linear between saves (1.0: the internet and the compression cost nothing). Where the regions runs "
+                "take more steps than the target's (`regions_steps`), the schedule still spans the target's steps "
+                "and the rest are at its floor. This is the sync headline; the best mode is the best compressed "
+                "one.")  # fmt: skip
+    else:
+        what = ("Measured before issue 47, each mode against itself: the target was the mode's own no-delay run's "
+                "final loss, not dense's, so a mode that ends far above dense can score near 1. A rerun of "
+                "`time_to_loss.py` replaces it with the datacenter's target.")  # fmt: skip
+    return with_later_runs(folder, time_to_loss_run,
+                           what + " Utilisation (lowest replica) and step time of the regions run are diagnostics. "
+                           "As root.")  # fmt: skip
+
+
+def time_to_loss_run(folder: Folder, title: str) -> list[str]:
+    """One time_to_loss.json: its command, each mode's efficiency against its run's target (the
+    target run's seconds to it / the mode's regions seconds to it) and the best compressed mode."""
     r = folder.json("time_to_loss.json")
     config, s, common = r["config"], r["summary"], r.get("target") is not None
     rows = []
@@ -169,35 +191,24 @@ def time_to_loss(folder: Folder) -> list[str]:
                      size(regions["run"].num("bytes_sent_per_replica_per_step")),
                      fixed(regions["run"].num("compute_utilisation_min")), fixed(regions["run"].num("step_seconds"))])  # fmt: skip
     best = s["best_mode"]
-    headline = (f"Best mode: `{best}`, efficiency {fixed(s.num('best_efficiency'))}; at least {s.num('target')}: "
-                f"{yes(s['met'])}." if best else "No mode's regions run reached the target.")  # fmt: skip
+    if best:
+        headline = (f"Best mode: `{best}`, efficiency {fixed(s.num('best_efficiency'))}; at least {s.num('target')}: "
+                    f"{yes(s['met'])}.")  # fmt: skip
+    elif all(mode == "dense" for mode in r["modes"].names()):
+        headline = "Dense alone: no compressed mode in this run."
+    else:
+        headline = "No compressed mode's regions run reached the target."
     target_s = "dense no-delay s" if common else "no-delay s"
     header = ["mode", "target loss", target_s, "regions s", "efficiency", "regions loss at the target's steps",
               "regions final loss",
               "final / target", "bytes per replica per step", "regions util. min", "regions step s"]  # fmt: skip
-    if common:
-        what = (f"The target is the datacenter's loss: the validation loss (mean replica) that `{r['target']['mode']}` "
-                "all-reduce with no delay reaches after the run's steps. Each mode then runs its replicas of one "
-                "block in the emulated regions from the same start weights with the same batches (each replica "
-                "keeps one peer id); efficiency is dense-with-no-delay's wall seconds to the target over the "
-                "mode's seconds to it in the regions, each from the run's first step to the first time its curve "
-                "reaches the target, linear between saves (1.0: the internet and the compression cost nothing). "
-                "Where the regions runs take more steps than the target's (`regions_steps`), the schedule still "
-                "spans the target's steps and the rest are at its floor. "
-                "This is the sync headline; the best mode is the best compressed one.")  # fmt: skip
-    else:
-        what = ("Measured before issue 47, each mode against itself: the target was the mode's own no-delay run's "
-                "final loss, not dense's, so a mode that ends far above dense can score near 1. A rerun of "
-                "`time_to_loss.py` replaces it with the datacenter's target.")  # fmt: skip
-    return section(
-        what + " Utilisation (lowest replica) and step time of the regions run are diagnostics. As root.",
-        command("time_to_loss.py", {k: config[k] for k in TIME_TO_LOSS_OPTIONS if k in config.names()}, root=True),
-        settings(config, set(TIME_TO_LOSS_OPTIONS)),
-        headline,
-        plain(r.get("note") or ""),  # what changed in the code since the run, where something did
-        table(header, rows),
-        folder.pictures(),
-    )
+    lines = heading(title)
+    for part in (command("time_to_loss.py", {k: config[k] for k in TIME_TO_LOSS_OPTIONS if k in config.names()},
+                         root=True),
+                 settings(config, set(TIME_TO_LOSS_OPTIONS)), headline,
+                 plain(r.get("note") or "")):  # fmt: skip  # the note: what changed in the code since the run
+        lines += [part, ""] if part else []
+    return lines + table(header, rows) + [folder.pictures(), ""]
 
 
 def scale(folder: Folder) -> list[str]:
