@@ -51,7 +51,17 @@ Issue 46's strangers, who have read how we measure:
 - honest_weights_restamped_lying_answers: block 0's honest weights (its lone host's) stamped a save
   ahead, under one key that answers denoise requests wrongly;
 - slightly_worse_every_save: a copy of every block 0.099 nats per unit worse on held-out text (within
-  the tolerance), a save ahead, each under its own key, for download and denoising.
+  the tolerance), a save ahead, each under its own key, for download and denoising;
+- laundered_block: step_lie_poisoned_block's poisoned block 1, a save ahead, served for download and
+  denoising under one key, and bit for bit under a second whose record says it took it from the first
+  alone (`taken_from`), as an honest joiner that adopted it would announce: a second key, not a second
+  voice. The row records the keys and the independent vouchers the client counts for it;
+- flood_of_distinct_checkpoints: MEASURED_AT_MOST + 8 (40) keys, each announcing and serving, at full
+  speed, a distinct copy of a poisoned block 0 (`distinct_copies`) a save ahead of b0, its lone honest
+  host: ranked by step, b0 comes past what a choice measures unless the ledger credits its key
+  (`backed_keys`). The row records whether it does, b0's place in the order of measurement and the
+  fetch's seconds. A slow flood is tests/test_evidence.py's
+  test_a_flood_of_slow_checkpoints_costs_a_choice_seconds_not_minutes.
 For each: the fetched model's bits per byte (the ELBO on 256 fixed validation windows, at a seed
 of their own that no stranger here tunes to) over the clean fetch's, met at <= 1.02; the
 checkpoint a joiner starts from (met if not the liar's, and for step_inflation at the honest step;
@@ -103,12 +113,12 @@ import math
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 from hivemind.utils import get_dht_time
 
-from swarm.checkpoints.choice import SpotCheck, rank, uniform_ce
+from swarm.checkpoints.choice import MEASURED_AT_MOST, SpotCheck, rank, uniform_ce
 from swarm.checkpoints.download import independent
 from swarm.checkpoints.store import CheckpointStore
 from swarm.checkpoints.transfer import BlockServicer
@@ -126,10 +136,12 @@ from swarm.lab.attacks import (
     WrongAnswers,
     checkpoint_of,
     degraded_block,
+    distinct_copies,
     garbage_block,
     nan_weight_block,
     overflowing_block,
     plant_checkpoint,
+    serving_nodes,
     sybil_nodes,
     tuned_to,
 )
@@ -144,6 +156,7 @@ from swarm.model.train import TrainConfig, block_trainer
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import DHTUnavailable
 from swarm.p2p.info import InfoServicer
+from swarm.p2p.ledger import backed_keys
 from swarm.p2p.records import CheckpointInfo
 from swarm.peer.announcer import RECORD_LIFETIME_PERIODS
 from swarm.peer.config import PeerConfig
@@ -162,6 +175,7 @@ PEER = PeerConfig()  # the defaults every honest peer keeps
 POISON_WORSE_BY = 0.5  # nats per byte a poisoned block loses on the spot check (5x its tolerance)
 TUNED_GRADES = (0.05, 0.1, 0.25, 0.5, 1.0)  # nats per unit a block tuned to a public check loses on held-out text
 SLIGHTLY_WORSE = 0.099  # nats per unit: just within the spot check's tolerance
+FLOOD_BEYOND_BOUND = 8  # keys of the flood row beyond what a choice measures (`MEASURED_AT_MOST`)
 PUBLIC_SEED = 1234  # the seed of the old spot check's windows, which anyone could compute
 HELD_OUT_SEED = 2046  # the held-out windows an attacker grades its block on (no check of ours uses a fixed seed)
 EVALUATION_SEED = 4242  # the windows every figure here is measured on: none of PUBLIC_SEED's or HELD_OUT_SEED's
@@ -307,9 +321,10 @@ def fetch(local: LocalSwarm, name: str, windows, join: list[str] = ()) -> dict:
             "spot_check_seconds": model.manifest.get("spot_check_seconds")}  # fmt: skip
 
 
-def joiner_start(local: LocalSwarm, client: SwarmClient, block: int, name: str, liar_sha256: str | None,
+def joiner_start(local: LocalSwarm, client: SwarmClient, block: int, name: str, liar_sha256s: Collection[str],
                  join: list[str] = ()) -> dict:  # fmt: skip
-    """Start a fresh replica of `block` and report the checkpoint it started from."""
+    """Start a fresh replica of `block` and report the checkpoint it started from (`from_liar`: one of
+    `liar_sha256s`)."""
     joiner = local.start_peer(name, str(block), ["--max-steps", "1", *join])
     try:
         found = wait_for(lambda: [h for h in client.directory.hosts(block) if h.announcement.public_name == name
@@ -318,10 +333,10 @@ def joiner_start(local: LocalSwarm, client: SwarmClient, block: int, name: str, 
         local.stop(joiner)
     checkpoint = found.announcement.checkpoint
     sha256 = checkpoint.sha256 if checkpoint else None
-    return {"step": checkpoint.step if checkpoint else None, "sha256": sha256, "from_liar": sha256 == liar_sha256}
+    return {"step": checkpoint.step if checkpoint else None, "sha256": sha256, "from_liar": sha256 in liar_sha256s}
 
 
-def generation(swarm: Swarm, liar: str | None = None, liar_sha256: str | None = None) -> dict:
+def generation(swarm: Swarm, liar: str | None = None, liar_sha256s: Collection[str] = ()) -> dict:
     """Text through the swarm against the same text from the clean fetched model, here, and the
     checkpoints whose answers it used (`RemoteBlocks.used`): met only if every block used the clean
     fetch's checkpoint alone (not the liar's) and the text is equal (a liar vouching for the honest
@@ -344,22 +359,23 @@ def generation(swarm: Swarm, liar: str | None = None, liar_sha256: str | None = 
     result = {"checkpoints_used": [sorted(sha[:12] for sha in shas) for shas in used],
               "used_only_clean_checkpoints": all(shas and shas <= c for shas, c in zip(used, clean, strict=True)),
               "equals_clean_local_generation": text == expected, "seconds": seconds, "cross_check": vars(runner.checks)}  # fmt: skip
-    if liar_sha256 is not None:
-        result["used_liars_checkpoint"] = any(liar_sha256 in shas for shas in used)
+    if liar_sha256s:
+        result["used_liars_checkpoint"] = any(not shas.isdisjoint(liar_sha256s) for shas in used)
     if liar is not None:
         result["liar_banned"] = liar in runner.replicas.banned_until
     return result
 
 
-def measured(swarm: Swarm, name: str, block: int, liar_sha256: str | None = None, joiner: bool = True,
+def measured(swarm: Swarm, name: str, block: int, liar_sha256s: Collection[str] = (), joiner: bool = True,
              liar_peer: str | None = None, generate: bool = False) -> dict:  # fmt: skip
-    """While a liar is up: a fetch, a joiner of `block` and generation through the swarm, as asked."""
+    """While a liar is up: a fetch, a joiner of `block` and generation through the swarm, as asked;
+    `liar_sha256s`: the liars' checkpoints (one, or a flood's), which the joiner and generation must not take."""
     row = {"fetch": fetch(swarm.local, f"{name}-fetch", swarm.args.windows, swarm.invite(f"{name}-fetch"))}
     if joiner:
         joining = f"{name}-joiner"
-        row["joiner"] = joiner_start(swarm.local, swarm.client, block, joining, liar_sha256, swarm.invite(joining))
+        row["joiner"] = joiner_start(swarm.local, swarm.client, block, joining, liar_sha256s, swarm.invite(joining))
     if generate:
-        row["generation"] = generation(swarm, liar_peer, liar_sha256)
+        row["generation"] = generation(swarm, liar_peer, liar_sha256s)
     return row
 
 
@@ -387,10 +403,23 @@ def step_lie(swarm: Swarm, name: str, poison: bool) -> dict:
     try:
         record = wait_for(lambda: [h for h in hosts_of(swarm.client, block) if h.announcement.step == step], 120,
                           f"{name} announcing")[0]  # fmt: skip
-        row = measured(swarm, name, block, liar_sha256=record.announcement.checkpoint.sha256)
+        row = measured(swarm, name, block, liar_sha256s={record.announcement.checkpoint.sha256})
         return {"block": block, "liar_step": step, **figures, **row, "liar_alive": liar.process.poll() is None}
     finally:
         local.stop(liar)
+
+
+def records_read(swarm: Swarm, block: int, nodes: list[HostileNode]) -> tuple[int, int]:
+    """Once the client has read a record of `block` from each of `nodes` (counted or ignored: a members-only
+    swarm's reader ignores a non-member's), how many of theirs it counts, and how many records it ignores."""
+    peer_ids = {node.peer_id for node in nodes}
+
+    def read() -> tuple[int, int]:
+        hosts, ignored = swarm.client.directory.census(block)
+        return len(peer_ids & {h.peer_id for h in hosts}), ignored
+
+    wait_for(lambda: sum(read()) >= len(nodes), 60, "the strangers' records read")
+    return read()
 
 
 def sybils(swarm: Swarm, block: int, keys: int) -> dict:
@@ -403,17 +432,10 @@ def sybils(swarm: Swarm, block: int, keys: int) -> dict:
     store = CheckpointStore(swarm.local.workdir / "sybils", swarm.config, block, swarm.local.swarm)
     info = store.save(poison, newest + swarm.args.save_every)
     with sybil_nodes(swarm.local.swarm, swarm.local.initial_peers, store, info, poison, swarm.config, keys) as nodes:
-        sybil_ids = {node.peer_id for node in nodes}
-
-        def read() -> tuple[int, int]:  # the Sybils' records a reader counts, and the records it ignores
-            hosts, ignored = swarm.client.directory.census(block)
-            return len(sybil_ids & {h.peer_id for h in hosts}), ignored
-
-        wait_for(lambda: sum(read()) >= keys, 60, "the Sybils' records read")
-        counted, ignored = read()
+        counted, ignored = records_read(swarm, block, nodes)
         candidates = rank(hosts_of(swarm.client, block), swarm.config)
         vouchers = {c.checkpoint.sha256[:12]: independent(c.hosts) for c in candidates}
-        row = measured(swarm, "sybils", block, liar_sha256=info.sha256, liar_peer=nodes[0].peer_id, generate=True)
+        row = measured(swarm, "sybils", block, liar_sha256s={info.sha256}, liar_peer=nodes[0].peer_id, generate=True)
     directory = swarm.client.directory
     return {"block": block, "sybil_keys": keys, "sybil_records_counted": counted, "records_ignored": ignored,
             "liar_step": info.step, "poison_sha256": info.sha256[:12], "vouchers_by_checkpoint": vouchers,
@@ -465,7 +487,8 @@ def checkpoint_ahead(swarm: Swarm, name: str, block: int, denoiser: Denoiser, ah
     with swarm.stranger(block) as node:
         node.serve_checkpoint(store, info, *stranger_answers(swarm.config, block, info, denoiser, answers, serves))
         swarm.wait_for_record(block, node.peer_id)
-        row = measured(swarm, name, block, liar_sha256=info.sha256, liar_peer=node.peer_id, generate=answers or serves)
+        row = measured(swarm, name, block, liar_sha256s={info.sha256}, liar_peer=node.peer_id,
+                       generate=answers or serves)  # fmt: skip
     return {"block": block, "liar_step": step, **row}
 
 
@@ -530,8 +553,60 @@ def slightly_worse(swarm: Swarm) -> dict:
             node = stack.enter_context(swarm.stranger(block))
             node.serve_checkpoint(store, info, *stranger_answers(config, block, info, poison, False, True))
             swarm.wait_for_record(block, node.peer_id)
-        row = measured(swarm, "slightly-worse", block, liar_sha256=info.sha256, liar_peer=node.peer_id, generate=True)
+        row = measured(swarm, "slightly-worse", block, liar_sha256s={info.sha256}, liar_peer=node.peer_id,
+                       generate=True)  # fmt: skip
     return {"worse_by": SLIGHTLY_WORSE, **row}
+
+
+def laundered(swarm: Swarm, block: int = 1) -> dict:
+    """Laundering (issue 46): a poisoned block (`poisoned`) one save ahead of the honest checkpoint of
+    `block`, served for download and denoising under one key, and bit for bit under a second key whose
+    record names the first as the one voice it took it from (`taken_from`), as an honest joiner that
+    adopted it from that key alone announces. The poison is step_lie_poisoned_block's, on the same block,
+    so that the two rows differ by the launderer alone. Figures: the keys and the independent vouchers
+    (`Candidate.vouchers`) the client counts for it: one voice, not two. In this open swarm vouchers only
+    order what is measured (every candidate is), so those counts are where laundering would show."""
+    poison, figures = poisoned(swarm, block)
+    store = CheckpointStore(swarm.local.workdir / "laundered", swarm.config, block, swarm.local.swarm)
+    info = store.save(poison, swarm.honest_checkpoint(block).step + swarm.args.save_every)
+    with swarm.stranger(block) as source, swarm.stranger(block) as launderer:
+        for node, taken_from in ((source, ()), (launderer, (source.directory.fingerprint,))):
+            answers = stranger_answers(swarm.config, block, info, poison, False, True)
+            node.serve_checkpoint(store, info, *answers, taken_from=taken_from)
+            swarm.wait_for_record(block, node.peer_id)
+        candidates = rank(hosts_of(swarm.client, block), swarm.config)
+        poisoned_one = next(c for c in candidates if c.checkpoint.sha256 == info.sha256)
+        counted = {"keys": independent(poisoned_one.hosts), "vouchers": poisoned_one.vouchers}
+        row = measured(swarm, "laundered", block, liar_sha256s={info.sha256}, liar_peer=launderer.peer_id,
+                       generate=True)  # fmt: skip
+    return {"block": block, "liar_step": info.step, "poison_sha256": info.sha256[:12],
+            "laundered_checkpoint_counted": counted, **figures, **row}  # fmt: skip
+
+
+def flood(swarm: Swarm, block: int = 0) -> dict:
+    """A flood of free keys (issue 46): `MEASURED_AT_MOST` + `FLOOD_BEYOND_BOUND` keys, each announcing and
+    serving (for download and denoising, at full speed) a checkpoint of its own one save ahead of the honest
+    checkpoint of `block`: distinct copies (`distinct_copies`) of a poisoned block (`poisoned`). Ranked by
+    step, the honest checkpoint comes after all of them, past what a choice measures, unless the ledger
+    credits its host's key (`backed_keys`), which `rank` puts first. Figures: the flood's keys and how many
+    of their records the client reads; whether the honest host is backed, read just before the fetch, and
+    the honest checkpoint's place in the order of measurement (0 first; measured only below
+    `MEASURED_AT_MOST`); the fetch's seconds are in its own figures."""
+    keys, honest = MEASURED_AT_MOST + FLOOD_BEYOND_BOUND, swarm.honest_checkpoint(block)
+    poison, figures = poisoned(swarm, block)
+    served = []
+    for index, weights in enumerate(distinct_copies(poison, keys)):
+        store = CheckpointStore(swarm.local.workdir / f"flood-{index}", swarm.config, block, swarm.local.swarm)
+        served.append((store, store.save(weights, honest.step + swarm.args.save_every), weights))
+    with serving_nodes(swarm.local.swarm, swarm.local.initial_peers, served, swarm.config) as nodes:
+        counted, ignored = records_read(swarm, block, nodes)
+        order = rank(hosts_of(swarm.client, block), swarm.config, backed_keys(swarm.client.directory))
+        place = next(i for i, c in enumerate(order) if c.checkpoint.sha256 == honest.sha256)
+        flooded = {info.sha256 for _, info, _ in served}
+        row = measured(swarm, "flood", block, liar_sha256s=flooded, liar_peer=nodes[0].peer_id, generate=True)
+    return {"block": block, "flood_keys": keys, "flood_records_read": counted, "records_ignored": ignored,
+            "liar_step": honest.step + swarm.args.save_every, "honest_host_backed": order[place].backed,
+            "honest_measurement_place": place, "measured_at_most": MEASURED_AT_MOST, **figures, **row}  # fmt: skip
 
 
 def oversized(swarm: Swarm) -> dict:
@@ -597,6 +672,8 @@ def part_one_rows(swarm: Swarm) -> dict[str, Callable[[], dict]]:
         "honest_weights_restamped_lying_answers": lambda: checkpoint_ahead(
             swarm, "restamped-lying", 0, swarm.reference.denoiser_for_block(0), save, answers=True),
         "slightly_worse_every_save": lambda: slightly_worse(swarm),
+        "laundered_block": lambda: laundered(swarm),
+        "flood_of_distinct_checkpoints": lambda: flood(swarm),
     }
 
 

@@ -2,24 +2,48 @@
 
 from __future__ import annotations
 
-from .formatting import DASH, command, fixed, plain, section, settings, size, table, times, yes
+from .formatting import (
+    DASH,
+    command,
+    fixed,
+    heading,
+    plain,
+    section,
+    settings,
+    size,
+    table,
+    times,
+    with_later_runs,
+    yes,
+)
 from .reading import Folder, Node
 
 
 def attacks(folder: Folder) -> list[str]:
-    a = folder.json("attacks.json")
-    config, model, options = a["config"], a["model"], a.get("peer_options")
-    met = a.get("met")
-    return section(
+    """attacks.json and the runs kept beside it (a later run of some rows, on a swarm of its own)."""
+    return with_later_runs(
+        folder,
+        attacks_run,
         "Runs each attack beside a clean run on a small model in separate processes on 127.0.0.1 (the attacks and "
         "their bounds: `benchmarks/attacks.py`). Part 1: a trained swarm of two blocks and one liar at a time, then a "
         "fetch, a joiner and generation through the swarm. Part 2: one block, one hostile replica beside three honest "
         "ones, then beside two; the honest replicas' loss over a clean run of the same honest replicas. Part 3, "
         "where run: one honest replica beside a stranger, over the same replica alone.",
-        command("attacks.py", {"parts": config["parts"]}),
-        settings(config, {"parts"}),
+    )
+
+
+def attacks_run(folder: Folder, title: str) -> list[str]:
+    """One attacks.json: its command and settings, a table per part it ran, and whether every row was met."""
+    a = folder.json("attacks.json")
+    config, model, options = a["config"], a["model"], a.get("peer_options")
+    met = a.get("met")
+    lines = heading(title)
+    parts = (
+        command("attacks.py", {"parts": config["parts"], **({"rows": config["rows"]} if config.get("rows") else {})}),
+        settings(config, {"parts", "rows"}),
         settings(model, label="Model"),
         f"Honest peers' options beyond their defaults: `{plain(options)}`." if options is not None else "",
+        plain(a.get("note") or ""),  # why a run was made, where it is not the whole benchmark
         attack_fetches(a["fetch_and_serve"]) if a.get("fetch_and_serve") is not None else [],
         f"Loss: {plain(a['loss'])}." if a.get("loss") is not None else "",
         attack_training(a["training"]) if a.get("training") is not None else [],
@@ -27,6 +51,9 @@ def attacks(folder: Folder) -> list[str]:
         f"Every row within its bounds, every honest peer up: {yes(met)}." if met is not None else "",
         folder.pictures(),
     )
+    for part in parts:
+        lines += part if isinstance(part, list) else ([part, ""] if part else [])
+    return lines
 
 
 def honest_peers(row: Node) -> tuple[str, str]:

@@ -5,11 +5,12 @@ with the project's own code, or with a few lines around hivemind.
   a poisoned one (trained on shuffled bytes) or a degraded copy of an honest one
   (`degraded_block`: worse by a chosen margin, still plausible), maybe then tuned to the windows
   a spot check measures (`tuned_to`), stamped with a step of its choosing (`plant_checkpoint`);
+  many distinct checkpoints made of one block for a flood of keys (`distinct_copies`);
   blocks that are not finite (`nan_weight_block`) or whose loss is not
   (`overflowing_block`), for a `HostileNode` to serve (`HostileNode.serve_checkpoint`);
 - `HostileNode`: a real DHT node in this process under its own key (swarm/lab/hosting.py), which
-  announces what it likes and answers P2P calls with the servicers below (`sybil_nodes`: many of
-  them, each under its own key, serving one checkpoint):
+  announces what it likes and answers P2P calls with the servicers below (`serving_nodes`: many of
+  them, each under its own key, serving a checkpoint each; `sybil_nodes`: serving one checkpoint):
   - `TricklingDownloads`: checkpoint streams that announce a size and send a byte now and then;
   - `GiantReplies`: checkpoint streams whose reply announces a gigabyte and keeps coming;
   - `CorruptChunks`: a host of an honest checkpoint that changes a byte of every chunk it sends,
@@ -34,6 +35,7 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+import functools
 import itertools
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -119,6 +121,21 @@ def poisoned_block(config: ModelConfig, block: int, source: str | None, folder: 
     return trainer.module
 
 
+def relative_noise(block: Denoiser, seed: int) -> list[torch.Tensor]:
+    """One fixed draw of noise (per `seed`) for each weight of `block`, relative to its tensor's RMS."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(p.shape, generator=generator) * p.detach().pow(2).mean().sqrt() for p in block.parameters()]
+
+
+def noisy_copy(block: Denoiser, noise: Sequence[torch.Tensor], scale: float) -> Denoiser:
+    """A copy of `block` with `noise` (`relative_noise`) times `scale` added to its weights."""
+    copied = copy.deepcopy(block)
+    with torch.no_grad():
+        for param, draw in zip(copied.parameters(), noise, strict=True):
+            param.add_(draw, alpha=scale)
+    return copied
+
+
 def degraded_block(honest: Denoiser, loss_of: Callable[[Denoiser], float], worse_by: float, seed: int = 0) -> Denoiser:
     """A copy of `honest` with noise in every weight (relative to each tensor's RMS, one fixed draw),
     scaled by bisection so that its loss (`loss_of`: the spot check's, say; its windows are the
@@ -126,16 +143,7 @@ def degraded_block(honest: Denoiser, loss_of: Callable[[Denoiser], float], worse
     about that much. A checkpoint that looks like any other (finite weights, a loss between the
     honest one's and a uniform guess's, so it passes every check made of it alone) and is worse
     than the one it would replace: only a comparison with the honest candidate can refuse it."""
-    generator = torch.Generator().manual_seed(seed)
-    noise = [torch.randn(p.shape, generator=generator) * p.detach().pow(2).mean().sqrt() for p in honest.parameters()]
-
-    def noisy(scale: float) -> Denoiser:
-        copied = copy.deepcopy(honest)
-        with torch.no_grad():
-            for param, draw in zip(copied.parameters(), noise, strict=True):
-                param.add_(draw, alpha=scale)
-        return copied
-
+    noisy = functools.partial(noisy_copy, honest, relative_noise(honest, seed))
     target = loss_of(honest) + worse_by
     low, high = 0.0, 0.125
     while loss_of(noisy(high)) < target:
@@ -146,6 +154,14 @@ def degraded_block(honest: Denoiser, loss_of: Callable[[Denoiser], float], worse
         middle = (low + high) / 2
         low, high = (middle, high) if loss_of(noisy(middle)) < target else (low, middle)
     return noisy(high)
+
+
+def distinct_copies(block: Denoiser, count: int, scale: float = 1e-3) -> list[Denoiser]:
+    """`count` copies of `block`, each with noise of its own draw (`relative_noise`, seeds 1 to `count`:
+    not `degraded_block`'s default draw) `scale` times each weight's RMS: other weights, so as many other
+    checkpoints, that measure as `block` does within the spot check's noise. One block is all a stranger
+    needs to flood a block's candidates with distinct checkpoints (issue 46), a key each."""
+    return [noisy_copy(block, relative_noise(block, seed), scale) for seed in range(1, count + 1)]
 
 
 def tuned_to(block: Denoiser, check: SpotCheck, config: ModelConfig, index: int, beat: float,
@@ -196,28 +212,41 @@ class HostileNode(InProcessNode):
         leaving = BlockAnnouncement(peer_id=self.peer_id, state="leaving", step=0)
         self.directory.announce(block, leaving, lifetime_s=LEAVING_RECORD_S, wait=True)
 
-    def serve_checkpoint(self, store: CheckpointStore, info: CheckpointInfo, *servicers) -> None:
+    def serve_checkpoint(self, store: CheckpointStore, info: CheckpointInfo, *servicers,
+                         taken_from: tuple[str, ...] = ()) -> None:  # fmt: skip
         """Serve `store`'s checkpoints for download (and `rpc_info`, and `servicers`) and announce
-        `info`, one of them, as the checkpoint it serves."""
+        `info`, one of them, as the checkpoint it serves; `taken_from`: the lineage its record names
+        (`BlockAnnouncement.taken_from`), as a joiner that adopted `info` from those voices announces."""
         self.serve(InfoServicer(lambda: self.info(store.block)), BlockServicer(store.block, store), *servicers)
-        self.announce(store.block, state="serving", **checkpoint_of(info))
+        self.announce(store.block, state="serving", taken_from=taken_from, **checkpoint_of(info))
+
+
+Served = tuple[CheckpointStore, CheckpointInfo, Denoiser]  # a checkpoint of a store, and its weights to denoise with
 
 
 @contextlib.contextmanager
-def sybil_nodes(swarm: str, initial_peers: Sequence[str], store: CheckpointStore, info: CheckpointInfo,
-                denoiser: Denoiser, config: ModelConfig, keys: int) -> Iterator[list[HostileNode]]:  # fmt: skip
-    """`keys` nodes, each under a key (and peer id) of its own, that announce checkpoint `info` of
-    `store` and serve it, for download and for denoising with `denoiser` (so that their answers
-    agree): free identities vouching for one checkpoint (issue 27). When the `with` ends, each
-    record says its node left, so that the Sybils are in no later scenario's way."""
+def serving_nodes(swarm: str, initial_peers: Sequence[str], served: Sequence[Served],
+                  config: ModelConfig) -> Iterator[list[HostileNode]]:  # fmt: skip
+    """A node for each (store, info, denoiser) of `served`, under a key (and peer id) of its own, that
+    announces checkpoint `info` of `store` and serves it, for download and for denoising with
+    `denoiser`. When the `with` ends, each record says its node left, so that the strangers are in
+    no later scenario's way."""
     with contextlib.ExitStack() as stack:
-        nodes = [stack.enter_context(HostileNode(swarm, initial_peers)) for _ in range(keys)]
-        for node in nodes:
+        nodes = [stack.enter_context(HostileNode(swarm, initial_peers)) for _ in served]
+        for node, (store, info, denoiser) in zip(nodes, served, strict=True):
             stack.callback(node.leave, store.block)  # before the node closes (the stack runs backwards)
             denoising = DenoiseServicer(config, store.block)
             denoising.swap_in(denoiser, info.sha256)
             node.serve_checkpoint(store, info, denoising)
         yield nodes
+
+
+def sybil_nodes(swarm: str, initial_peers: Sequence[str], store: CheckpointStore, info: CheckpointInfo,
+                denoiser: Denoiser, config: ModelConfig,
+                keys: int) -> contextlib.AbstractContextManager[list[HostileNode]]:  # fmt: skip
+    """`keys` nodes serving checkpoint `info` of `store` (`serving_nodes`), so that their answers
+    agree: free identities vouching for one checkpoint (issue 27)."""
+    return serving_nodes(swarm, initial_peers, [(store, info, denoiser)] * keys, config)
 
 
 class Impersonating:
