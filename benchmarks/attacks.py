@@ -93,7 +93,7 @@ its own DeMo update negated each step. Met when the honest replica does every st
 and its loss is within 1.03x of the lone run's (neither frozen nor moved); beside it, the distance
 of its weights from the lone run's over the lone run's distance from the start weights.
 
-    python benchmarks/attacks.py            # about 19 minutes on 2 cores (part 1 about 7)
+    python benchmarks/attacks.py            # about 55 minutes on 2 cores (part 1 about 25)
     python benchmarks/attacks.py --steps 20 --train-steps 20 --save-every 10 --average-every 10 \\
         --out /tmp/attacks-smoke            # a smoke run of every row (its figures mean little)
     python benchmarks/attacks.py --parts 1 --steps 20 --save-every 10 --rows step_inflation \\
@@ -220,9 +220,9 @@ def write_config(workdir: Path) -> Path:
 
 
 def honest_health(client: SwarmClient, honest: Honest) -> dict:
-    """Every honest peer alive, with a record stored in the last two announce periods (the peers
-    without one, and the blocks whose record could not be read at all, are named); their largest
-    peak RSS (peer and children) since it was last reset."""
+    """Every honest peer alive, with a record stored in the last two announce periods (each peer's
+    record age, the peers without a recent one, and the blocks whose record could not be read at
+    all, are named); their largest peak RSS (peer and children) since it was last reset."""
     lifetime, ages, peaks, unreadable = RECORD_LIFETIME_PERIODS * PEER.announce_period, [], [], set()
     for handle, block in honest:
         peaks.append(handle.peak_rss() or 0)
@@ -233,9 +233,11 @@ def honest_health(client: SwarmClient, honest: Honest) -> dict:
             unreadable.add(block)
         ages.append(lifetime - (max(h.expires_at for h in records) - get_dht_time()) if records else None)
     alive = sum(handle.process.poll() is None for handle, _ in honest)
-    stale = [handle.name for (handle, _), age in zip(honest, ages, strict=True) if age is None or age > RECENT_S]
+    named = {handle.name: age for (handle, _), age in zip(honest, ages, strict=True)}
+    stale = [name for name, age in named.items() if age is None or age > RECENT_S]
     recent = len(honest) - len(stale)
     return {"peers": len(honest), "alive": alive, "recent_records": recent, "without_recent_record": stale,
+            "record_age_s": named,  # None: no record of the peer read at all
             "blocks_unreadable": sorted(unreadable),
             "oldest_record_s": max((a for a in ages if a is not None), default=None),
             "peak_rss_mb": max(peaks, default=0) / 2**20, "ok": alive == recent == len(honest)}  # fmt: skip
@@ -414,8 +416,9 @@ def step_lie(swarm: Swarm, name: str, poison: bool) -> dict:
 
 
 def records_read(swarm: Swarm, block: int, nodes: list[HostileNode]) -> tuple[int, int]:
-    """Once the client has read a record of `block` from each of `nodes` (counted or ignored: a members-only
-    swarm's reader ignores a non-member's), how many of theirs it counts, and how many records it ignores."""
+    """Once the client has read as many records of `block` as `nodes` has (theirs counted, or any ignored:
+    a members-only swarm's reader ignores a non-member's), how many of theirs it counts, and how many of
+    the block's records it ignores."""
     peer_ids = {node.peer_id for node in nodes}
 
     def read() -> tuple[int, int]:
@@ -548,17 +551,18 @@ def slightly_worse(swarm: Swarm) -> dict:
     spot check's tolerance), one save ahead, each under a key of its own, served for download and
     denoising (issue 46: stamps that win on rank each time cost 3-4% overall)."""
     config, held_out = swarm.config, SpotCheck.from_corpus(load_corpus(None), swarm.config, count=64, seed=HELD_OUT_SEED)
+    liars = set()
     with contextlib.ExitStack() as stack:
         for block in range(config.n_blocks):
             honest = swarm.reference.denoiser_for_block(block)
             poison = degraded_block(honest, lambda d, b=block: held_out.measure(d, config, b), SLIGHTLY_WORSE)
             store = CheckpointStore(swarm.local.workdir / f"slightly-worse-{block}", config, block, swarm.local.swarm)
             info = store.save(poison, swarm.honest_checkpoint(block).step + swarm.args.save_every)
+            liars.add(info.sha256)
             node = stack.enter_context(swarm.stranger(block))
             node.serve_checkpoint(store, info, *stranger_answers(config, block, info, poison, False, True))
             swarm.wait_for_record(block, node.peer_id)
-        row = measured(swarm, "slightly-worse", block, liar_sha256s={info.sha256}, liar_peer=node.peer_id,
-                       generate=True)  # fmt: skip
+        row = measured(swarm, "slightly-worse", block, liar_sha256s=liars, liar_peer=node.peer_id, generate=True)
     return {"worse_by": SLIGHTLY_WORSE, **row}
 
 
@@ -579,8 +583,9 @@ def laundered(swarm: Swarm, block: int = 1) -> dict:
             node.serve_checkpoint(store, info, *answers, taken_from=taken_from)
             swarm.wait_for_record(block, node.peer_id)
         candidates = rank(hosts_of(swarm.client, block), swarm.config)
-        poisoned_one = next(c for c in candidates if c.checkpoint.sha256 == info.sha256)
-        counted = {"keys": independent(poisoned_one.hosts), "vouchers": poisoned_one.vouchers}
+        poisoned_one = next((c for c in candidates if c.checkpoint.sha256 == info.sha256), None)
+        counted = {"keys": independent(poisoned_one.hosts) if poisoned_one else 0,
+                   "vouchers": poisoned_one.vouchers if poisoned_one else None}  # None: the record went unread
         row = measured(swarm, "laundered", block, liar_sha256s={info.sha256}, liar_peer=launderer.peer_id,
                        generate=True)  # fmt: skip
     return {"block": block, "liar_step": info.step, "poison_sha256": info.sha256[:12],
@@ -605,11 +610,12 @@ def flood(swarm: Swarm, block: int = 0) -> dict:
     with serving_nodes(swarm.local.swarm, swarm.local.initial_peers, served, swarm.config) as nodes:
         counted, ignored = records_read(swarm, block, nodes)
         order = rank(hosts_of(swarm.client, block), swarm.config, backed_keys(swarm.client.directory))
-        place = next(i for i, c in enumerate(order) if c.checkpoint.sha256 == honest.sha256)
+        place = next((i for i, c in enumerate(order) if c.checkpoint.sha256 == honest.sha256), None)  # None: unread
         flooded = {info.sha256 for _, info, _ in served}
         row = measured(swarm, "flood", block, liar_sha256s=flooded, liar_peer=nodes[0].peer_id, generate=True)
+    backed = None if place is None else order[place].backed
     return {"block": block, "flood_keys": keys, "flood_records_read": counted, "records_ignored": ignored,
-            "liar_step": honest.step + swarm.args.save_every, "honest_host_backed": order[place].backed,
+            "liar_step": honest.step + swarm.args.save_every, "honest_host_backed": backed,
             "honest_measurement_place": place, "measured_at_most": MEASURED_AT_MOST, **figures, **row}  # fmt: skip
 
 
@@ -692,6 +698,11 @@ def scored(row: dict, clean: dict) -> dict:
         checks.append(not row["joiner"]["from_liar"])
     if "joiner_step_honest" in row:
         checks.append(row["joiner_step_honest"])
+    if "laundered_checkpoint_counted" in row:  # the launderer's key is the source's voice, not a second voucher
+        checks.append(row["laundered_checkpoint_counted"]["vouchers"] == 1)
+    if "honest_measurement_place" in row:  # the flood kept the honest checkpoint inside what a choice measures
+        place = row["honest_measurement_place"]
+        checks.append(place is not None and place < row["measured_at_most"])
     if "held_out_ce" in row:  # a tuned block no worse where the stranger graded it is no poison: said, still not met
         row["attack_made_no_worse_block"] = row["held_out_ce"]["tuned"] <= row["held_out_ce"]["honest"]
     if "generation" in row:
@@ -725,7 +736,7 @@ def part_one(args, workdir: Path) -> dict:
                 row["honest_peers"] = beside_clean(honest_health(client, honest), clean["honest_peers"])
                 if not row["honest_peers"]["ok"]:  # a diagnostic, not a second chance: `met` stays with the first
                     time.sleep(RECENT_S)
-                    row["honest_peers_one_period_later"] = honest_health(client, honest)
+                    row["honest_peers_later"] = {"after_s": RECENT_S, **honest_health(client, honest)}
                 results[name] = scored(row, clean)
             results["honest_peers_crashed"] = sum(h.process.poll() not in (None, 0) for h, _ in honest)
     results["met"] = all(row["met"] for row in results.values() if isinstance(row, dict))

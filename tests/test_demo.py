@@ -111,7 +111,8 @@ def test_swarm_demo_trains_on_from_the_shipped_start_and_prints_the_continuation
     # the continuation (which may hold newlines of its own), then three lines a person reads
     assert written and written[0] < len(lines) - 3 and lines[-3].startswith("bits per byte"), lines[-8:]
     assert not any(line.startswith(("bits per byte", "model folder", "next:")) for line in lines[written[0]:-3])
-    assert "gzip -9 on the validation text" in lines[-3] and lines[-1].startswith("next: swarm-generate --model")
+    assert "gzip -9 on the validation text" in lines[-3] and lines[-2].startswith("model folder: ")
+    assert lines[-1].startswith("next: swarm-generate --model")
     figures = json.loads((tmp_path / "demo" / "figures.json").read_text())
     assert lines[-3].startswith(f"bits per byte on 128 validation windows: {figures['bits_per_byte']['overall']:.3f}")
     steps = [figures["manifest"]["blocks"][str(b)]["step"] for b in range(len(start.steps))]

@@ -216,6 +216,21 @@ def test_a_model_recorded_without_its_tokenizer_is_one_line_naming_the_byte_mode
         "`tokenizer` (`prefix_len` 16, `gen_len` 8 bytes). These figures await a rerun."
     ) in section_of(report.render(results_copy), "The demo's start model")
 
+
+def test_a_time_to_loss_run_kept_in_a_subfolder_is_a_later_run_of_its_own(results_copy):
+    """A run of dense alone (a target of its own) is shown under the main run, with its own headline."""
+    main = json.loads((results_copy / "time_to_loss" / "time_to_loss.json").read_text())
+    later = {**main, "modes": {"dense": next(iter(main["modes"].values()))},
+             "summary": {**main["summary"], "best_mode": None}}  # fmt: skip
+    (results_copy / "time_to_loss" / "later").mkdir(exist_ok=True)
+    (results_copy / "time_to_loss" / "later" / "time_to_loss.json").write_text(json.dumps(later))
+    section = section_of(report.render(results_copy), "Time to a loss across regions")
+    main_part = section.split("\n### Later run, ")[0]
+    later_part = section.split("\n### Later run, `results/time_to_loss/later/`\n")[1].split("\n### ")[0]
+    assert "Best mode:" in main_part and "Dense alone: no compressed mode in this run." in later_part
+    assert "\n| dense |" in later_part and "\n| dense |" not in main_part
+
+
 # --- the README ---------------------------------------------------------------------------------------
 
 

@@ -91,14 +91,20 @@ def command(script: str, options: dict[str, Any], root: bool = False) -> str:
     return f"Command{' (as root)' if root else ''}: `{' '.join(words)}`"
 
 
-def section(what: str, *parts: str | list[str]) -> list[str]:
+def section(what: str, *items: str | list[str]) -> list[str]:
     """A benchmark's part of the page under its heading: what it measures, then its lines and tables."""
-    lines = [what, ""]
-    for part in parts:
-        if isinstance(part, list):
-            lines += part
-        elif part:
-            lines += [part, ""]
+    return [what, ""] + parts(*items)
+
+
+def parts(*items: str | list[str]) -> list[str]:
+    """Lines and tables in order: a line is followed by a blank one, an empty line is left out, a
+    list (a table, say) is taken as it is."""
+    lines = []
+    for item in items:
+        if isinstance(item, list):
+            lines += item
+        elif item:
+            lines += [item, ""]
     return lines
 
 

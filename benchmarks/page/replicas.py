@@ -12,6 +12,7 @@ from .formatting import (
     fixed,
     heading,
     later_runs,
+    parts,
     percent,
     plain,
     section,
@@ -28,12 +29,12 @@ from .reading import Folder, Node
 
 def sync(folder: Folder) -> list[str]:
     later = later_runs(folder, lambda sub, title: sync_run(sub, "sync.json", title))
-    parts = sync_run(folder, "sync.json", "") + os_check(folder) + later
+    body = sync_run(folder, "sync.json", "") + os_check(folder) + later
     if "demo" not in folder.json("sync.json").names():  # DeMo's settings recorded since its step changed
         stale = (
             "Its DeMo runs took DeMo's sign step, replaced in issue 47 (docs/decisions.md): their losses await a rerun."
         )
-        parts = [stale, ""] + parts
+        body = [stale, ""] + body
     return section(
         "Runs replicas of one block of a small model in separate processes and syncs them in each mode: dense "
         "fp32 gradients (the baseline), DeMo in lockstep or overlapped, outer steps on a compressed "
@@ -41,7 +42,7 @@ def sync(folder: Folder) -> list[str]:
         "losses are validation losses at equal steps, utilisation is compute time over wall time (lowest and mean "
         "replica), drift is the largest difference between the replicas' final checkpoints. Needs "
         "`pip install -e '.[bench]'`.",
-        parts,
+        body,
     )
 
 
@@ -153,16 +154,17 @@ def time_to_loss(folder: Folder) -> list[str]:
     own). A file with a "target" holds the datacenter's target (dense with no delay, for every
     mode); one without, each mode's own no-delay run's final loss (the headline before issue 47),
     told apart in the text."""
-    if folder.json("time_to_loss.json").get("target") is not None:
-        what = ("The target is the datacenter's loss: the validation loss (mean replica) that `dense` all-reduce with "
-                "no delay reaches after the run's steps. Each mode then runs its replicas of one block in the "
-                "emulated regions from the same start weights with the same batches (each replica keeps one peer "
-                "id); efficiency is dense-with-no-delay's wall seconds to the target over the mode's seconds to it "
-                "in the regions, each from the run's first step to the first time its curve reaches the target, "
-                "linear between saves (1.0: the internet and the compression cost nothing). Where the regions runs "
-                "take more steps than the target's (`regions_steps`), the schedule still spans the target's steps "
-                "and the rest are at its floor. This is the sync headline; the best mode is the best compressed "
-                "one.")  # fmt: skip
+    target = folder.json("time_to_loss.json").get("target")
+    if target is not None:
+        what = (f"The target is the datacenter's loss: the validation loss (mean replica) that `{target['mode']}"
+                "` all-reduce with no delay reaches after the run's steps. Each mode then runs its replicas of one "
+                "block in the emulated regions from the same start weights with the same batches (each replica keeps "
+                "one peer id); efficiency is dense-with-no-delay's wall seconds to the target over the mode's seconds"
+                " to it in the regions, each from the run's first step to the first time its curve reaches the "
+                "target, linear between saves (1.0: the internet and the compression cost nothing). Where the regions"
+                " runs take more steps than the target's (`regions_steps`), the schedule still spans the target's "
+                "steps and the rest are at its floor. This is the sync headline; the best mode is the best compressed"
+                " one.")  # fmt: skip
     else:
         what = ("Measured before issue 47, each mode against itself: the target was the mode's own no-delay run's "
                 "final loss, not dense's, so a mode that ends far above dense can score near 1. A rerun of "
@@ -194,7 +196,7 @@ def time_to_loss_run(folder: Folder, title: str) -> list[str]:
     if best:
         headline = (f"Best mode: `{best}`, efficiency {fixed(s.num('best_efficiency'))}; at least {s.num('target')}: "
                     f"{yes(s['met'])}.")  # fmt: skip
-    elif all(mode == "dense" for mode in r["modes"].names()):
+    elif common and all(mode == r["target"]["mode"] for mode in r["modes"].names()):
         headline = "Dense alone: no compressed mode in this run."
     else:
         headline = "No compressed mode's regions run reached the target."
@@ -202,13 +204,14 @@ def time_to_loss_run(folder: Folder, title: str) -> list[str]:
     header = ["mode", "target loss", target_s, "regions s", "efficiency", "regions loss at the target's steps",
               "regions final loss",
               "final / target", "bytes per replica per step", "regions util. min", "regions step s"]  # fmt: skip
-    lines = heading(title)
-    for part in (command("time_to_loss.py", {k: config[k] for k in TIME_TO_LOSS_OPTIONS if k in config.names()},
-                         root=True),
-                 settings(config, set(TIME_TO_LOSS_OPTIONS)), headline,
-                 plain(r.get("note") or "")):  # fmt: skip  # the note: what changed in the code since the run
-        lines += [part, ""] if part else []
-    return lines + table(header, rows) + [folder.pictures(), ""]
+    return heading(title) + parts(
+        command("time_to_loss.py", {k: config[k] for k in TIME_TO_LOSS_OPTIONS if k in config.names()}, root=True),
+        settings(config, set(TIME_TO_LOSS_OPTIONS)),
+        headline,
+        plain(r.get("note") or ""),  # what changed in the code since the run, where something did
+        table(header, rows),
+        folder.pictures(),
+    )
 
 
 def scale(folder: Folder) -> list[str]:
@@ -256,11 +259,9 @@ def scale_run(folder: Folder, title: str) -> list[str]:
     cost_header = ["size", "peak RSS", "overhead", *gpu_header, "weights+grads+AdamW", "(peak - overhead) / that",
                    "checkpoint", "save s", "load s", "download 20 Mbit/s s", "100 Mbit/s s", "spot check s",
                    "denoise s"]  # fmt: skip
-    lines = heading(title)
-    for part in (smoke, plain(r.get("note") or ""), command("scale.py", r["settings"].data)):
-        lines += [part, ""] if part else []
     return (
-        lines
+        heading(title)
+        + parts(smoke, plain(r.get("note") or ""), command("scale.py", r["settings"].data))
         + table(step_header, steps)
         + table(cost_header, costs)
         + scale_memory_modes(r["sizes"])

@@ -7,6 +7,7 @@ from .formatting import (
     command,
     fixed,
     heading,
+    parts,
     plain,
     section,
     settings,
@@ -37,8 +38,7 @@ def attacks_run(folder: Folder, title: str) -> list[str]:
     a = folder.json("attacks.json")
     config, model, options = a["config"], a["model"], a.get("peer_options")
     met = a.get("met")
-    lines = heading(title)
-    parts = (
+    return heading(title) + parts(
         command("attacks.py", {"parts": config["parts"], **({"rows": config["rows"]} if config.get("rows") else {})}),
         settings(config, {"parts", "rows"}),
         settings(model, label="Model"),
@@ -51,9 +51,6 @@ def attacks_run(folder: Folder, title: str) -> list[str]:
         f"Every row within its bounds, every honest peer up: {yes(met)}." if met is not None else "",
         folder.pictures(),
     )
-    for part in parts:
-        lines += part if isinstance(part, list) else ([part, ""] if part else [])
-    return lines
 
 
 def honest_peers(row: Node) -> tuple[str, str]:
