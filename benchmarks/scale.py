@@ -6,6 +6,8 @@ library's own code paths, at each size given by --sizes (`DxL`: d_model D, L lay
 1024x3 about 52 M):
 - forward and backward: `Trainer.compute_gradients` (swarm/model/train.py) on a batch of
   --batch-size windows; beside it the plain AdamW update (`optimizer_step`), what a lone peer pays,
+  SGD with momentum's step (`momentum_step_s`: the momentum and the weights updated in plain
+  passes, the least any momentum optimizer does, DeMo included: a floor under its sync),
   and the same forward and backward with activation checkpointing (`TrainConfig.checkpoint_activations`:
   each layer's attention and MLP recomputed in the backward pass), its price in time;
 - sync, with --replicas replicas (the others' payloads made by the same code from other batches
@@ -159,17 +161,37 @@ def measure_training(trainer: Trainer, repeats: int) -> dict:
     """Forward and backward of one batch, the plain AdamW update after it, and forward and backward
     with activation checkpointing, taken in turn with the plain one (a drift of the machine's speed
     shows in both)."""
-    forward_backward, update, checkpointed = [], [], []
+    forward_backward, update, momentum, checkpointed = [], [], [], []
     trainer.step()  # warm-up
+    momentum_step = momentum_stepper(trainer.module)
+    momentum_step()  # warm-up
     with activations_checkpointed(trainer):
         trainer.compute_gradients()  # warm-up
     for _ in range(repeats):
         forward_backward.append(timed(trainer.compute_gradients)[1])
+        momentum.append(timed(momentum_step)[1])
         update.append(timed(trainer.optimizer_step)[1])
         with activations_checkpointed(trainer):
             checkpointed.append(timed(trainer.compute_gradients)[1])
     return {"forward_backward_s": statistics.median(forward_backward), "adamw_step_s": statistics.median(update),
+            "momentum_step_s": statistics.median(momentum),
             "forward_backward_checkpointed_s": statistics.median(checkpointed)}  # fmt: skip
+
+
+def momentum_stepper(module: torch.nn.Module) -> Callable[[], None]:
+    """SGD with momentum's step on the block, as plain passes over its tensors: the momentum
+    decayed and the gradient added, the weights moved by it. The least any momentum optimizer
+    touches each step (DeMo keeps a momentum and steps every weight too): a floor under its sync."""
+    params = [p for p in module.parameters() if p.grad is not None]
+    momenta = [torch.zeros_like(p) for p in params]
+
+    @torch.no_grad()
+    def step() -> None:
+        for param, momentum in zip(params, momenta):
+            momentum.mul_(0.95).add_(param.grad)
+            param.add_(momentum, alpha=-1e-3)
+
+    return step
 
 
 @contextmanager
@@ -436,6 +458,7 @@ def measure_size(size: str, corpus, args, bar: tqdm) -> dict:
 # every figure fitted against the parameter count: its name in the JSON's slopes, and where it is in a size's results
 FIGURES: dict[str, tuple[str, ...]] = {
     "forward_backward_s": ("forward_backward_s",), "adamw_step_s": ("adamw_step_s",),
+    "momentum_step_s": ("momentum_step_s",),
     "forward_backward_checkpointed_s": ("forward_backward_checkpointed_s",),
     "demo_sync_s": ("sync", "demo", "sync_s"), "demo_compress_s": ("sync", "demo", "compress_s"),
     "demo_encode_s": ("sync", "demo", "encode_s"), "demo_decode_s": ("sync", "demo", "decode_s"),
@@ -459,7 +482,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 PANELS = {  # the PNG's panels: title, then the figures drawn in it
     "seconds per training step": ["forward_backward_s", "forward_backward_checkpointed_s", "adamw_step_s",
-                                  "step_s", "step_low_memory_s", "demo_sync_s", "outer_sync_s"],
+                                  "momentum_step_s", "step_s", "step_low_memory_s", "demo_sync_s", "outer_sync_s"],
     "seconds per sync part (outer: per round)": ["demo_compress_s", "demo_encode_s", "demo_decode_s", "demo_apply_s",
                                                  "demo_step_ahead_s", "outer_compress_and_encode_s", "outer_decode_s",
                                                  "outer_apply_s"],

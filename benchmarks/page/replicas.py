@@ -234,11 +234,13 @@ def scale_run(folder: Folder, title: str) -> list[str]:
     steps, costs = [], []
     on_gpu = r["sizes"][0]["memory"].get("peak_gpu_bytes") is not None
     ahead = r["sizes"][0]["sync"]["demo"].get("step_ahead_s") is not None  # not in runs from before scale.py timed it
+    floor = r["sizes"][0].get("momentum_step_s") is not None  # nor the momentum step
     for s in r["sizes"]:
         sync, memory, checkpoint = s["sync"], s["memory"], s["checkpoint"]
         name = f"{plain(s['size'])} ({s.num('parameters') / 1e6:.2f} M)"
         over_step = [percent(sync["demo"].num("step_ahead_s") / s.num("forward_backward_s"))] if ahead else []
-        steps.append([name, fixed(s.num("forward_backward_s")), fixed(s.num("adamw_step_s")),
+        momentum = [percent(s.num("momentum_step_s") / s.num("forward_backward_s"))] if floor else []
+        steps.append([name, fixed(s.num("forward_backward_s")), fixed(s.num("adamw_step_s")), *momentum,
                       percent(sync["demo"].num("over_forward_backward")), *over_step,
                       percent(sync["outer"].num("over_forward_backward")),
                       size(sync["dense"].num("bytes_per_replica_per_step")), times(sync["demo"].num("dense_over_mode")),
@@ -252,7 +254,8 @@ def scale_run(folder: Folder, title: str) -> list[str]:
     fitted = r["slopes"]
     slopes = ", ".join(f"`{name}` {fixed(fitted.num(name), 2)}" for name in fitted.names() if fitted[name] is not None)
     smoke = "" if r["complete"] else ("Not every default size was measured: the slopes come from these sizes alone.")
-    step_header = ["size (parameters)", "forward+backward s", "AdamW s", "DeMo sync / f+b",
+    step_header = ["size (parameters)", "forward+backward s", "AdamW s",
+                   *(["momentum step / f+b (DeMo's floor)"] if floor else []), "DeMo sync / f+b",
                    *(["demo-overlap step ahead / f+b"] if ahead else []), "outer sync / f+b", "dense bytes / step",
                    "dense / DeMo", "dense / outer"]  # fmt: skip
     gpu_header = ["peak GPU", "GPU before block"] if on_gpu else []
