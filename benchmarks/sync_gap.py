@@ -23,6 +23,7 @@ and the payload bytes per replica per step (one copy).
 
     python benchmarks/sync_gap.py                        # outer: 300, 900 and 1,500 steps, about 25 minutes
     python benchmarks/sync_gap.py --steps 300 --outer-lr 1.5
+    python benchmarks/sync_gap.py --steps 600 --batch-size 32 --outer-top-k 128 --outer-error-decay 0.5
     python benchmarks/sync_gap.py --mode demo --steps 600 --batch-size 32
     python benchmarks/sync_gap.py --mode demo-overlap --steps 600 --batch-size 32
 """
@@ -95,8 +96,12 @@ def strategy(mode: str, trainer: Trainer, exchange: Exchange, args: argparse.Nam
     return demo(DeMoOptimizer(trainer.module, demo_settings(args), trainer.config.lr), exchange)
 
 
+OUTER_OPTIONS = ("outer_lr", "outer_top_k", "outer_error_decay")  # OuterConfig's settings this takes
+DEMO_OPTIONS = ("momentum_decay",)
+
+
 def outer_settings(args: argparse.Namespace) -> OuterConfig:
-    return OuterConfig(outer_lr=args.outer_lr).checked()
+    return OuterConfig(outer_lr=args.outer_lr, top_k=args.outer_top_k, error_decay=args.outer_error_decay).checked()
 
 
 def demo_settings(args: argparse.Namespace) -> DeMoConfig:
@@ -146,7 +151,14 @@ def plot(rows: list[dict], mode: str, path: Path) -> None:
 def positive(text: str) -> int:
     value = int(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number of steps")
+        raise argparse.ArgumentTypeError(f"{text} is not a positive whole number")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
     return value
 
 
@@ -160,6 +172,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--block", type=int, default=1)
     parser.add_argument("--outer-lr", type=float, default=OuterConfig.outer_lr)
+    parser.add_argument("--outer-top-k", type=positive, default=OuterConfig.top_k, help="per 64 x 64 tile")
+    parser.add_argument("--outer-error-decay", type=fraction, default=OuterConfig.error_decay,
+                        help="the error buffer's share kept each round")
     parser.add_argument("--momentum-decay", type=float, default=DeMoConfig.momentum_decay, help="demo's")
     parser.add_argument("--out", help="default: benchmarks/results/<mode>_gap")
     args = parser.parse_args()
@@ -184,8 +199,8 @@ def main() -> None:
         logger.info("%d steps: dense %.4f, %s %.4f (%.3fx)", steps, dense_loss, mode, loss, loss / dense_loss)
     out = Path(args.out or f"benchmarks/results/{mode}_gap")
     out.mkdir(parents=True, exist_ok=True)
-    other_mode_option = "momentum_decay" if mode == "outer" else "outer_lr"
-    options = {k: v for k, v in vars(args).items() if k != other_mode_option}
+    other_mode_options = DEMO_OPTIONS if mode == "outer" else OUTER_OPTIONS
+    options = {k: v for k, v in vars(args).items() if k not in other_mode_options}
     settings = {"outer": vars(outer_settings(args))} if mode == "outer" else {"demo": vars(demo_settings(args))}
     result = {"config": {**options, **settings, "model": config.to_dict()}, "runs": rows}
     plot(rows, mode, out / f"{mode}_gap.png")

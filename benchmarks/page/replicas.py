@@ -135,9 +135,10 @@ def sync_gap_run(mode: str, folder: Folder, title: str) -> list[str]:
     rows = [[plain(r["steps"]), fixed(r.num("dense_loss")), fixed(r.num(f"{mode}_loss")),
              times(r.num(f"{mode}_over_dense")), size(r.num(f"{mode}_payload_bytes_per_step"))]
             for r in g["runs"]]  # fmt: skip
-    names = ("steps", "replicas", "batch_size", "block") + (("outer_lr",) if mode == "outer" else ("momentum_decay",))
-    options = {k: config[k] for k in names if k in config.names()}
-    shown = {"mode", "out", "outer_lr", "momentum_decay", *options}  # in the command, or the other mode's option
+    mode_options = ("outer_lr", "outer_top_k", "outer_error_decay") if mode == "outer" else ("momentum_decay",)
+    options = {k: config[k] for k in ("steps", "replicas", "batch_size", "block", *mode_options) if k in config.names()}
+    shown = {"mode", "out", "outer_lr", "outer_top_k", "outer_error_decay", "momentum_decay", *options}  # in the
+    # command, or the other mode's option
     return (
         heading(title)
         + [command("sync_gap.py", {"mode": mode, **options}), "", settings(config, shown), ""]
