@@ -231,6 +231,14 @@ def test_a_time_to_loss_run_kept_in_a_subfolder_is_a_later_run_of_its_own(result
     assert "\n| dense |" in later_part and "\n| dense |" not in main_part
 
 
+def test_the_loss_line_of_attacks_shows_only_where_a_part_trained():
+    """It says what parts 2 and 3's losses are; a run of part 1 alone has none to explain."""
+    main, *later = section_of(report.render(RESULTS), "Attacks").split("\n### Later run, ")
+    assert "\nLoss: " in main
+    part_one_only = [run for run in later if run.startswith("`results/attacks/issue46_rows/`")]
+    assert part_one_only and "\nLoss: " not in part_one_only[0]
+
+
 # --- the README ---------------------------------------------------------------------------------------
 
 

@@ -38,6 +38,7 @@ def attacks_run(folder: Folder, title: str) -> list[str]:
     a = folder.json("attacks.json")
     config, model, options = a["config"], a["model"], a.get("peer_options")
     met = a.get("met")
+    trained = a.get("training") is not None or a.get("two_replicas") is not None
     return heading(title) + parts(
         command("attacks.py", {"parts": config["parts"], **({"rows": config["rows"]} if config.get("rows") else {})}),
         settings(config, {"parts", "rows"}),
@@ -45,7 +46,7 @@ def attacks_run(folder: Folder, title: str) -> list[str]:
         f"Honest peers' options beyond their defaults: `{plain(options)}`." if options is not None else "",
         plain(a.get("note") or ""),  # why a run was made, where it is not the whole benchmark
         attack_fetches(a["fetch_and_serve"]) if a.get("fetch_and_serve") is not None else [],
-        f"Loss: {plain(a['loss'])}." if a.get("loss") is not None else "",
+        f"Loss: {plain(a['loss'])}." if a.get("loss") is not None and trained else "",  # parts 2 and 3's
         attack_training(a["training"]) if a.get("training") is not None else [],
         attack_two_replicas(a["two_replicas"]) if a.get("two_replicas") is not None else [],
         f"Every row within its bounds, every honest peer up: {yes(met)}." if met is not None else "",
