@@ -142,6 +142,7 @@ def sync_gap_run(mode: str, folder: Folder, title: str) -> list[str]:
     return (
         heading(title)
         + [command("sync_gap.py", {"mode": mode, **options}), "", settings(config, shown), ""]
+        + parts(plain(g.get("note") or ""))  # why a later run was made
         + table(["steps", "dense loss", f"{mode} loss", f"{mode} / dense", "payload per replica per step"], rows)
         + [folder.pictures(), ""]
     )
