@@ -20,6 +20,7 @@ SECTIONS: dict[str, tuple[str, Renderer]] = {  # results folder: its section's h
     "outer_gap": ("The outer mode's loss gap", replicas.outer_gap),
     "demo_gap": ("DeMo's loss gap", replicas.demo_gap),
     "demo-overlap_gap": ("demo-overlap's loss gap", replicas.demo_overlap_gap),
+    "outer_rounds": ("Outer steps round by round", replicas.outer_rounds),
     "scale": ("Cost as a block grows", replicas.scale),
     "time_to_loss": ("Time to a loss across regions", replicas.time_to_loss),
     "transfer": ("Checkpoint transfer", network.transfer),

@@ -1,5 +1,5 @@
-"""Keeping replicas in step: the sync modes side by side, the outer mode's and DeMo's loss gaps, time to a loss
-across regions, and what a block costs as it grows."""
+"""Keeping replicas in step: the sync modes side by side, the outer mode's and DeMo's loss gaps, the outer mode
+round by round, time to a loss across regions, and what a block costs as it grows."""
 
 from __future__ import annotations
 
@@ -146,6 +146,49 @@ def sync_gap_run(mode: str, folder: Folder, title: str) -> list[str]:
         + table(["steps", "dense loss", f"{mode} loss", f"{mode} / dense", "payload per replica per step"], rows)
         + [folder.pictures(), ""]
     )
+
+
+def outer_rounds(folder: Folder) -> list[str]:
+    return with_later_runs(
+        folder,
+        outer_rounds_run,
+        "Runs the peers' outer step on replicas of one block in one process, round by round, beside the dense "
+        "baseline, to see how much of the replicas' change each outer step delivers. Configs: `defaults` "
+        "(the peers' settings), `none` (every value as float32: no compression), `k128` (128 values per 64 x 64 "
+        "tile), `decay0.5` (the error buffer halved each round), `k128_decay0.5` (both). Of the last round: the "
+        "applied update's size over the replicas' mean change and their cosine, over every parameter and over "
+        "the tied table (`input_proj.weight`) alone, and replica 0's error buffer over its change; refused: "
+        "payloads refused over the run.",
+    )
+
+
+OUTER_ROUNDS_OPTIONS = ("configs", "steps", "replicas", "batch_size", "block", "eval_every")
+
+
+def outer_rounds_run(folder: Folder, title: str) -> list[str]:
+    """outer_rounds.json of benchmarks/outer_rounds.py: one row per config, its final loss and its last round."""
+    r = folder.json("outer_rounds.json")
+    config, runs = r["config"], r["configs"]
+    dense_loss = runs["dense"].num("final_loss") if "dense" in runs.names() else None
+    rows = []
+    for name, run in runs.items():
+        final = run.num("final_loss")
+        last = run["rounds"][-1]
+        if run["outer"] is None:
+            delivered = [DASH] * 6
+        else:
+            update, error = last["update_vs_mean_change"], last["error_over_change"]
+            delivered = [fixed(update[part].num(f)) for part in ("all", "table") for f in ("size_ratio", "cosine")]
+            delivered += [fixed(error.num("all")), plain(sum(row["refused"] for row in run["rounds"]))]
+        rows.append([name, fixed(final), times(final / dense_loss) if dense_loss else DASH, *delivered])
+    header = ["config", "final loss", "final / dense", "update / mean change", "cosine", "table: update / mean change",
+              "table: cosine", "error buffer / change", "refused"]  # fmt: skip
+    options = {k: config[k] for k in OUTER_ROUNDS_OPTIONS}
+    return heading(title) + parts(
+        command("outer_rounds.py", options), settings(config, set(OUTER_ROUNDS_OPTIONS)), plain(r.get("note") or ""),
+        table(header, rows),
+        folder.pictures(),
+    )  # fmt: skip
 
 
 TIME_TO_LOSS_OPTIONS = ("modes", "replicas", "steps", "regions_steps", "save_every")
