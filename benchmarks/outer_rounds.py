@@ -23,7 +23,7 @@ under --out.
 
     python benchmarks/outer_rounds.py                    # every config, 300 steps: about 5 minutes on 2 cores
     python benchmarks/outer_rounds.py --configs dense defaults none k128_decay0.5 --steps 600 --batch-size 32
-                                                         # about 10 minutes on 2 cores
+                                                         # about 13 minutes on 2 cores
 """
 
 from __future__ import annotations

@@ -137,8 +137,8 @@ def sync_gap_run(mode: str, folder: Folder, title: str) -> list[str]:
             for r in g["runs"]]  # fmt: skip
     mode_options = ("outer_lr", "outer_top_k", "outer_error_decay") if mode == "outer" else ("momentum_decay",)
     options = {k: config[k] for k in ("steps", "replicas", "batch_size", "block", *mode_options) if k in config.names()}
-    shown = {"mode", "out", "outer_lr", "outer_top_k", "outer_error_decay", "momentum_decay", *options}  # in the
-    # command, or the other mode's option
+    # in the command, or the other mode's option
+    shown = {"mode", "outer_lr", "outer_top_k", "outer_error_decay", "momentum_decay", *options}
     return (
         heading(title)
         + [command("sync_gap.py", {"mode": mode, **options}), "", settings(config, shown), ""]
