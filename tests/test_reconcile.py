@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
 from swarm.p2p.directory import Host
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, owner_fingerprint
-from swarm.sync.reconcile import Voice, median_of, weigh, weighted_median
+from swarm.sync.reconcile import ReconcileRound, Voice, median_of, weigh, weighted_median
 
 
 def voice(name: str, keys: int, *values: float) -> Voice:
@@ -73,3 +74,25 @@ def test_a_replica_that_took_this_replicas_checkpoint_is_this_replicas_voice():
     own = replica("own", "a" * 64)
     taker = replica("taker", "a" * 64, taken_from=(owner_fingerprint(b"own"),))
     assert weigh(own, {own.announcement.checkpoint: [taker]}) == {own.announcement.checkpoint: 1}
+
+
+def test_a_stopping_peer_ends_its_merge_round_at_once_with_its_weights_kept():
+    """A round waits up to half its deadline for the others' checkpoints of its step; a stop
+    signal must not wait with it (tests/test_chaos.py saw a peer held past its supervisor's 15 s
+    by a round waiting for a killed replica's checkpoint). Told to stop, the round reads the
+    records once, merges nothing and keeps the weights."""
+    own = replica("own", "a" * 64)
+    reads = []
+
+    def hosts() -> list[Host]:  # only this replica's own record: the others never announce this step
+        reads.append(own)
+        return [own]
+
+    stop = threading.Event()
+    stop.set()
+    merge = ReconcileRound(None, None, None, 0, b"own", hosts, deadline=10.0, stop=stop)
+    module = torch.nn.Linear(2, 2)
+    before = {name: tensor.clone() for name, tensor in module.state_dict().items()}
+    assert merge.run(module, own.announcement, replicas=2) is None
+    assert len(reads) == 1
+    assert all(torch.equal(before[name], tensor) for name, tensor in module.state_dict().items())

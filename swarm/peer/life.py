@@ -402,7 +402,7 @@ class Peer:
         if self.config.average_every:
             directory = entered.directory
             reconcile = ReconcileRound(wired.p2p, wired.loop, entered.model_config, block, directory.owner_subkey,
-                                       lambda: directory.hosts(block), RECONCILE_DEADLINE_S)  # fmt: skip
+                                       lambda: directory.hosts(block), RECONCILE_DEADLINE_S, self.stopping)  # fmt: skip
         payloads, exchange = None, None
         if mode.exchanges_payloads:
             payloads = PayloadServicer(block, self.config.sync_deadline, wired.gate)

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -104,6 +105,9 @@ class ReconcileRound:
         hosts: reads the block's hosts from the DHT now (the replica's own record included).
         own_key: the key this replica's records are signed with.
         deadline: how long a round waits for the others' checkpoints of its step, downloads included.
+        stop: set when the peer is told to stop: a round ends at once, the weights kept (a round
+            that waited out its deadline for a killed replica's checkpoint held a stopping peer
+            past the 15 s a supervisor gives it before SIGKILL: tests/test_chaos.py saw it).
     """
 
     p2p: P2P
@@ -113,6 +117,7 @@ class ReconcileRound:
     own_key: bytes
     hosts: Callable[[], list[Host]]
     deadline: float
+    stop: threading.Event = field(default_factory=threading.Event)
     drift: float | None = None  # the largest change the last merge made to a weight
 
     def run(self, module: torch.nn.Module, own: BlockAnnouncement, replicas: int) -> bool | None:
@@ -124,6 +129,9 @@ class ReconcileRound:
         if checkpoint is None:
             raise SwarmError("a merge round runs on a checkpoint this replica announced; its record holds none")
         groups = self._checkpoints_of(checkpoint, replicas, started + self.deadline / 2)
+        if self.stop.is_set():
+            logger.info("step %d: stopping: the merge round ends, weights kept", checkpoint.step)
+            return None
         weights = weigh(Host(self.block, own, math.inf, owner=self.own_key), groups)
         if sum(weights.values()) < MIN_VOICES:  # nothing to download: no median could come of it
             logger.info("step %d: %d voices hold checkpoints of this step (%d needed to judge): weights kept",
@@ -131,6 +139,8 @@ class ReconcileRound:
             return None
         voices = [Voice(checkpoint.sha256, _tensors(module), weights.pop(checkpoint))]
         for other, weight in weights.items():
+            if self.stop.is_set():
+                break  # the voices gathered so far still decide, or too few of them keep the weights
             if (tensors := self._download(groups[other], started + self.deadline, module)) is not None:
                 voices.append(Voice(other.sha256, tensors, weight))
         merged = median_of(voices)
@@ -142,7 +152,7 @@ class ReconcileRound:
 
     def _checkpoints_of(self, own: CheckpointInfo, replicas: int, give_up_at: float) -> dict[CheckpointInfo, list[Host]]:
         """The other hosts' checkpoints of `own.step`, by checkpoint, once `replicas` hosts
-        announce one or the time is up."""
+        announce one, the time is up or the peer is stopping."""
         groups: dict[CheckpointInfo, list[Host]] = {}
         while True:
             try:
@@ -157,7 +167,8 @@ class ReconcileRound:
                     groups.setdefault(checkpoint, []).append(host)
             if sum(map(len, groups.values())) >= replicas or time.monotonic() + POLL_S > give_up_at:
                 return groups
-            time.sleep(POLL_S)
+            if self.stop.wait(POLL_S):
+                return groups
 
     def _download(
         self, hosts: list[Host], give_up_at: float, like: torch.nn.Module
