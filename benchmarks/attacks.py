@@ -40,7 +40,18 @@ Part 1, one trained swarm: block 0 with one honest host (b0), block 1 with two D
 - wrong_denoise_answers: a key vouching for block 1's honest checkpoint, answering wrongly;
 - honest_then_lying_beside_two_keys, _beside_one_key (item 7): a key vouching for the honest
   checkpoint of block 1 (two honest keys) or block 0 (one) that answers its first request
-  honestly, then lies.
+  honestly, then lies;
+- free_keys_outvote_lone_host (issue 57): k = 2, 4 and 8 free keys announcing b0's checkpoint, serving
+  its true file, and answering every denoise request with one set of wrong weights, all alike (counted
+  as keys, a majority against b0). Generation at each k; met also where the generation client's
+  attestation credits no hostile key and no honest key less than in the clean row (every row's client
+  now reports what it credits, `credited`, with audit draws seeded alike, `AUDIT_SEED`);
+- chunk_list_stall_beside_fast_poison (issue 57): at k = 2, 4 and 8 free keys, k - 1 keys announce b0's
+  checkpoint under their own keys and answer every chunk list and download "busy" just before the
+  timeout (`BusyJustInTime`), and one more serves a poisoned block 0 (step_lie_poisoned_block's kind of
+  poison) a save ahead at full speed, for download and denoising. A fetch, a joiner and generation at
+  each k (`by_keys`, each met as a row is; the row's bits per byte over clean is its worst k's), which
+  checkpoint the fetch took (`fetch_took`), and the stallers' chunk lists asked and answered.
 Issue 46's strangers, who have read how we measure:
 - spot_check_tuned_0.05 .. _1.0: block 1 made that many nats per unit worse on held-out text, then
   tuned on the windows and draws of a spot check with public seeds (the old check's 32 windows, of
@@ -92,6 +103,12 @@ peer id, same batches) beside a stranger whose every sync reply claims step 10^1
 its own DeMo update negated each step. Met when the honest replica does every step and no more,
 and its loss is within 1.03x of the lone run's (neither frozen nor moved); beside it, the distance
 of its weights from the lone run's over the lone run's distance from the start weights.
+- jump_every_step (issue 57): the same replica beside k = 2, 4 and 8 free keys, each answering every
+  sync poll with "gone, the newest step is the one asked plus 1000" (`JumpClaims`): a majority ahead
+  on every step. Figures at each k (`jump_every_step_<k>keys`): the steps it trained and its final
+  step (its jumps' budget bounds the difference: swarm/sync/exchange.py), its loss over the lone
+  run's (met at <= 1.05) and its seconds per step over the lone run's (met at <= 1.5, both read off
+  its log's clock from its first step to its last save).
 
     python benchmarks/attacks.py            # about 55 minutes on 2 cores (part 1 about 25)
     python benchmarks/attacks.py --steps 20 --train-steps 20 --save-every 10 --average-every 10 \\
@@ -110,10 +127,13 @@ import hashlib
 import json
 import logging
 import math
+import random
+import re
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator
+from datetime import datetime
 from pathlib import Path
 
 from hivemind.utils import get_dht_time
@@ -126,9 +146,11 @@ from swarm.cli.console import setup_logging
 from swarm.files import write_atomic, write_picture
 from swarm.lab.attacks import (
     STEP_LIE,
+    BusyJustInTime,
     HonestThenWrong,
     HostileNode,
     HostileReplica,
+    JumpClaims,
     LyingSyncReplies,
     MergePoisoner,
     RefusedPayloads,
@@ -157,11 +179,13 @@ from swarm.p2p.client import SwarmClient
 from swarm.p2p.directory import DHTUnavailable
 from swarm.p2p.info import InfoServicer
 from swarm.p2p.ledger import backed_keys
-from swarm.p2p.records import CheckpointInfo
+from swarm.p2p.records import CheckpointInfo, owner_fingerprint
 from swarm.peer.announcer import RECORD_LIFETIME_PERIODS
 from swarm.peer.config import PeerConfig
+from swarm.serving.audit import LoneKeyAudit
 from swarm.serving.remote import RemoteBlocks
 from swarm.serving.server import DenoiseServicer
+from swarm.sync.exchange import JUMP_SHARE, allowance_for
 from swarm.waiting import WaitTimeout, wait_for
 
 logger = logging.getLogger("benchmarks.attacks")
@@ -176,6 +200,8 @@ POISON_WORSE_BY = 0.5  # nats per byte a poisoned block loses on the spot check 
 TUNED_GRADES = (0.05, 0.1, 0.25, 0.5, 1.0)  # nats per unit a block tuned to a public check loses on held-out text
 SLIGHTLY_WORSE = 0.099  # nats per unit: just within the spot check's tolerance
 FLOOD_BEYOND_BOUND = 8  # keys of the flood row beyond what a choice measures (`MEASURED_AT_MOST`)
+FREE_KEYS = (2, 4, 8)  # the free keys of issue 57's rows (up to 8)
+AUDIT_SEED = 57  # the seed of every row's generation client's audit draws, alike so that credits compare
 PUBLIC_SEED = 1234  # the seed of the old spot check's windows, which anyone could compute
 HELD_OUT_SEED = 2046  # the held-out windows an attacker grades its block on (no check of ours uses a fixed seed)
 EVALUATION_SEED = 4242  # the windows every figure here is measured on: none of PUBLIC_SEED's or HELD_OUT_SEED's
@@ -183,6 +209,8 @@ SYBIL_WORK_BITS = 6  # the identity work of the Sybil row's priced swarm: cheap 
 # (its price at 12 bits: benchmarks/identity_cost.py); the Sybils do none
 QUALITY_BOUND = 1.02  # the fetched model's bits per byte over the clean fetch's
 LOSS_BOUND = 1.03  # the honest replicas' loss over the clean run's
+ALONE_LOSS_BOUND = 1.05  # issue 57: an honest replica's loss beside free keys over its loss alone
+ALONE_SECONDS_BOUND = 1.5  # issue 57: its seconds per step beside them over alone
 RECENT_S = 2 * PEER.announce_period + 5  # a record older than this: its peer missed announcements
 LIAR_PEER = ["--max-steps", "1", "--announce-period", "1"]
 LOSS = "block 0's share of the bound on validation windows, bits per byte"
@@ -342,19 +370,23 @@ def joiner_start(local: LocalSwarm, client: SwarmClient, block: int, name: str, 
     return {"step": checkpoint.step if checkpoint else None, "sha256": sha256, "from_liar": sha256 in liar_sha256s}
 
 
-def generation(swarm: Swarm, liar: str | None = None, liar_sha256s: Collection[str] = ()) -> dict:
+def generation(swarm: Swarm, liar: str | Collection[str] | None = None, liar_sha256s: Collection[str] = ()) -> dict:
     """Text through the swarm against the same text from the clean fetched model, here, and the
     checkpoints whose answers it used (`RemoteBlocks.used`): met only if every block used the clean
     fetch's checkpoint alone (not the liar's) and the text is equal (a liar vouching for the honest
     checkpoint can only change answers). Equal text alone proves nothing: a degraded block may
-    change no argmax."""
+    change no argmax. `liar`: the peer id of each liar, which the client prefers (the fastest).
+    Also what the client's attestation credits (`credited`). The client's audit (audit.py) draws at
+    its default rate from a generator seeded alike in every row (`AUDIT_SEED`, one draw per answer),
+    so that an honest key's credit in a row compares with the clean row's; no liar here reads it."""
     config, client = swarm.config, swarm.client
-    runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=20)
-    if liar is not None:  # the worst case: the liar is the replica the client prefers
-        for block in range(config.n_blocks):
-            for host in client.directory.hosts(block):
-                if host.peer_id == liar:
-                    runner.replicas.rtt[host.peer_id, host.owner] = 0.0
+    liars = {liar} if isinstance(liar, str) else set(liar or ())
+    runner = RemoteBlocks(client.directory, client.p2p, client.loop, config, request_timeout=20,
+                          witness=client.witness(), audit=LoneKeyAudit(draws=random.Random(AUDIT_SEED)))  # fmt: skip
+    for block in range(config.n_blocks):  # the worst case: the liars are the replicas the client prefers
+        for host in client.directory.hosts(block):
+            if host.peer_id in liars:
+                runner.replicas.rtt[host.peer_id, host.owner] = 0.0
     started = time.monotonic()
     text = b"".join(continue_text(runner, config, PROMPT, GENERATED_BYTES, steps_per_block=2, seed=1))
     seconds = time.monotonic() - started
@@ -364,18 +396,35 @@ def generation(swarm: Swarm, liar: str | None = None, liar_sha256s: Collection[s
     used = [runner.used.get(b, set()) for b in range(config.n_blocks)]
     result = {"checkpoints_used": [sorted(sha[:12] for sha in shas) for shas in used],
               "used_only_clean_checkpoints": all(shas and shas <= c for shas, c in zip(used, clean, strict=True)),
-              "equals_clean_local_generation": text == expected, "seconds": seconds, "cross_check": vars(runner.checks)}  # fmt: skip
+              "equals_clean_local_generation": text == expected, "seconds": seconds, "cross_check": vars(runner.checks),
+              "credited": credited(swarm, runner, liars)}  # fmt: skip
     if liar_sha256s:
         result["used_liars_checkpoint"] = any(not shas.isdisjoint(liar_sha256s) for shas in used)
-    if liar is not None:
-        result["liar_banned"] = liar in runner.replicas.banned_until
+    if liars:
+        result["liar_banned"] = liars <= set(runner.replicas.banned_until)
     return result
 
 
+def credited(swarm: Swarm, runner: RemoteBlocks, liars: Collection[str]) -> dict:
+    """The answers the generation client's attestation credits (swarm/p2p/ledger.py): `honest`, each
+    host's key but the liars' by its public name, and `hostile`, those of every other key (the
+    liars'); `honest_banned_for_good`, the honest hosts this client showed wrong."""
+    attestation = runner.witness.attestation()
+    answers = {c.subject: c.answers for c in attestation.contributions} if attestation else {}
+    hosts = [h for b in range(swarm.config.n_blocks) for h in swarm.client.directory.hosts(b) if h.peer_id not in liars]
+    honest = {owner_fingerprint(h.owner): h for h in hosts if h.owner and h.announcement.public_name}
+    for_good = {peer for peer, until in runner.replicas.banned_until.items() if until == math.inf}
+    shown_wrong = sorted(h.announcement.public_name for h in honest.values() if h.peer_id in for_good)
+    return {"honest": {h.announcement.public_name: answers.get(key, 0) for key, h in honest.items()},
+            "hostile": sum(count for key, count in answers.items() if key not in honest),
+            "honest_banned_for_good": shown_wrong}  # fmt: skip
+
+
 def measured(swarm: Swarm, name: str, block: int, liar_sha256s: Collection[str] = (), joiner: bool = True,
-             liar_peer: str | None = None, generate: bool = False) -> dict:  # fmt: skip
+             liar_peer: str | Collection[str] | None = None, generate: bool = False) -> dict:  # fmt: skip
     """While a liar is up: a fetch, a joiner of `block` and generation through the swarm, as asked;
-    `liar_sha256s`: the liars' checkpoints (one, or a flood's), which the joiner and generation must not take."""
+    `liar_sha256s`: the liars' checkpoints (one, or a flood's), which the joiner and generation must not take;
+    `liar_peer`: the liar's peer id, or several liars'."""
     row = {"fetch": fetch(swarm.local, f"{name}-fetch", swarm.args.windows, swarm.invite(f"{name}-fetch"))}
     if joiner:
         joining = f"{name}-joiner"
@@ -661,6 +710,76 @@ def honest_then_lying(swarm: Swarm, block: int) -> dict:
     return {"block": block, **row, "liar_answers": liar.answered, "liar_lied": liar.answered > liar.honest}
 
 
+def free_keys_outvote(swarm: Swarm, block: int = 0) -> dict:
+    """Issue 57, outvoting a lone host: for each k of `FREE_KEYS`, k free keys (each a node of its own)
+    announce the checkpoint of `block`'s lone honest host (b0), serve its true file for download, and
+    answer every denoise request with one set of wrong weights, all alike, so that they agree with each
+    other and outnumber b0; the client prefers them (the fastest). Counted as keys they were a strict
+    majority: b0 banned, their answers used and credited. Generation at each k (`generation_by_keys`), a
+    fetch with the most keys up; met where every generation equals clean local generation, no hostile key
+    is credited and no honest key less than in the clean row (`credit_met`)."""
+    honest = swarm.honest_checkpoint(block)
+    store = CheckpointStore(swarm.local.workdir / "outvote", swarm.config, block, swarm.local.swarm)
+    store.adopt(swarm.honest_file(honest), honest)
+    wrong = garbage_block(swarm.config, block, scale=1.0)  # one set of weights for all: their answers agree
+    by_keys, row = {}, {}
+    for keys in FREE_KEYS:
+        liars_up = sybil_nodes(swarm.local.swarm, swarm.local.initial_peers, store, honest, wrong, swarm.config, keys)
+        with liars_up as nodes:
+            records_read(swarm, block, nodes)
+            liars = [node.peer_id for node in nodes]
+            if keys == max(FREE_KEYS):
+                row = measured(swarm, "outvote", block, joiner=False, liar_peer=liars, generate=True)
+                by_keys[str(keys)] = row["generation"]
+            else:
+                by_keys[str(keys)] = generation(swarm, liars)
+    return {"block": block, "free_keys": list(FREE_KEYS), **row, "generation_by_keys": by_keys}
+
+
+def chunk_list_stall(swarm: Swarm, block: int = 0) -> dict:
+    """Issue 57's stalled chunk list, for each k of `FREE_KEYS`: k - 1 free keys announce the checkpoint
+    of `block`'s lone honest host (b0) under keys of their own and answer every chunk list and download
+    "busy" just before the timeout (`stalling_node`), and one more serves a poisoned `block` (`poisoned`)
+    one save ahead at full speed, for download and denoising. A download that waited for every host's
+    list was held until the poison was in, then dropped as slow, and the poison, measured alone, was
+    fetched, joined and used. At each k (`by_keys`): a fetch, which checkpoint it took (`fetch_took`:
+    "honest", "poison" or "other"), a joiner, generation preferring the poisoner, and the stallers' chunk
+    lists asked and answered. The row's own fetch, joiner and generation are those of the most keys."""
+    honest, (poison, figures) = swarm.honest_checkpoint(block), poisoned(swarm, block)
+    store = CheckpointStore(swarm.local.workdir / "stall-poison", swarm.config, block, swarm.local.swarm)
+    ahead = store.save(poison, honest.step + swarm.args.save_every)
+    names = {honest.sha256[:12]: "honest", ahead.sha256[:12]: "poison"}
+    by_keys = {}
+    for keys in FREE_KEYS:
+        with contextlib.ExitStack() as stack:
+            stallers = [stalling_node(swarm, stack, block, honest) for _ in range(keys - 1)]
+            poisoner = stack.enter_context(swarm.stranger(block))
+            poisoner.serve_checkpoint(store, ahead, *stranger_answers(swarm.config, block, ahead, poison, False, True))
+            swarm.wait_for_record(block, poisoner.peer_id)
+            row = measured(swarm, f"stall-{keys}", block, liar_sha256s={ahead.sha256}, liar_peer=poisoner.peer_id,
+                           generate=True)  # fmt: skip
+        fetched = row["fetch"]
+        row["fetch_took"] = names.get(fetched["sha256"][block], "other") if fetched["fetched"] else None
+        row["stallers_chunk_lists"] = {"asked": sum(s.asked["chunk_list"] for s in stallers),
+                                       "answered": sum(s.answered["chunk_list"] for s in stallers)}  # fmt: skip
+        by_keys[str(keys)] = row
+    most = {key: by_keys[str(max(FREE_KEYS))][key] for key in ("fetch", "joiner", "generation", "fetch_took")}
+    return {"block": block, "free_keys": list(FREE_KEYS), "stallers": [k - 1 for k in FREE_KEYS],
+            "liar_step": ahead.step, "poison_sha256": ahead.sha256[:12], **figures, **most,
+            "by_keys": by_keys}  # fmt: skip
+
+
+def stalling_node(swarm: Swarm, stack: contextlib.ExitStack, block: int, info: CheckpointInfo) -> BusyJustInTime:
+    """A free key (a stranger's node, left when `stack` closes) announcing checkpoint `info` of `block` and
+    answering every chunk list and download busy just before the timeout (`BusyJustInTime`): its servicer."""
+    node = stack.enter_context(swarm.stranger(block))
+    staller = BusyJustInTime(block)
+    node.serve(InfoServicer(lambda: node.info(block)), staller)
+    node.announce(block, state="serving", **checkpoint_of(info))
+    swarm.wait_for_record(block, node.peer_id)
+    return staller
+
+
 def part_one_rows(swarm: Swarm) -> dict[str, Callable[[], dict]]:
     config, save = swarm.config, swarm.args.save_every
     return {
@@ -677,6 +796,8 @@ def part_one_rows(swarm: Swarm) -> dict[str, Callable[[], dict]]:
         "wrong_denoise_answers": lambda: wrong_answers(swarm),
         "honest_then_lying_beside_two_keys": lambda: honest_then_lying(swarm, 1),
         "honest_then_lying_beside_one_key": lambda: honest_then_lying(swarm, 0),
+        "free_keys_outvote_lone_host": lambda: free_keys_outvote(swarm),
+        "chunk_list_stall_beside_fast_poison": lambda: chunk_list_stall(swarm),
         **{f"spot_check_tuned_{worse_by}": functools.partial(spot_check_tuned, swarm, worse_by) for worse_by in TUNED_GRADES},
         "step_inflation": lambda: step_inflation(swarm),
         "honest_weights_restamped_lying_answers": lambda: checkpoint_ahead(
@@ -692,8 +813,9 @@ def scored(row: dict, clean: dict) -> dict:
     fetched = row.get("fetch") or {}
     if fetched.get("fetched") and clean.get("fetch", {}).get("fetched"):
         row["bits_per_byte_over_clean"] = fetched["bits_per_byte"] / clean["fetch"]["bits_per_byte"]
+    keyed = scored_by_keys(row, clean) if "by_keys" in row else []
     checks = ["error" not in row, (row.get("honest_peers") or {}).get("ok", False),
-              row.get("bits_per_byte_over_clean", math.inf) <= QUALITY_BOUND]  # fmt: skip
+              row.get("bits_per_byte_over_clean", math.inf) <= QUALITY_BOUND, *keyed]  # fmt: skip
     if "joiner" in row:
         checks.append(not row["joiner"]["from_liar"])
     if "joiner_step_honest" in row:
@@ -705,12 +827,39 @@ def scored(row: dict, clean: dict) -> dict:
         checks.append(place is not None and place < row["measured_at_most"])
     if "held_out_ce" in row:  # a tuned block no worse where the stranger graded it is no poison: said, still not met
         row["attack_made_no_worse_block"] = row["held_out_ce"]["tuned"] <= row["held_out_ce"]["honest"]
-    if "generation" in row:
-        checks += [row["generation"]["used_only_clean_checkpoints"], row["generation"]["equals_clean_local_generation"]]
+    generated = list(row.get("generation_by_keys", {}).values()) or ([row["generation"]] if "generation" in row else [])
+    for one in generated:
+        checks += [one["used_only_clean_checkpoints"], one["equals_clean_local_generation"]]
+    if "generation_by_keys" in row:  # issue 57: the ledger credits answers checked here, never a liar's
+        row["credit_met"] = all(credit_bound(one["credited"], clean["generation"]["credited"]) for one in generated)
+        checks.append(row["credit_met"])
     if "status_follows_creator" in row:
         checks.append(row["status_follows_creator"])
     row["met"] = all(checks)
     return row
+
+
+def scored_by_keys(row: dict, clean: dict) -> list[bool]:
+    """The checks of a row run once per count of free keys (`by_keys`): at each count, the fetch within
+    `QUALITY_BOUND` of the clean one, the joiner on no liar's checkpoint, generation on the clean
+    checkpoints alone and equal to clean local generation. The row's bits per byte over clean is its
+    worst count's."""
+    checks, ratios = [], []
+    for one in row["by_keys"].values():
+        fetched = one.get("fetch") or {}
+        if fetched.get("fetched") and clean.get("fetch", {}).get("fetched"):
+            one["bits_per_byte_over_clean"] = fetched["bits_per_byte"] / clean["fetch"]["bits_per_byte"]
+        ratios.append(one.get("bits_per_byte_over_clean", math.inf))
+        checks += [not one["joiner"]["from_liar"], one["generation"]["used_only_clean_checkpoints"],
+                   one["generation"]["equals_clean_local_generation"]]  # fmt: skip
+    row["bits_per_byte_over_clean"] = max(ratios, default=math.inf)
+    return checks
+
+
+def credit_bound(credits: dict, clean: dict) -> bool:
+    """No hostile key credited, and no honest key credited less than in the clean row (`credited`)."""
+    not_less = all(credits["honest"].get(name, 0) >= count for name, count in clean["honest"].items())
+    return credits["hostile"] == 0 and not_less and not credits["honest_banned_for_good"]
 
 
 def part_one(args, workdir: Path) -> dict:
@@ -752,6 +901,8 @@ def stranger_services(args, node: HostileNode, config: ModelConfig, kind: str, v
         return [LyingSyncReplies(0)]
     if kind == "step-claims":
         return [LyingSyncReplies.step_claims(0)]
+    if kind == "jump-claims":
+        return [JumpClaims(0)]
     if kind == "refused-payloads":
         return [RefusedPayloads(0)]
     windows = load_corpus(None).windows("train", config)
@@ -765,17 +916,18 @@ def stranger_services(args, node: HostileNode, config: ModelConfig, kind: str, v
 
 
 def train_block(args, workdir: Path, honest: dict[str, list[str]], stranger: str | None,
-                value_bits: int = PEER.de_mo.value_bits) -> tuple[dict, list[Denoiser]]:  # fmt: skip
-    """Block 0 trained by the peers `honest` (name: options), beside a stranger of kind `stranger`
-    if given; returns the run's figures and the honest replicas' final blocks (those that finished)."""
+                value_bits: int = PEER.de_mo.value_bits, keys: int = 1) -> tuple[dict, list[Denoiser]]:  # fmt: skip
+    """Block 0 trained by the peers `honest` (name: options), beside `keys` strangers of kind `stranger`
+    if given (each under a key of its own); returns the run's figures and the honest replicas' final
+    blocks (those that finished)."""
     config = ModelConfig(**SMALL)
     config_path = write_config(workdir)
     with LocalSwarm(workdir, swarm="training", config_path=str(config_path)) as local:
         local.start_bootstrap(refresh_period=2)
-        hostile = HostileNode(local.swarm, local.initial_peers) if stranger else contextlib.nullcontext()
-        with local.client() as client, hostile as node:
-            if stranger:
-                node.serve(*stranger_services(args, node, config, stranger, value_bits, workdir / "stranger"))
+        with contextlib.ExitStack() as strangers, local.client() as client:
+            for index in range(keys if stranger else 0):
+                node = strangers.enter_context(HostileNode(local.swarm, local.initial_peers))
+                node.serve(*stranger_services(args, node, config, stranger, value_bits, workdir / f"stranger{index}"))
                 node.announce(0, lifetime_s=3600)
             started = time.monotonic()
             peers = [(local.start_peer(name, "0", options), 0) for name, options in honest.items()]
@@ -786,19 +938,36 @@ def train_block(args, workdir: Path, honest: dict[str, list[str]], stranger: str
                 hung = True
             seconds = time.monotonic() - started
             health = honest_health(client, peers)
-            final_steps = [h.announcement.step for h in hosts_of(client, 0) if h.announcement.public_name in honest]
+            finals = {h.announcement.public_name: h.announcement.step for h in hosts_of(client, 0)
+                      if h.announcement.public_name in honest}  # fmt: skip
             logs = [handle.log() for handle, _ in peers]
-        paths = [local.workdir / name / f"block_0_step_{args.train_steps}.safetensors" for name in honest]
+        steps = {name: finals.get(name, args.train_steps) for name in honest}  # its final checkpoint's step
+        paths = [local.workdir / name / f"block_0_step_{step}.safetensors" for name, step in steps.items()]
         blocks = [load_block(path, config, 0)[0] for path in paths if path.exists()]
     losses = [block_elbo_bits(b, config, 0, args.windows) for b in blocks]
     figures = {"value_bits": value_bits, "honest_replicas": len(honest), "finished": len(blocks),
                "validation_loss": statistics.mean(losses) if losses else None, "validation_loss_per_replica": losses,
-               "final_steps": final_steps, "step_jump": any(s != args.train_steps for s in final_steps),
+               "final_steps": list(finals.values()), "step_jump": any(s != args.train_steps for s in finals.values()),
+               **trained_per_log(logs),
                "largest_weight": max((p.abs().max().item() for b in blocks for p in b.parameters()), default=None),
                **{key: sum(log.count(line) for log in logs) for key, line in LOG_COUNTS.items()},
                "honest_peers": health, "honest_crashed": sum(h.process.poll() not in (None, 0) for h, _ in peers),
                "hung": hung, "seconds": seconds}  # fmt: skip
     return figures, blocks
+
+
+def trained_per_log(logs: list[str]) -> dict:
+    """What the honest replicas' logs say they trained: the steps each trained (None: it did not say), and
+    their mean seconds per step, by the log's clock from the first step's start to the last save's end."""
+    trained, seconds = [], []
+    for log in logs:
+        start = re.search(r"^(\S+ \S+) .*: block \d+: training from step", log, re.MULTILINE)
+        end = re.search(r"^(\S+ \S+) .*: block \d+: trained (\d+) steps, to step", log, re.MULTILINE)
+        trained.append(int(end[2]) if end else None)
+        if start and end and int(end[2]):
+            clock = [datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp() for m in (start, end)]
+            seconds.append((clock[1] - clock[0]) / int(end[2]))
+    return {"trained_steps": trained, "seconds_per_step": statistics.mean(seconds) if seconds else None}
 
 
 def trained_as_asked(run: dict) -> bool:
@@ -859,7 +1028,36 @@ def part_three(args, workdir: Path) -> dict:
             run["weight_distance_over_travel"] = distance(finals[name][0], lone) / distance(lone, start)
         run["met"] = trained_as_asked(run) and (name == "lone" or run.get("loss_over_lone", math.inf) <= LOSS_BOUND)
     runs["met"] = all(runs[name]["met"] for name in ("lone", "step-claims", "negated"))
+    runs |= jump_every_step(args, workdir, options, runs["lone"])
+    runs["met"] = runs["met"] and all(runs[f"jump_every_step_{keys}keys"]["met"] for keys in FREE_KEYS)
     return runs
+
+
+def jump_every_step(args, workdir: Path, options: list[str], lone: dict) -> dict[str, dict]:
+    """Issue 57's repeated step jumps: the lone replica (`options`, its identity included) beside each k of
+    `FREE_KEYS` free keys claiming, on every step, the step asked plus 1000 (module docstring). Met when it
+    trains every step, its final step is within its jumps' budget (its allowance, a tenth of its schedule
+    at most 1000, plus `JUMP_SHARE` of its steps), and its loss and seconds per step beside them are within
+    `ALONE_LOSS_BOUND` and `ALONE_SECONDS_BOUND` of the lone run's."""
+    schedule = dataclasses.replace(PEER, max_steps=args.train_steps).train_config().steps
+    bound = args.train_steps + allowance_for(schedule) + JUMP_SHARE * args.train_steps
+    rows = {}
+    for keys in FREE_KEYS:
+        name = f"jump_every_step_{keys}keys"
+        logger.info("two-replica run: %s", name)
+        figures, _ = train_block(args, workdir / name, {"h0": options}, "jump-claims", keys=keys)
+        run = rows[name] = {"attack": f"jump-claims, {keys} free keys", "free_keys": keys, **figures,
+                            "final_step_bound": bound}  # fmt: skip
+        beside_clean(run["honest_peers"], lone["honest_peers"])
+        if run["validation_loss"] is not None and lone["validation_loss"]:
+            run["loss_over_lone"] = run["validation_loss"] / lone["validation_loss"]
+        if run["seconds_per_step"] and lone["seconds_per_step"]:
+            run["seconds_per_step_over_lone"] = run["seconds_per_step"] / lone["seconds_per_step"]
+        run["met"] = (run["trained_steps"] == [args.train_steps] and all(s <= bound for s in run["final_steps"])
+                      and run["finished"] == 1 and run["honest_peers"]["ok"] and not run["hung"]
+                      and run.get("loss_over_lone", math.inf) <= ALONE_LOSS_BOUND
+                      and run.get("seconds_per_step_over_lone", math.inf) <= ALONE_SECONDS_BOUND)  # fmt: skip
+    return rows
 
 
 # ---- the run ---------------------------------------------------------------------------------------

@@ -39,7 +39,8 @@ PAYLOAD_MODES = ", ".join(payload_modes())
 @click.option("--device", default=PEER.device, show_default=True,
               help="Torch device to train and serve the block on: cpu, cuda, cuda:1, mps.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=PEER.max_steps,
-              help="Stop training after this many steps, then keep serving until stopped.")
+              help="Stop training at this step, then keep serving until stopped: the step it started from plus "
+              "the steps it trained (a jump to the other replicas' step never ends a run).")
 @click.option("--schedule-steps", type=click.IntRange(min=1), default=PEER.schedule_steps,
               help="Steps the learning rate's warm-up and cosine decay span (default: --max-steps); past them it "
               "stays at its floor.")

@@ -9,6 +9,9 @@
         print(remote.generate("The history of"))          # one pass through the peers per span
         model = remote.fetch("my-model")                  # the swarm's blocks, checked, into a folder
 
+    with swarm.connect(join_line, run_blocks=[1]) as remote:  # block 1 computed here, its hosts never asked
+        print(remote.generate("The history of"))
+
 The commands are thin users of the same functions: `swarm-generate` (`Model.stream`,
 `Swarm.stream`), `swarm-fetch` (`Swarm.fetch`). Options are those of `swarm-generate`; the join
 line is the one `swarm-bootstrap` prints, as it is.
@@ -132,12 +135,15 @@ class Swarm(Writer):
     """A client of a swarm (a context manager): writes through its peers, fetches its model.
 
     `data`: the swarm's training text (None: the built-in corpus), whose held-out windows measure a
-    checkpoint before its answers are used where only one key serves it; `eval_text`: a text file or
-    folder of the user's own whose windows join that measurement."""
+    checkpoint before its answers are used (in an open swarm, every one); `eval_text`: a text file or folder of the user's own whose
+    windows join that measurement; `run_blocks`: blocks this client must be sure of, which it runs
+    itself from their checkpoint's verified file instead of asking any host (each costs one download
+    and the block's steps for every span, here: swarm/serving/cross_check.py)."""
 
     def __init__(self, client: SwarmClient, data: str | None = None, model_timeout: float = MODEL_TIMEOUT_S,
-                 eval_text: str | None = None):  # fmt: skip
+                 eval_text: str | None = None, run_blocks: Iterable[int] = ()):  # fmt: skip
         self.client, self.data, self.model_timeout, self.eval_text = client, data, model_timeout, eval_text
+        self.run_blocks = frozenset(run_blocks)
 
     def __enter__(self) -> Swarm:
         from swarm.checkpoints.choice import SpotCheck
@@ -146,10 +152,13 @@ class Swarm(Writer):
         self.client.__enter__()
         try:
             config = self.client.wait_for_model(self.model_timeout)
+            if outside := sorted(b for b in self.run_blocks if not 0 <= b < config.n_blocks):
+                raise SwarmError(f"no block {outside} to run here: the model's blocks are 0 to {config.n_blocks - 1}")
             own = self.data is not None or self.eval_text is not None  # else the built-in corpus's, when needed
             spot_check = SpotCheck.from_source(self.data, config, eval_text=self.eval_text) if own else None
             self.runner = RemoteBlocks(self.client.directory, self.client.p2p, self.client.loop, config,
-                                       spot_check=spot_check, witness=self.client.witness())  # fmt: skip
+                                       spot_check=spot_check, witness=self.client.witness(),
+                                       run_here=self.run_blocks)  # fmt: skip
         except BaseException:
             self.client.__exit__(None, None, None)
             raise
@@ -178,10 +187,11 @@ class Swarm(Writer):
 
 
 def connect(join_line: str, data: str | None = None, member_key: str | None = None,
-            certificate: str | None = None) -> Swarm:  # fmt: skip
+            certificate: str | None = None, run_blocks: Iterable[int] = ()) -> Swarm:  # fmt: skip
     """A client of the swarm the join line names, to use in a `with` block. `data`: the swarm's
     training text (None: the built-in corpus); `member_key` and `certificate`: a member's, in a
-    members-only swarm (swarm-bootstrap keygen and invite)."""
+    members-only swarm (swarm-bootstrap keygen and invite); `run_blocks`: blocks to run here, never
+    asking their hosts (`Swarm`)."""
     from swarm.p2p.client import SwarmClient  # hivemind only for the swarm half of the API
     from swarm.p2p.members import load_credentials
     from swarm.p2p.network import NetworkOptions
@@ -191,7 +201,7 @@ def connect(join_line: str, data: str | None = None, member_key: str | None = No
         raise SwarmError("member_key and certificate go together")
     credentials = load_credentials(member_key, certificate) if member_key else None
     client = SwarmClient(join.swarm, NetworkOptions(initial_peers=join.initial_peers), join.creator, credentials)
-    return Swarm(client, data)
+    return Swarm(client, data, run_blocks=run_blocks)
 
 
 def fetch(join_line: str, out: str | Path, data: str | None = None) -> Model:

@@ -7,9 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from swarm.model.data import Windows
 from swarm.model.denoiser import ModelConfig
+
+# property-based tests (test_fuzz*.py): few examples, the same ones every run (derandomized, no
+# example database), no per-example deadline (a loaded 2-core machine is slow now and then)
+settings.register_profile("blockswarm", max_examples=50, derandomize=True, database=None, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+settings.load_profile("blockswarm")
 
 # Raw bytes, not the built-in tokenizer's 8192 units: a tiny model of bytes trains in the seconds a
 # test has. tests/test_units.py runs the same paths (training, a swarm, generation) on tokens.

@@ -82,6 +82,8 @@ def test_training_one_block_alone(trained):
         (["swarm-generate", "--model", "judge", "hi"], ["autoregressive"]),
         (["swarm-generate", "--model", "model", "--reveal", "loudest", "hi"], ["--reveal"]),
         (["swarm-generate", "--model", "model", "--temperature", "1e9", "hi"], ["--temperature"]),
+        (["swarm-generate", "--model", "model", "--run-block", "1", "hi"], ["--run-block", "--initial-peers"]),
+        (["swarm-generate", "--model", "model", "--run-block", "-1", "hi"], ["--run-block"]),
     ],
 )
 def test_bad_input_gives_one_line_and_a_nonzero_exit(trained, args, fragments):

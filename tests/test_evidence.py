@@ -193,6 +193,21 @@ def test_the_same_weights_under_two_stamps_are_one_checkpoint_at_the_lower_stamp
         assert checkpoint.vouchers == 2 and checkpoint.stamp.candidate.checkpoint.step == min(10, stamp)
 
 
+def test_in_an_open_swarm_free_keys_restamping_a_lone_hosts_weights_ahead_do_not_set_its_step():
+    """Issue 57: two free keys re-save a lone honest host's weights stamped far ahead. With nothing else
+    measured, `believed_step` has no other checkpoint to bound the stamp by, so the stamp decides a joiner's
+    step: in an open swarm the lowest stamp of the same weights is its step, however many keys announce
+    another; where keys count, the stamp most keys announce."""
+    honest = scored("honest", 150, weights="w", validation=2.0, train=2.0)
+    strangers = [scored(f"stranger{i}", 10**6, weights="w", validation=2.0, train=2.0) for i in range(2)]
+    strangers = [Measured(Candidate(strangers[0].candidate.checkpoint, tuple(m.host for m in strangers), True),
+                          b"", strangers[0].host, 2.0, strangers[0].losses, "w")]  # fmt: skip
+    (open_swarm,) = by_evidence([*strangers, honest], keys_count=False)
+    assert open_swarm.stamp.candidate.checkpoint.step == 150 and believed_step(open_swarm, []) == 150
+    (members,) = by_evidence([*strangers, honest], keys_count=True)
+    assert members.stamp.candidate.checkpoint.step == 10**6  # two certified keys against one: their stamp
+
+
 def test_a_step_no_other_keys_checkpoint_makes_plausible_is_not_believed():
     ahead = Checkpoint([scored("stranger", 2 * 1000 + 100, validation=1.9, train=1.9)])
     honest = Checkpoint([scored("honest", 1000, validation=2.0, train=2.0)])

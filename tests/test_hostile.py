@@ -4,19 +4,24 @@ The hostile replica is a real hivemind node in the test process (swarm.lab.attac
 announces itself as a replica of block 0 and answers every payload request with poison:
 payloads full of NaN (an honest replica that applied one would hold NaN weights), or replies
 that are garbage, off-schema, or claim a step of 10^12 (an honest replica that believed it
-would jump there and, with --max-steps, stop training).
+would jump there and, with --max-steps, stop training). Beside a lone honest replica, two keys
+that claim a step 1000 ahead of every step asked move it within its jump budget alone.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from swarm_helpers import tiny_swarm, wait_for
 
-from swarm.lab.attacks import HostileNode, HostileReplica, LyingSyncReplies
+from swarm.lab.attacks import HostileNode, HostileReplica, JumpClaims, LyingSyncReplies
 from swarm.model.data import load_corpus
+from swarm.peer.config import PeerConfig
 from swarm.sync.decoupled_momentum import DeMoConfig
+from swarm.sync.exchange import JUMP_SHARE, allowance_for
 
 HONEST = ["--sync", "demo", "--wait-for-replicas", "3", "--max-steps", "8", "--save-every", "8",
           "--announce-period", "1", "--sync-deadline", "5", "--average-every", "0"]  # fmt: skip
@@ -42,6 +47,38 @@ def test_a_hostile_replica_cannot_poison_or_derail_honest_ones(tmp_path, attack)
         assert all(peer.process.poll() is None for peer in honest)  # still up, serving
         if attack == "nan payloads":
             assert honest[0].log().count("refused the step") >= 8
+
+
+JUMP_RUN = 30  # steps the lone replica trains beside keys that claim a step ahead
+DEFAULT_SCHEDULE = PeerConfig().train_config().steps  # the schedule of a peer run without --max-steps
+
+
+@pytest.mark.parametrize("schedule", [DEFAULT_SCHEDULE, None])
+def test_two_keys_reporting_a_step_ahead_on_every_step_move_a_lone_replica_within_its_jump_budget(tmp_path, schedule):
+    """Issue 57: two free keys answer every poll of a lone honest replica (its defaults) with "gone,
+    the newest step is the one asked plus 1000". Before the jump budget its step moved 1000 a step
+    and a --max-steps run ended after its first step. Now its step moves at most its allowance (a
+    tenth of its schedule, 1000 at most: one late joiner's jump on the default schedule, none on a
+    30-step one) plus `JUMP_SHARE` of the steps trained, in all; its last step's rate is above the
+    floor; and the run trains every one of its --max-steps."""
+    options = ["--max-steps", str(JUMP_RUN), "--save-every", str(JUMP_RUN), "--announce-period", "1"]
+    options += ["--schedule-steps", str(schedule)] if schedule else []  # else its schedule spans --max-steps
+    with tiny_swarm(tmp_path, "jumpclaims", {}) as (local, _, client):
+        client.directory.wait_for_model(30)  # no peer was waited for: the bootstrap may not have published it yet
+        with HostileNode("jumpclaims", local.initial_peers) as a, HostileNode("jumpclaims", local.initial_peers) as b:
+            for node in (a, b):
+                node.serve(JumpClaims(0))
+                node.announce(0, lifetime_s=300)
+            honest = local.start_peer("h", "0", options)
+            (final,) = wait_for(lambda: finished(client, 1), 150, "the honest replica to finish its steps")
+        log = honest.log()
+    trained = re.search(r"trained (\d+) steps, to step (\d+)", log)
+    assert trained and int(trained[1]) == JUMP_RUN and int(trained[2]) == final.step, log[-2000:]
+    config = PeerConfig(max_steps=JUMP_RUN, schedule_steps=schedule).train_config()
+    assert final.step <= JUMP_RUN + allowance_for(config.steps) + JUMP_SHARE * JUMP_RUN, final
+    assert config.lr_at(final.step - 1) > 1.01 * config.lr * config.min_lr_fraction
+    assert "more than its jumps may still take" in log  # the keys were asked, and refused
+    assert ("jumping from" in log) == (schedule is not None)  # on the default schedule, one late joiner's jump
 
 
 def finished(client, replicas: int) -> list:

@@ -177,6 +177,21 @@ def test_a_witness_attests_what_it_checked_of_peers_whose_key_it_knows():
     assert Witness(key("bob"), SWARM, peer("bob"), 5.0).attestation() is None  # nothing checked: nothing published
 
 
+def test_a_witness_attests_nothing_of_a_key_it_caught_lying():
+    """Issue 57: a generation client that shows a peer wrong with its own computation credits its
+    key nothing, not what it counted before (a liar that answered honestly while it was checked),
+    nor what any peer of that key does later; other keys keep their counts."""
+    witness = Witness(key("bob"), SWARM, peer("bob"), max_gap_s=5.0)
+    for name in ("alice", "mallory"):
+        witness.agreed(peer(name), subkey(name))
+    witness.agreed("mallory's second peer", subkey("mallory"))
+    witness.caught(peer("mallory"), subkey("mallory"))
+    witness.agreed(peer("mallory"), subkey("mallory"))
+    witness.agreed("mallory's third peer", subkey("mallory"))
+    attestation = witness.attestation(now=NOW)
+    assert [(c.subject, c.answers) for c in attestation.contributions] == [(fingerprint("alice"), 1)]
+
+
 def test_the_dht_refuses_attestations_out_of_schema_or_bounds():
     validator = SwarmRecordValidator(SWARM)
     good = attest("bob", alice={"payloads": 1}).model_dump()

@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
 from hivemind.proto import runtime_pb2
+from swarm_helpers import wait_for
 
+from swarm.lab.hosting import InProcessNode
 from swarm.model.denoiser import build_block
 from swarm.p2p.messages import PayloadReply, PayloadRequest
 from swarm.sync.compression import PayloadError
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, encode_payload
-from swarm.sync.exchange import Exchange, Gathered, Round, applied_fingerprint
+from swarm.sync.exchange import (
+    JUMP_SHARE,
+    MAX_JUMP_STEPS,
+    Exchange,
+    Gathered,
+    Round,
+    allowance_for,
+    applied_fingerprint,
+)
 from swarm.sync.lockstep import DeMoSync
-from swarm.sync.transport import PENDING_STEPS, PayloadServicer
+from swarm.sync.transport import PENDING_STEPS, PayloadServicer, Punctuality, gather
 
 
 def poll(servicer: PayloadServicer, step: int) -> str:
@@ -63,6 +74,44 @@ def test_a_jump_is_bounded_even_when_a_majority_reports_it():
     exchange = Exchange(transport=None, own_id="me", replica_ids=list)
     far = {"a": 10**12, "b": 10**12, "c": 10**12}
     assert exchange.majority_ahead(Gathered(asked=3, reported_steps=far), 32) is None
+
+
+def trained_beside(exchange: Exchange, steps: int, claims: Callable[[int], int | None], step: int = 0) -> int:
+    """A lone replica's step after it trained `steps` steps from `step` (one round each), asking two
+    keys that report `claims(step)` for every step it asks (None: they have the step asked)."""
+    for _ in range(steps):
+        claimed = claims(step)
+        reported = {} if claimed is None else {"a": claimed, "b": claimed}
+        jump = exchange.majority_ahead(Gathered(asked=2, reported_steps=reported), step)
+        step = step + 1 if jump is None else jump
+    return step
+
+
+@pytest.mark.parametrize("schedule", [100_000, 150])
+@pytest.mark.parametrize("ahead", [2, 11, MAX_JUMP_STEPS])
+def test_keys_that_report_a_step_ahead_on_every_step_move_a_replica_within_its_jump_budget(ahead, schedule):
+    """Two free keys answer every poll with "gone, the newest step is the one asked plus `ahead`": by
+    1000 (issue 57: every step a jump, the rate at its floor within about 100 steps), or by a few
+    steps, which a budget of single jumps would let through every time. Over its whole life the
+    replica's step moves at most its allowance (a tenth of its schedule, 1000 at most) plus
+    `JUMP_SHARE` of the steps it trained; with the budget gone (one jump's bound alone), 1200 steps
+    would move it 1200 jumps. A short run's schedule (150 steps) is shifted 15 steps, not 1000."""
+    exchange = Exchange(transport=None, own_id="me", replica_ids=list, jump_allowance=allowance_for(schedule))
+    trained = 1200
+    step = trained_beside(exchange, trained, lambda asked: asked + ahead)
+    assert step - trained <= exchange.jumped_steps <= allowance_for(schedule) + JUMP_SHARE * trained
+    assert (step > trained) == (ahead <= allowance_for(schedule))  # a late joiner's one jump is still taken
+
+
+def test_a_joiner_that_spent_its_budget_rejoins_from_what_its_training_earned():
+    """A late joiner enters at the others' step at once; one that later falls behind again (a pause)
+    rejoins once the steps it trained since earn the jump back, never before."""
+    exchange = Exchange(transport=None, own_id="me", replica_ids=list)
+    assert trained_beside(exchange, 1, lambda asked: asked + MAX_JUMP_STEPS) == MAX_JUMP_STEPS  # the joiner's entry
+    step = trained_beside(exchange, 100, lambda asked: None, step=MAX_JUMP_STEPS)  # in step: nobody reports
+    assert trained_beside(exchange, 1, lambda asked: asked + 50, step=step) == step + 1  # 10 steps earned: not yet
+    step = trained_beside(exchange, 400, lambda asked: None, step=step + 1)
+    assert trained_beside(exchange, 1, lambda asked: asked + 50, step=step) == step + 50  # 50 earned: rejoined
 
 
 def test_a_refused_payload_says_nothing_about_drift():
@@ -124,3 +173,49 @@ def test_demo_replicas_that_step_the_same_set_at_different_rates_fingerprint_it_
         sync.apply(Round(step=5, own=own, fingerprint=b"started", gathering=gathering), 5)
         applied.append(exchange.applied)
     assert applied[0] != applied[1]
+
+
+@pytest.fixture
+def two_nodes():
+    """Two DHT nodes on 127.0.0.1, each with a P2P handle: one gathers, the other serves payloads."""
+    with InProcessNode("polls") as asker, InProcessNode("polls", asker.maddrs) as server:
+        yield asker, server
+
+
+def test_a_replica_that_missed_a_round_gets_a_grace_and_is_waited_for_in_full_again_once_it_delivers_in_time(
+    two_nodes,
+):
+    """A replica that missed its last round (it was saving a checkpoint, say) and publishes each payload
+    half a deadline after it is asked: the gather ends after the grace, without it, but the ask goes on
+    out of the trainer's way and its payload, in within the deadline, makes it punctual again, so the
+    next gather waits for it and takes its payload. Judged only by what came within the grace, a
+    replica a little slower than the grace would be left out of every step."""
+    asker, server = two_nodes
+    deadline = 2.0
+    served = PayloadServicer(0, deadline)
+    server.serve(served)
+    punctuality = Punctuality(deadline)
+    punctuality.met, punctuality.missed = True, {server.peer_id: 1}  # past its first round; it missed the last
+
+    async def publish_late(step: int) -> None:
+        await asyncio.sleep(deadline / 2)
+        served.publish(step, f"payload {step}".encode(), b"fingerprint")
+
+    def gathered(step: int) -> Gathered:
+        server.loop.submit(publish_late(step))
+        return asker.loop.run(gather(asker.p2p, 0, step, [server.peer_id], deadline, punctuality), 2 * deadline)
+
+    first = gathered(1)
+    assert not first.payloads and first.seconds < deadline / 4  # a grace of a tenth of the deadline
+    wait_for(lambda: punctuality.missed[server.peer_id] == 0, deadline, "the ask past the gather to bring step 1")
+    assert punctuality.bytes_received > len(b"payload 1")  # the bytes of that ask are counted too
+    second = gathered(2)
+    assert second.payloads == {server.peer_id: b"payload 2"} and second.seconds >= deadline / 2
+
+
+def test_a_record_that_names_no_peer_id_is_left_out_of_a_gather(two_nodes):
+    """A record may name any string as its peer id: that replica is left out; the gather neither fails
+    (which failed the trainer's step) nor waits for it."""
+    asker, _ = two_nodes
+    gathered = asker.loop.run(gather(asker.p2p, 0, 1, ["not a peer id!"], 5.0), 10.0)
+    assert gathered.asked == 1 and not gathered.payloads and gathered.seconds < 1.0

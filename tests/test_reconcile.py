@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+import copy
+import logging
 import math
 import threading
+import time
 
 import torch
+from swarm_helpers import HOSTS_SWARM, client_of
 
+from swarm.checkpoints.spot_check import SpotCheck
+from swarm.checkpoints.store import CheckpointStore
+from swarm.model.data import load_corpus
+from swarm.model.evaluate import block_elbo_bits
+from swarm.model.train import TrainConfig, block_trainer
 from swarm.p2p.directory import Host
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, owner_fingerprint
-from swarm.sync.reconcile import ReconcileRound, Voice, median_of, weigh, weighted_median
+from swarm.peer.config import PeerConfig
+from swarm.peer.life import RECONCILE_DEADLINE_S
+from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer
+from swarm.sync.exchange import Exchange, Gathered, Round
+from swarm.sync.lockstep import DeMoSync
+from swarm.sync.reconcile import (
+    NEWCOMER_GRACE_S,
+    POLL_S,
+    ReconcileRound,
+    Voice,
+    median_of,
+    weigh,
+    weighted_median,
+)
 
 
 def voice(name: str, keys: int, *values: float) -> Voice:
@@ -39,6 +61,18 @@ def test_a_liar_among_three_drifted_replicas_cannot_move_a_weight_outside_the_ho
 
 def test_two_replicas_that_disagree_change_nothing():
     assert median_of([voice("aa", 1, 0.1), voice("bb", 1, 5.0)]) is None
+
+
+def test_in_an_open_swarm_the_keys_behind_a_checkpoint_add_no_weight():
+    """Free keys are no evidence: two of them behind one checkpoint make it one voice beside this replica's
+    own, not a majority taken bit for bit (where keys count, they are)."""
+    own, theirs = voice("aa", 1, 0.1, 0.5), voice("bb", 2, 0.3, 0.2)
+    assert torch.equal(median_of([own, theirs], keys_count=True)["w"], theirs.tensors["w"])
+    merged = median_of([own, theirs], keys_count=False)["w"]
+    assert not torch.equal(merged, theirs.tensors["w"])
+    low = torch.minimum(own.tensors["w"], theirs.tensors["w"])
+    high = torch.maximum(own.tensors["w"], theirs.tensors["w"])
+    assert bool(((low <= merged) & (merged <= high)).all()), merged
 
 
 def test_every_replica_that_reads_the_same_checkpoints_computes_the_same_median():
@@ -90,9 +124,94 @@ def test_a_stopping_peer_ends_its_merge_round_at_once_with_its_weights_kept():
 
     stop = threading.Event()
     stop.set()
-    merge = ReconcileRound(None, None, None, 0, b"own", hosts, deadline=10.0, stop=stop)
+    merge = ReconcileRound(None, None, None, 0, b"own", hosts, deadline=10.0, spot_check=None, keys_count=lambda: False,
+                           stop=stop)  # fmt: skip
     module = torch.nn.Linear(2, 2)
     before = {name: tensor.clone() for name, tensor in module.state_dict().items()}
     assert merge.run(module, own.announcement, replicas=2) is None
     assert len(reads) == 1
     assert all(torch.equal(before[name], tensor) for name, tensor in module.state_dict().items())
+
+
+def test_a_replica_that_took_no_part_in_a_round_is_not_waited_for_in_full_again():
+    """Issue 57, B12: a key listed as a replica that never announces the round's step (a stranger's,
+    free) held every round for half its deadline. The first round waits for it in full; the next
+    one waits only `NEWCOMER_GRACE_S` for it."""
+    own = replica("own", "a" * 64)
+    silent = Host(0, BlockAnnouncement(peer_id="silent", state="training", step=100), math.inf, owner=b"silent")
+    merge = ReconcileRound(None, None, None, 0, b"own", lambda: [own, silent], deadline=16.0, spot_check=None,
+                           keys_count=lambda: False)  # fmt: skip
+    module = torch.nn.Linear(2, 2)
+    waits = []
+    for _ in range(2):
+        started = time.monotonic()
+        assert merge.run(module, own.announcement, replicas=1) is None  # nobody else spoke: weights kept
+        waits.append(time.monotonic() - started)
+    assert waits[0] >= 16.0 / 2 - POLL_S - 0.5, waits
+    assert waits[1] <= NEWCOMER_GRACE_S + 2 * POLL_S, waits
+
+
+def test_in_an_open_swarm_a_strangers_made_up_fingerprint_alone_does_not_decide_whether_a_merge_runs():
+    """Issue 57, A7: one well-formed payload under a made-up fingerprint told a replica that the
+    replicas drifted, and so forced a merge round at the next scheduled step. In an open swarm a
+    round is due at every scheduled step whatever anyone's fingerprint says; where keys count, a
+    member's fingerprint still decides."""
+    optimizer = DeMoOptimizer(torch.nn.Linear(2, 2), DeMoConfig(), lr=2e-3)
+    exchange = Exchange(transport=None, own_id="me", replica_ids=list)
+    sync = DeMoSync(optimizer, exchange)
+    open_swarm = ReconcileRound(None, None, None, 0, b"own", list, 60.0, spot_check=None, keys_count=lambda: False)
+    members = ReconcileRound(None, None, None, 0, b"own", list, 60.0, spot_check=None, keys_count=lambda: True)
+    before = open_swarm.due(sync.may_have_drifted), members.due(sync.may_have_drifted)
+    round_ = Round(step=5, own=b"mine", fingerprint=b"same", gathering=None)
+    gathered = Gathered(asked=1, payloads={"stranger": b"fits"}, fingerprints={"stranger": b"made up!"})
+    exchange.in_order(round_, gathered, lambda data: data)  # accepted: it decodes
+    after = open_swarm.due(sync.may_have_drifted), members.due(sync.may_have_drifted)
+    assert before[0] == after[0]  # the open swarm's rounds: the stranger's fingerprint changed nothing
+    assert before[1] != after[1]  # where keys count, the fingerprint (a member's) is what decides
+
+
+def lowered(block: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `block` with every weight lowered by twice its tensor's RMS and more: below the
+    block's own value at every coordinate, so the lower median of the two is this copy bit for bit."""
+    copied = copy.deepcopy(block)
+    with torch.no_grad():
+        for param in copied.parameters():
+            param.sub_(2 * param.pow(2).mean().sqrt() + 0.1)
+    return copied
+
+
+def test_two_free_keys_announcing_a_poisoned_checkpoint_at_the_merge_step_leave_a_lone_replica_as_it_was(
+    start, tiny_config, text_file, tmp_path, caplog
+):
+    """Issue 57, A6: one honest replica, and two free keys on 127.0.0.1 that announce one checkpoint
+    stamped at the merge step: the replica's own weights, each lowered (`lowered`), so that without
+    the spot check the median of own and theirs is the poison bit for bit (counted by keys, two
+    against one, it was too). At the peer's defaults (its deadline, a spot check on private windows
+    of its text, an open swarm), the poison measures far worse than the replica's own weights and
+    takes no part: the replica's loss on held-out windows stays within 1.05x of its own."""
+    step = PeerConfig().average_every
+    corpus = load_corpus(str(text_file))
+    trainer = block_trainer(tiny_config, 0, corpus.windows("train", tiny_config), TrainConfig(batch_size=16, seed=3))
+    for _ in range(40):
+        trainer.step()
+    honest, held_out = trainer.module, corpus.windows("validation", tiny_config).fixed(64, seed=5)
+    before = block_elbo_bits(honest, tiny_config, 0, held_out)
+    poison = lowered(honest)
+    keys = [start(f"key{i}") for i in range(2)]
+    infos = [key.store.save(poison, step) for key in keys]
+    assert infos[0] == infos[1]  # one checkpoint, two free keys behind it
+    own_info = CheckpointStore(tmp_path / "own", tiny_config, 0, HOSTS_SWARM).save(honest, step)
+    own = BlockAnnouncement(peer_id="honest", state="training", step=step, checkpoint=own_info)
+    caplog.set_level(logging.INFO, logger="swarm.sync.reconcile")
+    with client_of(*keys) as client:
+        spot_check = SpotCheck.from_corpus(corpus, tiny_config)
+        merge = ReconcileRound(client.p2p, client.loop, tiny_config, 0, b"honest key",
+                               lambda: [key.host(info) for key, info in zip(keys, infos)], RECONCILE_DEADLINE_S,
+                               spot_check, lambda: client.directory.keys_count)  # fmt: skip
+        assert not client.directory.keys_count  # an open swarm, as at the defaults
+        merge.run(honest, own, replicas=2)
+    assert spot_check.measured == 2, caplog.text  # the poison and the replica's own weights were measured
+    after = block_elbo_bits(honest, tiny_config, 0, held_out)
+    assert after <= 1.05 * before, (before, after, caplog.text)
+    assert not all(torch.equal(p, q) for p, q in zip(honest.parameters(), poison.parameters()))
+    assert "takes no part in the merge" in caplog.text

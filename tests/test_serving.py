@@ -39,11 +39,11 @@ def served(tmp_path_factory):
         yield local, peers, client, load_model_folder(local.workdir / "model")
 
 
-def remote_runner(served_fixture) -> RemoteBlocks:
+def remote_runner(served_fixture, **options) -> RemoteBlocks:
     local, _, client, model = served_fixture
     spot_check = SpotCheck.from_source(local.data, model.config)  # measures the checkpoints it uses
     return RemoteBlocks(client.directory, client.p2p, client.loop, model.config, request_timeout=10, ban_seconds=120,
-                        spot_check=spot_check)  # fmt: skip
+                        spot_check=spot_check, **options)  # fmt: skip
 
 
 def test_distributed_generation_equals_local_generation(served):
@@ -71,17 +71,20 @@ def test_distributed_generation_equals_local_generation(served):
 
     expected = b"".join(continue_text(local_runner(model.denoiser_for_block, model.config), model.config,
                                       b"The quick brown", 20, steps_per_block=2, seed=9))
-    result = local_swarm.run("swarm-generate", "--max-bytes", "20", "--steps-per-block", "2", "--seed", "9",
-                             "--data", local_swarm.data, "The quick brown")
-    assert result.returncode == 0, result.stderr
     written = expected.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")  # stdout read as text
-    assert result.stdout.rstrip("\n") == written
+    for sure_of in ([], ["--run-block", "1"]):  # block 1 asked of its hosts, or run here
+        result = local_swarm.run("swarm-generate", "--max-bytes", "20", "--steps-per-block", "2", "--seed", "9",
+                                 "--data", local_swarm.data, *sure_of, "The quick brown")  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.rstrip("\n") == written, sure_of
 
 
 def test_what_confirming_every_answer_costs(served):
     """Block 1's checkpoint has two keys: each answer costs a second request, to the other key.
     Block 0's has one: no request more. Keys are free in this open swarm, so each block's checkpoint
-    is measured once (downloaded and spot-checked) before it is used."""
+    is measured once (downloaded and spot-checked) before it is used, and a share of the answers used
+    (`AUDIT_RATE`), block 1's that both keys agree on as block 0's, is computed here all the same
+    (`lone_checked`): nothing else is."""
     _, _, _, model = served
     runner, spans = remote_runner(served), 4
     text = b"".join(continue_text(runner, model.config, b"Counting", spans * model.config.gen_len, 2, seed=4))
@@ -89,6 +92,29 @@ def test_what_confirming_every_answer_costs(served):
     assert runner.round_trips == spans * model.config.n_blocks
     assert runner.checks.extra_requests == runner.checks.requests_checked == spans  # one per span: block 1's
     assert runner.checks.disagreements == 0, runner.checks
+    assert runner.checks.checkpoints_measured == model.config.n_blocks, runner.checks
+    assert runner.checks.computed_here == runner.checks.lone_checked, runner.checks
+
+
+@pytest.mark.parametrize("run_here", [{1}, {0, 1}], ids=["block 1 here", "every block here"])
+def test_what_running_a_block_here_costs(served, run_here):
+    """A client that must be sure of a block runs it itself (`RemoteBlocks.run_here`,
+    `swarm-generate --run-block`): the same text, no request to any host of it (no witness either),
+    and its steps computed here for every span, from its checkpoint's file, downloaded once (the
+    measurement's). Over 4 spans of this 2-block swarm: asking both blocks costs 8 requests, 4 to
+    witnesses, and about a quarter of the 8 answers computed here (the audit); running block 1 here,
+    4 requests, no witness, its 4 answers and about a quarter of block 0's computed here; running
+    both, no request and all 8 computed here."""
+    _, _, _, model = served
+    runner, spans = remote_runner(served, run_here=frozenset(run_here)), 4
+    length = spans * model.config.gen_len
+    text = b"".join(continue_text(runner, model.config, b"Counting", length, 2, seed=4))
+    assert text == b"".join(continue_text(local_runner(model.denoiser_for_block, model.config), model.config,
+                                          b"Counting", length, 2, seed=4))  # fmt: skip
+    asked = model.config.n_blocks - len(run_here)
+    assert runner.round_trips == spans * asked, runner.checks
+    assert runner.checks.extra_requests == runner.checks.requests_checked == 0, runner.checks  # block 0 is lone
+    assert runner.checks.computed_here - runner.checks.lone_checked == spans * len(run_here), runner.checks
     assert runner.checks.checkpoints_measured == model.config.n_blocks, runner.checks
 
 

@@ -15,7 +15,7 @@ What a host announces (a step, a size, a loss) is a claim. A checkpoint is chose
    bar), no worse than a uniform guess, and not far worse than the loss its hosts announce.
 3. Evidence, not stamps (`by_evidence`). Kept candidates whose decoded weights are bit for bit the
    same are one checkpoint, whatever steps their files are stamped with: their hosts vouch together,
-   and its step is the stamp most keys announce (ties: the lowest). Checkpoints are then ordered by
+   and its step is the lowest stamp (where keys count: the stamp most keys announce, ties the lowest). Checkpoints are then ordered by
    the loss measured here: those within `NOISE` of the best (the best unsuspicious one) first, then
    more independent vouchers where keys cost something, then the lower loss. A claimed step earns
    nothing: a newer checkpoint wins only by measuring better. Suspicious ones (spot_check.py
@@ -132,6 +132,7 @@ class Checkpoint:
     """Kept candidates whose weights are bit for bit the same: one checkpoint under one or more stamps."""
 
     stamps: list[Measured]
+    keys_count: bool = False  # the swarm's `SwarmDirectory.keys_count`: whether agreement among keys is evidence
 
     @property
     def loss(self) -> float:
@@ -151,9 +152,13 @@ class Checkpoint:
 
     @property
     def stamp(self) -> Measured:
-        """The stamp most keys announce; of those, the lowest step (the same weights claimed at a
-        later step claim training that changed nothing)."""
-        return min(self.stamps, key=lambda m: (-m.candidate.vouchers, m.candidate.checkpoint.step))
+        """The lowest step the same weights are stamped with (a later stamp claims training that changed
+        nothing); where keys count, the stamp most keys announce first. In an open swarm a count of keys is
+        no evidence: two free keys re-stamping a lone host's weights far ahead would set every joiner's
+        step (issue 57)."""
+        if self.keys_count:
+            return min(self.stamps, key=lambda m: (-m.candidate.vouchers, m.candidate.checkpoint.step))
+        return min(self.stamps, key=lambda m: m.candidate.checkpoint.step)
 
 
 @dataclass
@@ -243,7 +248,7 @@ def by_evidence(passed: list[Measured], keys_count: bool) -> list[Checkpoint]:
     `keys_count`) more independent vouchers, then the lower loss, then the lower step."""
     checkpoints: dict[str, Checkpoint] = {}
     for m in passed:
-        checkpoints.setdefault(_weights(Checkpoint([m])), Checkpoint([])).stamps.append(m)
+        checkpoints.setdefault(_weights(Checkpoint([m])), Checkpoint([], keys_count)).stamps.append(m)
     found = list(checkpoints.values())
     best = min((c.loss for c in found if not c.suspicious), default=min((c.loss for c in found), default=math.inf))
 

@@ -3,9 +3,9 @@ download stream fetches next (no network here; download.py runs the streams).
 
 Hosts that vouch for one checkpoint serve it at once, each stream a run of consecutive chunks.
 The receiver checks every chunk on arrival against the chunk list, so a bad chunk is traced to
-the host that sent it and fetched again elsewhere. The list is itself a claim: it is believed
-because the hosts vouching for the checkpoint report the same one, and confirmed at the end by
-the sha256 of the whole, which the records agree on (see download.py).
+the host that sent it and fetched again elsewhere. The list is itself a claim: the first that a
+host owning its record reports is used, the hosts reporting the same one join in, and it is
+confirmed at the end by the sha256 of the whole, which the records agree on (see download.py).
 
 `ChunkPlan` hands out the work. A stream claims a run of unclaimed chunks about 1/n of what is
 left long (n: the streams planned), so runs start long, which keeps a stream's window open on a
@@ -125,9 +125,14 @@ class ChunkPlan:
             self.runs[stream] = run
         return run
 
+    def unclaimed(self, run: Run) -> bool:
+        """Whether every chunk of `run` is still missing and no stream fetches it."""
+        copies = self._copies()
+        return all(index in self.missing and index not in copies for index in range(run.next, run.end))
+
     def assign(self, stream: Hashable, run: Run) -> None:
-        """`stream` fetches `run`, asked for before this plan was made (download.py asks each
-        host for a first run along with its chunk list)."""
+        """`stream` fetches `run`, asked for before its host joined (download.py asks each host for
+        a first run along with its chunk list)."""
         self.runs[stream] = run
 
     def _steal(self, copies: dict[int, int], own: Container) -> Run | None:

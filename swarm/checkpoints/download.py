@@ -1,14 +1,22 @@
-"""Downloading one checkpoint from every host that vouches for it, each chunk checked on arrival.
+"""Downloading one checkpoint from the hosts that vouch for it, each chunk checked on arrival.
 
 The hosts of one checkpoint (the same step, sha256 and size in their records: a `Candidate` of
-choice.py) serve it together, like BitTorrent's or iroh-blobs' many-source downloads:
+choice.py) serve it together, like BitTorrent's or iroh-blobs' many-source downloads; and as there,
+no host is waited for where another suffices, since chunk hashes make any host's bytes checkable
+(issue 57: a stranger that answered its chunk list "busy" just before each timeout held every
+download that waited for all the lists):
 1. Every host is asked at once for the key its record is signed with (`rpc_info`: a record
    cannot borrow another peer's id) and for its chunk list (chunks.py), and, meanwhile, for a
    first run of chunks (the size is announced, so the chunks are known before their hashes):
-   the bytes flow one round trip sooner, and wait for the list to be checked.
-2. The list is a claim. Honest hosts of one file report one list, so hosts are grouped by the
-   list they report, and the list of the most independent hosts (distinct keys) is tried
-   first, with the hosts that report it; the others wait for their turn.
+   the bytes flow one round trip sooner, and wait for that host's list to be checked. A host
+   that has not answered both within `FIRST_BYTE_TIMEOUT_S` (busy tries included: transfer.py)
+   is dropped.
+2. The list is a claim, checked at the end (5). The fetch starts with the first list that comes
+   in from a host that owns its record, and hosts that report the same list join it as their
+   lists come in (`_Lists`). A host that reports another list waits: it is asked only if the
+   list in use fails (its whole does not match, or every host of it was dropped); the waiting
+   list of the most independent hosts (distinct keys) is tried next, or else the next list to
+   come in. A host whose list has not come in is never waited for while another list fetches.
 3. Each host streams runs of chunks (`ChunkPlan` says which) over up to `STREAMS_PER_HOST`
    streams: one at first, the others once it has sent a chunk that verifies, so a lying host
    costs about one chunk. Every chunk is checked against the list as it arrives.
@@ -21,15 +29,18 @@ choice.py) serve it together, like BitTorrent's or iroh-blobs' many-source downl
    in, in order: `_Whole`).
    If it does not match, the list was a lie of the hosts that reported it: they are dropped and
    the next list is tried (with the chunks already received that match it). A forged list can
-   cost time, never let bad bytes through.
+   cost time, never let bad bytes through: a pass, or, if it comes in first and its hosts send
+   its chunks slowly (each within `inactivity_timeout`), as long as they keep sending, up to the
+   whole's deadline; lists are fetched one at a time (left open).
 The whole gives up (TransferError) when no host is left, or when it takes longer than the
-announced size allows at `SLOWEST_RATE_BYTES_S` (callers bound that size first).
+announced size allows at `SLOWEST_RATE_BYTES_S` (callers bound that size first). A caller may
+follow its pace (`Progress`: when its first list came in, and the bytes verified since), as
+measure.py does to tell a slow download from one that waited for a list.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import io
 import logging
@@ -98,19 +109,31 @@ class Downloaded:
             logger.warning("block %d: dropped a host: %s", host.block, reason)
 
 
+@dataclass
+class Progress:
+    """How far a download has come, for a caller that judges its pace (measure.py): the event loop's
+    time when its first chunk list came in (None before), and the bytes of the list in use received
+    and verified so far."""
+
+    listed_at: float | None = None
+    verified: int = 0
+
+
 async def download(
     p2p: P2P,
     hosts: Sequence[Host],
     show_progress: bool = True,
     timings: dict | None = None,
     inactivity_timeout: float = INACTIVITY_TIMEOUT_S,
+    progress: Progress | None = None,
 ) -> Downloaded:
-    """The checkpoint that `hosts` (all announcing the same one) vouch for, from all of them at
-    once and verified (see the module docstring); TransferError if none serves it.
-    `timings["header"]` gets the perf_counter of the first stream's header."""
+    """The checkpoint that `hosts` (all announcing the same one) vouch for, from as many of them as
+    answer, verified (see the module docstring); TransferError if none serves it.
+    `timings["header"]` gets the perf_counter of the first stream's header; `progress`, if given,
+    follows the download."""
     info = _one_checkpoint(hosts)
     report = Downloaded(b"", {h.peer_id: h for h in hosts})
-    fetch = _Options(timings if timings is not None else {}, inactivity_timeout)
+    fetch = _Options(timings if timings is not None else {}, inactivity_timeout, progress or Progress())
     try:
         async with asyncio.timeout(FIRST_BYTE_TIMEOUT_S + info.size / SLOWEST_RATE_BYTES_S):
             with tqdm(total=info.size, unit="B", unit_scale=True, desc=f"block {hosts[0].block}", disable=not show_progress) as bar:
@@ -133,59 +156,132 @@ def _one_checkpoint(hosts: Sequence[Host]) -> CheckpointInfo:
 class _Options:
     timings: dict
     inactivity_timeout: float
+    progress: Progress
 
 
 async def _download(p2p: P2P, hosts: Sequence[Host], info: CheckpointInfo, report: Downloaded, options: _Options,
                     bar: tqdm) -> bytes:  # fmt: skip
-    """Each list in turn, most vouched first, until the whole matches the record's sha256."""
-    early: dict[str, _Opened] = {}  # each host's first run, asked along with its list (see `_first_runs`)
+    """Every host asked at once; each list in turn as `_Lists` hands them out, until the whole
+    matches the record's sha256. The hosts still to answer when it does are not waited for."""
+    lists = _Lists(p2p, info, report, options, pending=len(hosts))
+    asks = [asyncio.create_task(lists.ask(host, run)) for host, run in zip(hosts, _first_runs(info.size, len(hosts)))]
     try:
-        return await _download_lists(p2p, hosts, info, report, options, bar, early)
+        return await _download_lists(lists, bar)
     finally:
-        for opened in early.values():
+        for ask in asks:
+            ask.cancel()
+        await asyncio.gather(*asks, return_exceptions=True)
+        for opened in lists.early.values():
             await _discard(opened)
 
 
-async def _download_lists(p2p: P2P, hosts: Sequence[Host], info: CheckpointInfo, report: Downloaded, options: _Options,
-                          bar: tqdm, early: dict[str, _Opened]) -> bytes:  # fmt: skip
-    first_runs = _first_runs(info.size, len(hosts))
-
-    def ask_first_run(i: int, host: Host) -> None:
-        early[host.peer_id] = _open(p2p, host, info, (host.peer_id, 0), first_runs[i], options.timings)
-
-    lists = await asyncio.gather(*(_chunk_list(p2p, host, info, report, functools.partial(ask_first_run, i, host))
-                                   for i, host in enumerate(hosts)))  # fmt: skip
-    groups: dict[ChunkList, list[Host]] = {}
-    for host, chunk_list in zip(hosts, lists):
-        if chunk_list is not None:
-            groups.setdefault(chunk_list, []).append(host)
-    ranked = sorted(groups.items(), key=lambda item: independent(item[1]), reverse=True)
-    for _, dissenting in ranked[1:]:
-        for host in dissenting:
-            logger.warning("block %d: peer %s reports another chunk list for %s than the %d host(s) of the first "
-                           "list; it is asked only if that list fails", host.block, host.peer_id, info.sha256[:12],
-                           independent(ranked[0][1]))  # fmt: skip
-    first_group = {host.peer_id for host in ranked[0][1]} if ranked else set()
-    for peer_id in [p for p in early if p not in first_group]:  # dropped, or not of the first list
-        await _discard(early.pop(peer_id))
+async def _download_lists(lists: _Lists, bar: tqdm) -> bytes:
+    """A fetch of each list `lists` hands out, with the chunks received before that match it."""
+    info, report = lists.info, lists.report
     have: dict[int, _Chunk] = {}  # what the lists tried before brought, for the next one
-    for chunk_list, group in ranked:
+    while (picked := await lists.next()) is not None:
+        chunk_list, hosts = picked
         have = {i: chunk for i, chunk in have.items() if chunk_list.matches(i, chunk.data)}
         bar.reset()
         bar.update(sum(len(chunk.data) for chunk in have.values()))
-        whole = await _Fetch(p2p, info, group, chunk_list, have, report, options, bar, early).run()
+        fetch = _Fetch(lists.p2p, info, chunk_list, have, report, lists.options, bar)
+        await lists.start(fetch, hosts)
+        whole = await fetch.run()
         if whole.complete and whole.sha256() == info.sha256:
             for index, source in whole.sources.items():
                 report.served[source] += chunk_list.length(index)
             return whole.data()
         if whole.complete:
-            for host in group:
-                report.drop(host, f"the checkpoint from {host.peer_id} does not match its announced sha256 "
-                                  "(its chunk list was a lie)")  # fmt: skip
+            lists.refute(fetch)
         # else every host of this list was dropped
         have = whole.chunks()
     reasons = "; ".join(report.dropped.values()) or "no host answered"
     raise TransferError(f"no host served the checkpoint {info.sha256[:12]} verified: {reasons}")
+
+
+class _Lists:
+    """The hosts' chunk lists as they come in, and the fetch of the list in use (the module
+    docstring's 2): a host whose list is that one joins the fetch; one with another list waits."""
+
+    def __init__(self, p2p: P2P, info: CheckpointInfo, report: Downloaded, options: _Options, pending: int):
+        self.p2p, self.info, self.report, self.options = p2p, info, report, options
+        self.early: dict[str, _Opened] = {}  # each host's first run, asked along with its list, not yet read
+        self.waiting: dict[ChunkList, list[Host]] = {}  # lists in, not in use, and the hosts that report them
+        self.refuted: set[ChunkList] = set()  # lists whose whole did not match the record
+        self.fetch: _Fetch | None = None  # the fetch of the list in use
+        self.pending = pending  # hosts still to answer
+        self._changed = asyncio.Event()
+
+    async def ask(self, host: Host, first_run: Run) -> None:
+        """Ask `host` for its key and its list (and for `first_run` meanwhile), and place it once they
+        are in: in the fetch in use, waiting, or dropped."""
+
+        def ask_first_run() -> None:
+            key = (host.peer_id, 0)
+            self.early[host.peer_id] = _open(self.p2p, host, self.info, key, first_run, self.options.timings)
+
+        chunk_list = None
+        try:
+            chunk_list = await _chunk_list(self.p2p, host, self.info, self.report, ask_first_run)
+        finally:
+            self.pending -= 1
+        unread = self._place(host, chunk_list) if chunk_list is not None else None
+        self._changed.set()
+        if unread is not None:
+            await _discard(unread)
+
+    def _place(self, host: Host, chunk_list: ChunkList) -> _Opened | None:
+        """Put `host` where its list says; its first run if it will not be read soon, to be given up."""
+        if chunk_list in self.refuted:
+            self.report.drop(host, _lied(host))
+            return self.early.pop(host.peer_id, None)
+        fetch = self.fetch if self.fetch is not None and self.fetch.open else None
+        if fetch is not None and fetch.chunk_list == chunk_list:
+            return fetch.join(host, self.early.pop(host.peer_id, None))
+        self.waiting.setdefault(chunk_list, []).append(host)
+        if fetch is None:
+            return None  # its list is tried next: its first run is read then
+        _another_list(host, self.info)
+        return self.early.pop(host.peer_id, None)
+
+    async def next(self) -> tuple[ChunkList, list[Host]] | None:
+        """The list to try next and the hosts that report it: of the lists in, that of the most
+        independent hosts (of equals, the first in); while none is, the next to come in; None once
+        every host has answered or failed and none is left."""
+        while not self.waiting:
+            if not self.pending:
+                return None
+            self._changed.clear()
+            await self._changed.wait()
+        chunk_list = max(self.waiting, key=lambda listed: independent(self.waiting[listed]))
+        return chunk_list, self.waiting.pop(chunk_list)
+
+    async def start(self, fetch: _Fetch, hosts: list[Host]) -> None:
+        """`fetch` is the fetch in use, with `hosts`; the first runs of hosts waiting with other lists
+        are given up (they are read only if those lists are tried)."""
+        self.fetch = fetch
+        unread = [fetch.join(host, self.early.pop(host.peer_id, None)) for host in hosts]
+        for host in (host for waiting in self.waiting.values() for host in waiting):
+            _another_list(host, self.info)
+            unread.append(self.early.pop(host.peer_id, None))
+        for opened in unread:
+            if opened is not None:
+                await _discard(opened)
+
+    def refute(self, fetch: _Fetch) -> None:
+        """The whole of `fetch`'s list did not match the record: every host that reports it lied."""
+        self.refuted.add(fetch.chunk_list)
+        for host in [*fetch.joined.values(), *self.waiting.pop(fetch.chunk_list, [])]:
+            self.report.drop(host, _lied(host))
+
+
+def _lied(host: Host) -> str:
+    return f"the checkpoint from {host.peer_id} does not match its announced sha256 (its chunk list was a lie)"
+
+
+def _another_list(host: Host, info: CheckpointInfo) -> None:
+    logger.warning("block %d: peer %s reports another chunk list for %s than the one in use; it is asked only "
+                   "if that list fails", host.block, host.peer_id, info.sha256[:12])  # fmt: skip
 
 
 def _first_runs(size: int, hosts: int) -> list[Run]:
@@ -293,39 +389,60 @@ class _Whole:
 
 
 class _Fetch:
-    """One pass over one chunk list: the hosts that report it stream their runs at once."""
+    """One pass over one chunk list: the hosts that report it (`join`) stream their runs at once."""
 
-    def __init__(self, p2p: P2P, info: CheckpointInfo, hosts: list[Host], chunk_list: ChunkList, have: dict[int, _Chunk],
-                 report: Downloaded, options: _Options, bar: tqdm, early: dict[str, _Opened]):  # fmt: skip
+    def __init__(self, p2p: P2P, info: CheckpointInfo, chunk_list: ChunkList, have: dict[int, _Chunk],
+                 report: Downloaded, options: _Options, bar: tqdm):  # fmt: skip
         self.p2p, self.info, self.chunk_list, self.report, self.options, self.bar = p2p, info, chunk_list, report, options, bar
         self.whole = _Whole(chunk_list)
         for index, chunk in sorted(have.items()):
             self.whole.add(index, chunk.data, chunk.source)
-        self.plan = ChunkPlan(chunk_list.count, len(hosts) * STREAMS_PER_HOST, set(have))
-        self.live = {host.peer_id: host for host in hosts}
-        self.proven = {host.peer_id: asyncio.Event() for host in hosts}  # it sent a chunk that verifies
-        # the first runs asked along with the lists (of the first list only: a later one keeps what came)
-        self.early = {h.peer_id: early.pop(h.peer_id) for h in hosts if h.peer_id in early and not have}
-        for opened in self.early.values():
-            self.plan.assign(opened.key, opened.run)
+        progress = options.progress
+        progress.verified = sum(len(chunk.data) for chunk in have.values())
+        if progress.listed_at is None:
+            progress.listed_at = asyncio.get_running_loop().time()
+        self.plan = ChunkPlan(chunk_list.count, STREAMS_PER_HOST, set(have))
+        self.joined: dict[str, Host] = {}  # every host that joined
+        self.live: dict[str, Host] = {}  # those not dropped
+        self.proven: dict[str, asyncio.Event] = {}  # a host sent a chunk that verifies
+        self.early: dict[str, _Opened] = {}  # first runs asked along with the lists, not yet read
         self.retries: Counter = Counter()  # streams of a host that ended early and were asked again
-        self.keys = {h.peer_id: {(h.peer_id, n) for n in range(STREAMS_PER_HOST)} for h in hosts}
+        self.keys: dict[str, set] = {}  # the plan's keys of each host's streams
         self.tasks: dict[str, list[asyncio.Task]] = {}
         self.running = 0  # streams not yet ended
         self.finished = asyncio.Event()
+        if self.plan.complete:
+            self.finished.set()
         self._changed = asyncio.Event()
 
+    @property
+    def open(self) -> bool:
+        """Whether a host may still join: the pass is not over."""
+        return not self.finished.is_set()
+
+    def join(self, host: Host, opened: _Opened | None) -> _Opened | None:
+        """`host`, which reports this list, streams from now on. Its first run, asked along with its
+        list (`opened`), is read if no chunk of it is in or claimed yet; else it is returned, to be
+        given up."""
+        peer_id = host.peer_id
+        self.joined[peer_id] = self.live[peer_id] = host
+        self.proven[peer_id] = asyncio.Event()
+        self.keys[peer_id] = {(peer_id, n) for n in range(STREAMS_PER_HOST)}
+        if opened is not None and self.plan.unclaimed(opened.run):
+            self.plan.assign(opened.key, opened.run)
+            self.early[peer_id], opened = opened, None
+        self.plan.streams = len(self.live) * STREAMS_PER_HOST
+        self.running += STREAMS_PER_HOST
+        self.tasks[peer_id] = [asyncio.create_task(self._stream(host, n)) for n in range(STREAMS_PER_HOST)]
+        return opened
+
     async def run(self) -> _Whole:
-        """`whole` once every chunk is in, or every host is dropped."""
-        if self.plan.complete:
-            return self.whole
-        for peer_id, host in self.live.items():
-            self.tasks[peer_id] = [asyncio.create_task(self._stream(host, n)) for n in range(STREAMS_PER_HOST)]
-        streams = [task for tasks in self.tasks.values() for task in tasks]
-        self.running = len(streams)
+        """`whole` once every chunk is in, or every host that joined is dropped; no host joins after."""
         try:
             await self.finished.wait()
         finally:
+            self.finished.set()
+            streams = [task for tasks in self.tasks.values() for task in tasks]
             for task in streams:
                 task.cancel()
             await asyncio.gather(*streams, return_exceptions=True)
@@ -399,6 +516,7 @@ class _Fetch:
             raise HostFailed(f"peer {host.peer_id} sent chunk {index}, which does not match its sha256 in the chunk list")
         if index not in self.whole:
             self.whole.add(index, chunk, host.peer_id)
+            self.options.progress.verified += len(chunk)
             self.bar.update(len(chunk))
         self.plan.received(key, index)
         self.proven[host.peer_id].set()
@@ -450,15 +568,16 @@ async def _close(stream) -> None:
 
 
 async def download_verified(
-    p2p: P2P, hosts: Sequence[Host], config: ModelConfig, block: int, show_progress: bool = True
+    p2p: P2P, hosts: Sequence[Host], config: ModelConfig, block: int, show_progress: bool = True,
+    progress: Progress | None = None,
 ) -> tuple[Downloaded, Denoiser]:
-    """The checkpoint that `hosts` vouch for, from all of them (see `download`), if it is what
-    their records say and loads as `block` of `config`: (the download, the block);
-    TransferError or SwarmError otherwise."""
+    """The checkpoint that `hosts` vouch for, from those that answer (see `download`; `progress`
+    follows it), if it is what their records say and loads as `block` of `config`: (the download,
+    the block); TransferError or SwarmError otherwise."""
     info = _one_checkpoint(hosts)
     if info.size > max_checkpoint_bytes(config):
         raise TransferError(f"peer {hosts[0].peer_id} announces {info.size} bytes, more than a block of this model weighs")
-    downloaded = await download(p2p, hosts, show_progress)
+    downloaded = await download(p2p, hosts, show_progress, progress=progress)
     denoiser, step = decode_block(downloaded.data, config, block)  # right model, right block, tensors that load
     if step != info.step:
         raise TransferError(f"the checkpoint from {sorted(downloaded.served)} holds step {step}, its record says {info.step}")

@@ -1,6 +1,6 @@
-"""Measuring a block's candidate checkpoints: all at once, within one deadline, slow hosts dropped.
+"""Measuring a block's candidate checkpoints: all at once, within one deadline, slow downloads dropped.
 
-Each candidate is downloaded from all of its hosts (download.py: every chunk checked on arrival),
+Each candidate is downloaded from its hosts (download.py: every chunk checked on arrival),
 verified (size, sha256, block, config, step), and spot-checked here (spot_check.py). A stranger
 with free keys can announce many distinct checkpoints (a flood); measured one after another, each
 served just above the slowest rate a download tolerates, 32 of them took a fetch past its time
@@ -8,15 +8,28 @@ limit (issue 46). So:
 - every candidate's download starts at once (as many as `BYTES_AT_ONCE` of announced size allow;
   the next start as slots free), and the spot checks run one at a time as downloads finish, on a
   worker thread, so the downloads go on meanwhile;
-- once one download has finished, a download that has taken `SLOW_FACTOR` times as long per byte,
-  plus `SLOW_GRACE_S`, is dropped as slow: a flooder must serve as fast as a quarter of the
-  fastest host to be measured at all, which costs it the bandwidth an honest host spends;
+- a download is judged by the bytes it delivers, not by the time it has taken (`_Measuring._slow`).
+  Once one download has finished, at F bytes a second from its first chunk list to its end (the
+  fastest so far), another is dropped as slow when the bytes it has verified fall short of what
+  F / `SLOW_FACTOR` delivers in the time since its own first chunk list came in, less
+  `SLOW_GRACE_S`. So a download that verifies nothing is dropped `SLOW_GRACE_S` after its list
+  came in, one that verifies bytes at well under F / `SLOW_FACTOR` soon after, and a flooder must
+  serve as fast as a quarter of the fastest host to be measured at all, which costs it the
+  bandwidth an honest host spends. A download that verifies bytes at F / `SLOW_FACTOR` or more is
+  never dropped as slow, however late its list came, nor is one that has finished and verified:
+  none is dropped in favour of one that was merely faster. The wait for a first chunk list is not
+  counted against a download: each host answers within `FIRST_BYTE_TIMEOUT_S`, busy tries
+  included, and all are asked at once (transfer.py, download.py), so hosts that hold their lists
+  cost that once. The rule before (a download dropped once it had taken `SLOW_FACTOR` times as
+  long per byte as the fastest, plus `SLOW_GRACE_S`) counted that wait: a lone honest host's
+  download held by a stranger's chunk list was dropped beside a poison served at full speed,
+  which, measured alone, passed (issue 57);
 - everything ends at `deadline_s` (`MEASURE_DEADLINE_S` by default): what was measured by then is
   what the choice is made from, so a flood delays a choice by at most the deadline and cannot make
   it fail while a candidate that passes was measured.
 What a flood still costs: one spot check per candidate served fast (about a second each at the
-built-in config), and the deadline. What it can cost an honest host: one that serves more than
-`SLOW_FACTOR` times slower than the fastest candidate's hosts is dropped as slow (logged).
+built-in config), and the deadline. What it can cost an honest host: one whose download verifies
+bytes at under 1 / `SLOW_FACTOR` of the fastest candidate's rate is dropped as slow (logged).
 """
 
 from __future__ import annotations
@@ -29,7 +42,7 @@ from dataclasses import dataclass
 
 from hivemind.p2p import P2P
 
-from swarm.checkpoints.download import download_verified, independent, key_of
+from swarm.checkpoints.download import Progress, download_verified, independent, key_of
 from swarm.checkpoints.spot_check import Losses, SpotCheck, weights_hash
 from swarm.checkpoints.transfer import TransferError
 from swarm.errors import SwarmError
@@ -40,8 +53,8 @@ from swarm.p2p.records import CheckpointInfo, owner_fingerprint
 logger = logging.getLogger(__name__)
 
 MEASURE_DEADLINE_S = 300.0  # one choice's downloads and spot checks, in all
-SLOW_FACTOR = 4.0  # a download this many times slower per byte than the fastest finished one ...
-SLOW_GRACE_S = 10.0  # ... and this much more, is dropped as slow
+SLOW_FACTOR = 4.0  # a download verifying bytes this many times slower than the fastest finished one ...
+SLOW_GRACE_S = 10.0  # ... from this long after its first chunk list came in, is dropped as slow
 BYTES_AT_ONCE = 512 * 2**20  # announced bytes downloading at once (at least two candidates)
 POLL_S = 0.25  # how often running downloads are checked against the deadline and the slow limit
 
@@ -128,7 +141,7 @@ class _Measuring:
         self.show_progress = show_progress
         self.loop = asyncio.get_running_loop()
         self.stop_at = self.loop.time() + deadline_s
-        self.fastest: float | None = None  # seconds per byte of the fastest download that finished
+        self.fastest: float | None = None  # bytes a second, from its first chunk list, of the fastest download finished
         self.checking = asyncio.Lock()  # spot checks one at a time: they share the machine's cores
 
     async def one(self, candidate: Candidate, slots: asyncio.Semaphore) -> Measured | None:
@@ -147,11 +160,11 @@ class _Measuring:
 
     async def _download(self, candidate: Candidate) -> tuple | None:
         """The candidate's download and block, or None (logged) if it failed, was slow or ran past the deadline."""
-        info, begun = candidate.checkpoint, self.loop.time()
+        info, progress = candidate.checkpoint, Progress()
         task = asyncio.ensure_future(download_verified(self.p2p, list(candidate.hosts), self.config, self.block,
-                                                       self.show_progress))  # fmt: skip
+                                                       self.show_progress, progress))  # fmt: skip
         try:
-            why = await self._watch(task, info, begun)
+            why = await self._watch(task, progress)
         finally:  # dropped, or the whole measurement cancelled by its caller: no download goes on unwatched
             if not task.done():
                 task.cancel()
@@ -165,11 +178,12 @@ class _Measuring:
         except (TransferError, SwarmError) as error:
             logger.warning("block %d: %s; trying the next candidate", self.block, error)
             return None
-        rate = (self.loop.time() - begun) / max(1, info.size)
-        self.fastest = rate if self.fastest is None else min(self.fastest, rate)
+        listed_at = self.loop.time() if progress.listed_at is None else progress.listed_at  # a finished one had a list
+        rate = info.size / max(self.loop.time() - listed_at, POLL_S)  # timed no finer than it is watched
+        self.fastest = rate if self.fastest is None else max(self.fastest, rate)
         return result
 
-    async def _watch(self, task: asyncio.Future, info: CheckpointInfo, begun: float) -> str | None:
+    async def _watch(self, task: asyncio.Future, progress: Progress) -> str | None:
         """Wait for a download; why it must be dropped (slow, or past the deadline), or None once it is done."""
         while not task.done():
             await asyncio.wait({task}, timeout=POLL_S)
@@ -178,8 +192,21 @@ class _Measuring:
                 return None
             if now >= self.stop_at:
                 return "ran past the measurement deadline"
-            if self.fastest is not None and now - begun > SLOW_FACTOR * self.fastest * info.size + SLOW_GRACE_S:
-                return (
-                    f"was slow: {now - begun:.0f}s, against {self.fastest * info.size:.1f}s at the fastest host's rate"
-                )
+            if (slow := self._slow(progress, now)) is not None:
+                return slow
         return None
+
+    def _slow(self, progress: Progress, now: float) -> str | None:
+        """Why a running download is slow, or None: it has verified fewer bytes than 1 / `SLOW_FACTOR` of
+        the fastest finished download's rate delivers in the time since its first chunk list came in,
+        less `SLOW_GRACE_S` (the module docstring says why). Not before a download has finished, nor
+        before its own first list is in."""
+        if self.fastest is None or progress.listed_at is None:
+            return None
+        fetching = now - progress.listed_at
+        due = (fetching - SLOW_GRACE_S) * self.fastest / SLOW_FACTOR
+        if progress.verified >= due:
+            return None
+        return (f"was slow: {progress.verified} bytes verified in {fetching:.0f}s since its first chunk list, "
+                f"under 1/{SLOW_FACTOR:g} of the fastest download's {self.fastest / 1e3:.0f} kB/s "
+                f"after {SLOW_GRACE_S:g}s")  # fmt: skip

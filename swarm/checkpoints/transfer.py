@@ -18,8 +18,11 @@ open at once, so that a stream that just ended, still counted here a moment, nev
 next one wait as busy: enough to fill a long fat link, few enough that one caller cannot take
 a host's uplink from the rest.
 
-A downloader believes none of it: download.py checks the list against the other hosts and the
-record, every chunk against the list, and the whole against the record's sha256.
+A downloader believes none of it: download.py checks the list against the record, every chunk
+against the list, and the whole against the record's sha256. Nor does it wait on a host without
+end: the calls that ask again while a host answers "busy" (`ask_chunk_list`, `open_run`) take one
+deadline across all their tries, so a host that answers "busy" just before each timeout costs one
+timeout, not one per try (issue 57).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ DOWNLOADS_PER_PEER = 2 * STREAMS_PER_HOST
 FIRST_BYTE_TIMEOUT_S = 15.0
 INACTIVITY_TIMEOUT_S = 15.0  # a stream that sends nothing for this long is given up, whatever its size
 # a host gives up a caller that reads nothing for this long: a downloader leaves a host's first run
-# unread until every host's key and chunk list are in (each up to FIRST_BYTE_TIMEOUT_S)
+# unread until that host's key and chunk list are in (within FIRST_BYTE_TIMEOUT_S, busy tries included)
 READER_PATIENCE_S = 4 * FIRST_BYTE_TIMEOUT_S
 SLOWEST_RATE_BYTES_S = 128 * 1024  # a download slower than this on average (1 Mbit/s) is given up
 HEADER_SLACK_BYTES = 256 * 1024  # a block file's safetensors header and metadata stay far below this
@@ -250,14 +253,16 @@ def max_checkpoint_bytes(config: ModelConfig) -> int:
 
 async def ask_chunk_list(p2p: P2P, host: Host, info: CheckpointInfo, timeout: float) -> ChunkList:
     """The chunk list `host` reports for the checkpoint `info`, if it describes a file of the
-    announced size; HostFailed otherwise."""
+    announced size; HostFailed otherwise, and if no answer but "busy" came within `timeout` (one
+    deadline for every try)."""
     stub = BlockServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
     request = runtime_pb2.ExpertRequest(metadata=ChunkListRequest(block=host.block, sha256=info.sha256).encode())
-    for attempt in range(BUSY_RETRIES + 1):  # busy: our last download's streams may still hold its slots
-        reply = ChunkListReply.decode((await stub.rpc_chunk_list(request, timeout=timeout)).metadata)
-        if not reply.busy:
-            break
-        await asyncio.sleep(BUSY_WAIT_S * (attempt + 1))
+    async with _busy_deadline(host, "chunk list", timeout):
+        for attempt in range(BUSY_RETRIES + 1):  # busy: our last download's streams may still hold its slots
+            reply = ChunkListReply.decode((await stub.rpc_chunk_list(request, timeout=timeout)).metadata)
+            if not reply.busy:
+                break
+            await asyncio.sleep(BUSY_WAIT_S * (attempt + 1))
     if reply.error:
         raise HostFailed(f"peer {host.peer_id} refused: {reply.error}")
     if reply.size != info.size:
@@ -269,21 +274,36 @@ async def ask_chunk_list(p2p: P2P, host: Host, info: CheckpointInfo, timeout: fl
         raise HostFailed(f"peer {host.peer_id}: {error}") from None
 
 
-async def open_run(p2p: P2P, host: Host, request: DownloadRequest, size: int, timings: dict) -> DownloadReplies:
+@contextlib.asynccontextmanager
+async def _busy_deadline(host: Host, what: str, seconds: float) -> AsyncIterator[None]:
+    """One deadline for a call and the tries it makes again while `host` says busy: HostFailed past it.
+    A fresh timeout per try would let a host that answers "busy" just before each one hold the
+    caller for every try (issue 57: 6 tries of 15 s)."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise HostFailed(f"peer {host.peer_id} sent no {what} within {seconds:.0f}s (busy tries included)") from None
+
+
+async def open_run(p2p: P2P, host: Host, request: DownloadRequest, size: int, timings: dict,
+                   timeout: float = FIRST_BYTE_TIMEOUT_S) -> DownloadReplies:  # fmt: skip
     """The chunks `request` asks `host` for, a reply's bytes at a time, past its header (asked
-    again while the host says busy); HostFailed if the host refuses or announces another size.
-    `timings["header"]` gets the perf_counter of the first header."""
-    for attempt in range(BUSY_RETRIES + 1):
-        stream = await asyncio.wait_for(download_replies(p2p, host.peer_id, request), FIRST_BYTE_TIMEOUT_S)
-        try:
-            header = DownloadHeader.decode(await asyncio.wait_for(anext(stream), FIRST_BYTE_TIMEOUT_S))
-        except BaseException:  # no header in time, or a malformed one: the stream is ours to close
+    again while the host says busy, all within `timeout`); HostFailed if the host refuses, sends no
+    header in time, or announces another size. `timings["header"]` gets the perf_counter of the
+    first header."""
+    async with _busy_deadline(host, "download header", timeout):
+        for attempt in range(BUSY_RETRIES + 1):
+            stream = await download_replies(p2p, host.peer_id, request)
+            try:
+                header = DownloadHeader.decode(await anext(stream))
+            except BaseException:  # no header in time, or a malformed one: the stream is ours to close
+                await stream.aclose()
+                raise
+            if not header.busy:
+                break
             await stream.aclose()
-            raise
-        if not header.busy:
-            break
-        await stream.aclose()
-        await asyncio.sleep(BUSY_WAIT_S * (attempt + 1))
+            await asyncio.sleep(BUSY_WAIT_S * (attempt + 1))
     if header.error:
         await stream.aclose()
         raise HostFailed(f"peer {host.peer_id} refused: {header.error}")

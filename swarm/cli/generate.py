@@ -50,17 +50,23 @@ MODEL_TIMEOUT_S = 15.0
 @click.option("--eval-text", default=None, callback=checked_text_source,
               help="A text file or folder of your own whose windows join that measurement: no host can have tuned a "
                    "block to it.")  # fmt: skip
+@click.option("--run-block", "run_blocks", multiple=True, type=click.IntRange(min=0),
+              help="A block to be sure of (repeatable): run it here from its checkpoint's verified file, asking "
+                   "none of its hosts. Costs one download, then the block's steps for every span on this "
+                   "machine.")  # fmt: skip
 def generate_command(model_dir, prompt, max_bytes, steps_per_block, temperature, reveal, seed, data, eval_text,
-                     **swarm_kwargs):  # fmt: skip
+                     run_blocks, **swarm_kwargs):  # fmt: skip
     """Write the continuation of PROMPT, one span of G units per pass through the blocks."""
     if (model_dir is None) == (not swarm_kwargs["initial_peers"]):
         raise SwarmError("give either --model DIR (run here) or --initial-peers ... (run on the swarm's peers)")
+    if model_dir is not None and run_blocks:
+        raise SwarmError("--run-block is for --initial-peers: with --model every block runs here")
     settings = {"max_bytes": max_bytes, "steps_per_block": steps_per_block, "temperature": temperature,
                 "reveal": reveal, "seed": seed}  # fmt: skip
     if model_dir is not None:
         write(load(model_dir).stream(prompt, **settings))
         return
-    with Swarm(swarm_client(swarm_kwargs), data, MODEL_TIMEOUT_S, eval_text) as remote:
+    with Swarm(swarm_client(swarm_kwargs), data, MODEL_TIMEOUT_S, eval_text, run_blocks) as remote:
         write(remote.stream(prompt, **settings))
 
 

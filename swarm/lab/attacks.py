@@ -12,6 +12,8 @@ with the project's own code, or with a few lines around hivemind.
   announces what it likes and answers P2P calls with the servicers below (`serving_nodes`: many of
   them, each under its own key, serving a checkpoint each; `sybil_nodes`: serving one checkpoint):
   - `TricklingDownloads`: checkpoint streams that announce a size and send a byte now and then;
+  - `BusyJustInTime`: a key announcing another host's checkpoint that answers every chunk list and
+    download "busy", just before the caller's timeout, so that it is asked again and again (issue 57);
   - `GiantReplies`: checkpoint streams whose reply announces a gigabyte and keeps coming;
   - `CorruptChunks`: a host of an honest checkpoint that changes a byte of every chunk it sends,
     with the honest chunk list or one forged to match what it sends;
@@ -22,9 +24,13 @@ with the project's own code, or with a few lines around hivemind.
     (`LyingSyncReplies.step_claims`: only the claim of step `STEP_CLAIM`);
   - `RefusedPayloads`: sync replies whose payload no replica can decode, with a fingerprint
     that says the replicas drifted apart;
+  - `JumpClaims`: sync replies that say "gone, the newest step is the one asked plus 1000" to
+    every poll: with a second key doing the same, a majority ahead on every step;
   - `HostileReplica`: a DeMo replica that trains like an honest one and sends, each step, its
     own update (under a fingerprint of its own, which tells the others they drifted), negated,
     at the largest values allowed against it, with random signs, or NaN;
+  - `NegatedEcho`: a key that answers each step with the honest replicas' payload of that step,
+    fetched from them, negated (two such keys outvoted a lone replica in a vote that counted keys);
   - `MergePoisoner`: a `HostileReplica` sending honest updates that, at the merge step the
     peers' `--average-every` sets, announces and serves a poisoned checkpoint of that step.
 """
@@ -32,6 +38,7 @@ with the project's own code, or with a few lines around hivemind.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -49,7 +56,7 @@ from hivemind.proto import runtime_pb2
 from swarm.checkpoints.chunks import CHUNK_BYTES, HASH_BYTES, chunk_count, chunk_hashes
 from swarm.checkpoints.spot_check import SpotCheck
 from swarm.checkpoints.store import CheckpointStore
-from swarm.checkpoints.transfer import BlockServicer
+from swarm.checkpoints.transfer import FIRST_BYTE_TIMEOUT_S, BlockServicer
 from swarm.lab.hosting import InProcessNode
 from swarm.model.checkpoint import save_block
 from swarm.model.data import Corpus, Windows, load_corpus
@@ -57,10 +64,12 @@ from swarm.model.denoiser import Denoiser, ModelConfig, build_block
 from swarm.model.steps import Sampling
 from swarm.model.train import TrainConfig, block_trainer
 from swarm.p2p.info import InfoServicer
+from swarm.p2p.limits import PerPeerLimit
 from swarm.p2p.messages import ChunkListReply, DownloadHeader, PayloadReply, PayloadRequest
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, decode_payload, encode_payload
+from swarm.sync.exchange import MAX_JUMP_STEPS
 from swarm.sync.transport import PayloadServicer, gather
 
 STEP_LIE = 999_999
@@ -260,6 +269,43 @@ class Impersonating:
         return cls.imitates._get_handle_name(namespace, method_name)
 
 
+class BusyJustInTime(Impersonating, BlockServicer):
+    """Issue 57's staller. Under a key of its own it announces an honest host's checkpoint (it owns its
+    record, so it passes the owner check), and answers every chunk list and every download stream
+    "busy", each `stall_s` after it was asked: by default just before the caller's first-byte timeout
+    (`FIRST_BYTE_TIMEOUT_S`), so that a caller that asks again on busy with a fresh timeout each try
+    asks again and again, and one that waits for every host's list waits for it. `asked` and
+    `answered` count the calls of each kind ("chunk_list", "download") as they come and as they are
+    answered."""
+
+    imitates = BlockServicer
+
+    def __init__(self, block: int, store: CheckpointStore | None = None, stall_s: float = FIRST_BYTE_TIMEOUT_S - 1.0):
+        super().__init__(block, store)
+        self.stall_s = stall_s
+        self.limit = PerPeerLimit(0)  # past its stall, every call is answered busy
+        self.asked: collections.Counter = collections.Counter()
+        self.answered: collections.Counter = collections.Counter()
+
+    async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest,
+                             context: P2PContext) -> runtime_pb2.ExpertResponse:  # fmt: skip
+        await self._stall("chunk_list")
+        return await super().rpc_chunk_list(request, context)
+
+    async def _serve_download(self, stream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._stall("download")
+        except BaseException:  # stopped while it stalled: the stream is still its to close
+            writer.close()
+            raise
+        await super()._serve_download(stream, reader, writer)
+
+    async def _stall(self, call: str) -> None:
+        self.asked[call] += 1
+        await asyncio.sleep(self.stall_s)
+        self.answered[call] += 1
+
+
 class TricklingDownloads(Impersonating, BlockServicer):
     """Lists a file of `size` bytes (a huge one by default) for any checkpoint it is asked for, and
     answers every download with its header and then a chunk's reply, one byte per `every_s`.
@@ -408,6 +454,22 @@ class RefusedPayloads(Impersonating, PayloadServicer):
         return PayloadReply(status="ok", payload=b"\x93 not a payload", fingerprint=b"drifted!", newest_step=step)
 
 
+class JumpClaims(Impersonating, PayloadServicer):
+    """Answers every poll for step t with "gone, the newest step is t + `ahead`" (`MAX_JUMP_STEPS`: the
+    most one jump takes). Two such keys are a majority of a lone replica's fellows on every step:
+    before its jumps had a budget over its life, they moved its step 1000 a step (issue 57)."""
+
+    imitates = PayloadServicer
+
+    def __init__(self, block: int, ahead: int = MAX_JUMP_STEPS):
+        super().__init__(block, deadline=5.0)
+        self.ahead = ahead
+
+    async def _payload(self, request: runtime_pb2.ExpertRequest) -> PayloadReply:
+        step = PayloadRequest.decode(request.metadata).step
+        return PayloadReply(status="gone", newest_step=step + self.ahead)
+
+
 class HostileReplica(Impersonating, PayloadServicer):
     """A replica that trains as an honest one does (its own batches, its own DeMo momentum, the
     gathered updates applied) but sends, each step, its own update perturbed (`mode`): as it is
@@ -476,6 +538,38 @@ class HostileReplica(Impersonating, PayloadServicer):
                 signs = torch.randint(0, 2, values.shape, generator=self.rng) * 2 - 1
                 values = signs.float() * values.abs().clamp(min=1e-8)
             yield name, dataclasses.replace(sent, values=values.to(sent.values.dtype))
+
+
+class NegatedEcho(Impersonating, PayloadServicer):
+    """Asked for step t, fetches the step-t payload of the block's other replicas but `fellows` (the
+    stranger's other keys: `rpc_payload` serves anyone) and answers with the first one's values
+    negated, under that replica's own fingerprint (so nothing looks drifted). Two such keys beside a
+    lone honest replica contradict it two to one: a vote that counted keys left the honest one out
+    and stepped it on their negation, up its loss, every step (issue 57). `answered`: the steps it
+    answered with a payload."""
+
+    imitates = PayloadServicer
+
+    def __init__(self, node: HostileNode, config: ModelConfig, block: int, de_mo: DeMoConfig, lr: float,
+                 fellows: Sequence[str]):  # fmt: skip
+        super().__init__(block, deadline=5.0)
+        self.node, self.fellows = node, set(fellows)
+        self.optimizer = DeMoOptimizer(build_block(config, block), de_mo, lr)  # its shapes: to decode and encode
+        self.answered: list[int] = []
+
+    async def _payload(self, request: runtime_pb2.ExpertRequest) -> PayloadReply:
+        step = PayloadRequest.decode(request.metadata).step
+        hosts = await asyncio.get_running_loop().run_in_executor(None, self.node.directory.hosts, self.block)
+        honest = sorted(h.peer_id for h in hosts if h.peer_id != self.node.peer_id and h.peer_id not in self.fellows)
+        gathered = await gather(self.node.p2p, self.block, step, honest, self.deadline / 2)
+        if not gathered.payloads:
+            return PayloadReply(status="not yet", newest_step=step - 1)
+        echoed = min(gathered.payloads)
+        payload = decode_payload(gathered.payloads[echoed], self.optimizer)
+        negated = {name: dataclasses.replace(sent, values=-sent.values) for name, sent in payload.items()}
+        self.answered.append(step)
+        return PayloadReply(status="ok", payload=encode_payload(negated, self.optimizer.config.value_bits),
+                            fingerprint=gathered.fingerprints.get(echoed, b""), newest_step=step)  # fmt: skip
 
 
 class MergePoisoner(HostileReplica):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from swarm.model.denoiser import Denoiser, ModelConfig, build_block, build_end_t
 from swarm.model.units import TOKENIZER_FILE
 
 FORMAT_VERSION = "1"
+STEP_DIGITS = 15  # a checkpoint's step, in decimal digits: below 2^53, the bound on a step everywhere else
 KINDS = ("blocks", "end_to_end", "autoregressive")
 
 
@@ -84,14 +86,18 @@ def save_block(path: Path, denoiser: Denoiser, config: ModelConfig, block: int, 
     return BlockFile(block=block, step=step, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
 
 
-def read_block_metadata(data: bytes) -> dict[str, str]:
-    """The metadata of a block checkpoint's bytes; SwarmError if they are not a safetensors file."""
+def read_block_metadata(data: bytes) -> dict:
+    """The metadata of a block checkpoint's bytes; SwarmError if they are not a safetensors file
+    (a header that is not JSON, nested too deep to read, or whose metadata is not a map)."""
     try:
         header_len = int.from_bytes(data[:8], "little")
         header = json.loads(data[8 : 8 + header_len])
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise SwarmError("not a safetensors file (corrupt header)") from None
-    return header.get("__metadata__", {}) if isinstance(header, dict) else {}
+    metadata = header.get("__metadata__", {}) if isinstance(header, dict) else {}
+    if not isinstance(metadata, dict):
+        raise SwarmError("not a safetensors file (its metadata is not a map)")
+    return metadata
 
 
 def decode_block(data: bytes, config: ModelConfig, block: int) -> tuple[Denoiser, int]:
@@ -109,7 +115,16 @@ def decode_block(data: bytes, config: ModelConfig, block: int) -> tuple[Denoiser
     with torch.device("cpu"):
         denoiser = build_block(config, block)
     _load_into(denoiser, _decode(data))
-    return denoiser, int(metadata.get("step", 0))
+    return denoiser, _step(metadata)
+
+
+def _step(metadata: dict) -> int:
+    """The step a checkpoint's metadata names (0 if none); SwarmError unless it is a whole number
+    of at most STEP_DIGITS digits: `int()` would raise ValueError on "abc", and take "-5" or "1_0"."""
+    step = metadata.get("step", "0")
+    if not isinstance(step, str) or not re.fullmatch(rf"[0-9]{{1,{STEP_DIGITS}}}", step):
+        raise SwarmError(f"checkpoint names no step it could hold ({str(step)[:20]!r})")
+    return int(step)
 
 
 def load_block(path: Path, config: ModelConfig, block: int) -> tuple[Denoiser, int]:

@@ -65,12 +65,18 @@ BlockSteps = Callable[[Denoiser, torch.Tensor, torch.Tensor, torch.Tensor, int, 
 
 
 def pick_bytes(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
-    """Argmax at temperature 0, else one sample per position from softmax(logits / temperature).
+    """Argmax at temperature 0 (and at one so small that logits / temperature overflows: the limit
+    of the draw), else one sample per position from softmax(logits / temperature).
 
     The sample is drawn on the generator's device and returned on the logits': a block on a GPU
     draws from the same CPU stream as a replica on a CPU, so that both write the same bytes.
     """
     if temperature <= 0:
         return logits.argmax(dim=-1)
-    probs = (logits / temperature).softmax(dim=-1).reshape(-1, logits.shape[-1]).to(generator.device)
+    scaled = logits / temperature
+    # a temperature so small that finite logits overflow (1e-45, say): softmax would give NaN, which
+    # torch.multinomial refuses with a RuntimeError; the draw's limit there is the argmax
+    if not torch.isfinite(scaled).all() and torch.isfinite(logits).all():
+        return logits.argmax(dim=-1)
+    probs = scaled.softmax(dim=-1).reshape(-1, logits.shape[-1]).to(generator.device)
     return torch.multinomial(probs, 1, generator=generator).view(logits.shape[:-1]).to(logits.device)

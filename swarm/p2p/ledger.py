@@ -6,8 +6,10 @@ peers checked, of four kinds:
   vote kept, or the decoded set of an outer round: `Exchange.applied_set`, swarm/sync/exchange.py);
 - `verified_step`: the newest step of a peer's checkpoints that passed another's spot check
   (a joiner's choice of its start checkpoint, swarm/checkpoints/choice.py);
-- `answers`: its denoise answers that a generation client saw confirmed by a replica under
-  another key (swarm/serving/cross_check.py);
+- `answers`: its denoise answers that a generation client saw confirmed (swarm/serving/cross_check.py):
+  in an open swarm only by the answer the client computed itself, since agreeing keys may all be one
+  stranger's; where keys count, also by a replica under another key. A peer the client catches
+  lying is attested for nothing by it (`Witness.caught`);
 - `uptime_s`: the time between two `rpc_info` answers it gave another peer's pings
   (swarm/p2p/pings.py), at most `max_gap_s` apart, under the key of a record that names it.
 A subject is the key of the peer's records (its fingerprint, `owner_fingerprint`), learnt from
@@ -121,11 +123,14 @@ class Witness:
                  proof: MemberProof | None = None):  # fmt: skip
         self.key, self.swarm, self.peer_id, self.max_gap_s, self.proof = key, swarm, peer_id, max_gap_s, proof
         self._tallies: dict[str, _Tally] = {}
+        self._caught: set[str | bytes] = set()  # peer ids and keys shown here to lie (`caught`): never attested
         self._lock = threading.Lock()
 
     def _tally(self, peer_id: str, owner: bytes | None = None) -> _Tally | None:
-        """The tally of `peer_id` (under `owner` from now on, if given); None for this peer itself or
-        past `MAX_PEERS` (call with the lock held)."""
+        """The tally of `peer_id` (under `owner` from now on, if given); None for this peer itself, one
+        caught lying, or past `MAX_PEERS` (call with the lock held)."""
+        if peer_id in self._caught or owner in self._caught:
+            return None
         tally = self._tallies.get(peer_id)
         if tally is None and peer_id != self.peer_id and len(self._tallies) < MAX_PEERS:
             tally = self._tallies[peer_id] = _Tally()
@@ -147,10 +152,20 @@ class Witness:
                 tally.verified_step = max(tally.verified_step, step)
 
     def agreed(self, peer_id: str, owner: bytes) -> None:
-        """An answer of `peer_id` (under `owner`) was confirmed by a replica under another key."""
+        """An answer of `peer_id` (under `owner`) was confirmed: by the answer computed here, or where
+        keys count, by a replica under another key (swarm/serving/cross_check.py)."""
         with self._lock:
             if (tally := self._tally(peer_id, owner)) is not None:
                 tally.answers += 1
+
+    def caught(self, peer_id: str, owner: bytes) -> None:
+        """`peer_id` (under `owner`) was shown here to lie: what was counted of it, or of any peer under
+        its key, is dropped, and nothing more is (a witness that caught a key lying vouches for none of
+        its work). Remembered for at most `MAX_PEERS` peers."""
+        with self._lock:
+            if len(self._caught) < 2 * MAX_PEERS:
+                self._caught.update((peer_id, owner) if owner else (peer_id,))
+            self._tallies = {p: t for p, t in self._tallies.items() if p != peer_id and (not owner or t.owner != owner)}
 
     def answered(self, peer_id: str, owner: bytes, now: float | None = None) -> None:
         """`peer_id` answered a ping under `owner`, the key of a record naming it: up since its last
@@ -167,7 +182,8 @@ class Witness:
         """The signed attestation of everything counted so far, of the peers whose key is known (the
         `MAX_SUBJECTS` with most to their credit); None when there is nothing to attest."""
         with self._lock:
-            known = [t.contribution(p) for p, t in self._tallies.items() if t.owner is not None]
+            tallies = [(p, t) for p, t in self._tallies.items() if t.owner is not None and t.owner not in self._caught]
+            known = [t.contribution(p) for p, t in tallies]
         merged: dict[str, Contribution] = {}
         for c in known:  # a key that ran several peers is one subject
             was = merged.get(c.subject)

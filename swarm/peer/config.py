@@ -30,7 +30,8 @@ class PeerConfig:
     checkpoint_dir: str = "peer-checkpoints"
     data: str | None = None  # text source; None: the built-in corpus
     device: str = "cpu"  # torch device of the trainer, the sync's tensors and the denoise service
-    max_steps: int | None = None  # stop after this many steps (None: until stopped)
+    # stop where the step it started at plus the steps it trained reach this, jumps not counted (None: until stopped)
+    max_steps: int | None = None
     schedule_steps: int | None = None  # the learning-rate schedule's length (None: --max-steps); then its floor
     save_every: int = 50
     announce_period: float = 10.0

@@ -39,7 +39,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -75,7 +75,7 @@ from swarm.peer.memory import return_freed_memory
 from swarm.peer.parts import Claimed, Entered, Joined, Joining, Replica, Synced, Wired
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.dense import block_averager
-from swarm.sync.exchange import Exchange
+from swarm.sync.exchange import Exchange, allowance_for
 from swarm.sync.modes import MODES, SyncInputs
 from swarm.sync.reconcile import ReconcileRound
 from swarm.sync.strategy import train_step
@@ -402,24 +402,29 @@ class Peer:
         if self.config.average_every:
             directory = entered.directory
             reconcile = ReconcileRound(wired.p2p, wired.loop, entered.model_config, block, directory.owner_subkey,
-                                       lambda: directory.hosts(block), RECONCILE_DEADLINE_S, self.stopping)  # fmt: skip
+                                       lambda: directory.hosts(block), RECONCILE_DEADLINE_S, replica.spot_check,
+                                       lambda: directory.keys_count, self.stopping)  # fmt: skip
         payloads, exchange = None, None
         if mode.exchanges_payloads:
             payloads = PayloadServicer(block, self.config.sync_deadline, wired.gate)
             exchange = self._exchange(payloads, entered.peer_id, claimed, wired, replica.trainer)
-        sync = mode.build(SyncInputs(replica.trainer.module, self.config.lr, self.config.de_mo, self.config.outer,
-                                     self.config.overlap_steps, timeout, exchange, averager))  # fmt: skip
+        keys_count = entered.directory.keys_count  # the vote's rule follows what a key costs (swarm/sync/evidence.py)
+        de_mo, outer = (replace(c, keys_count=keys_count) for c in (self.config.de_mo, self.config.outer))
+        sync = mode.build(SyncInputs(replica.trainer.module, self.config.lr, de_mo, outer, self.config.overlap_steps,
+                                     timeout, exchange, averager))  # fmt: skip
         return Synced(sync, averager, reconcile, payloads)
 
     def _exchange(self, payloads: PayloadServicer, peer_id: str, claimed: Claimed, wired: Wired,
                   trainer: Trainer) -> Exchange:  # fmt: skip
         """The payload exchange with the block's other replicas; the trainer computes spare batches
-        while it waits, with --spare-batch-size."""
+        while it waits, with --spare-batch-size. What the others' step claims may move its step
+        follows the length of its schedule (exchange.py `allowance_for`)."""
         size = self.config.spare_batch_size
         spare_batch = functools.partial(trainer.spare_batch, size) if size else None
         transport = P2PTransport(payloads, wired.p2p, wired.loop)
         return Exchange(transport, peer_id, claimed.announcer.replica_ids, trace=self.hooks.sync_trace,
-                        spare_batch=spare_batch, witness=claimed.witness)  # fmt: skip
+                        spare_batch=spare_batch, witness=claimed.witness,
+                        jump_allowance=allowance_for(trainer.config.steps))  # fmt: skip
 
     def _read_dht(self, read: Callable[[], T], what: str) -> T:
         """A DHT read needed to join, retried while the DHT is slow, up to the join timeout."""
@@ -510,35 +515,42 @@ class Peer:
     # training
 
     def _train_until_stopped(self) -> None:
-        self._train()  # the announcer has its own thread: a step that waits on other replicas must not let the record lapse
+        # the announcer has its own thread: a step that waits on other replicas must not let the record lapse
+        trained = self._train()
         if self.stopping.is_set():
             return
         joined = self.joined
         self.state = "serving"  # done training (max steps): still serves its block until stopped
         joined.claimed.announcer.announce(wait=True)
-        logger.info("block %d: reached %d steps; serving until stopped", joined.claimed.block,
+        logger.info("block %d: trained %d steps, to step %d; serving until stopped", joined.claimed.block, trained,
                     joined.replica.trainer.step_count)  # fmt: skip
         self.stopping.wait()
 
-    def _train(self) -> None:
-        """Step until stopped or `max_steps`, saving every `save_every` steps and at the end. Before
-        each save the sync applies what it still has in flight (an overlapped strategy is an update
-        behind): a checkpoint holds every update up to its step, and replicas that applied the
-        same ones save the same bytes."""
+    def _train(self) -> int:
+        """Step until stopped or `max_steps`, saving every `save_every` steps and at the end; returns
+        the steps trained. `max_steps` is where the step it started at plus the steps it trained
+        reach: a jump (swarm/sync/exchange.py) moves the step counter, and so the schedule, but never
+        ends a run, whatever the replicas that report a step ahead claim. Before each save the sync
+        applies what it still has in flight (an overlapped strategy is an update behind): a
+        checkpoint holds every update up to its step, and replicas that applied the same ones save
+        the same bytes."""
         replica, sync = self.joined.replica, self.joined.synced.sync
         trainer = replica.trainer
+        started, trained = trainer.step_count, 0
         # the moment the first step starts (benchmarks/time_to_loss.py times each save from it)
         logger.info("block %d: training from step %d", self.joined.claimed.block, trainer.step_count)
         while not self.stopping.is_set():
-            if self.config.max_steps is not None and trainer.step_count >= self.config.max_steps:
+            if self.config.max_steps is not None and started + trained >= self.config.max_steps:
                 break
             train_step(trainer, sync)
+            trained += 1
             self._keep_replicas_together()
             if trainer.step_count % self.config.save_every == 0:
                 self._settle()
                 self._save(replica)
         self._settle()
         self._save(replica)
+        return trained
 
     def _settle(self) -> None:
         """Apply what the sync still has in flight; continue from the step it returns, if a
@@ -549,16 +561,17 @@ class Peer:
             trainer.step_count = continue_from
 
     def _keep_replicas_together(self) -> None:
-        """Every `average_every` steps, if the replicas may have drifted apart (always for dense and
-        none; for the payload modes only when a replica applied other payloads than the rest):
-        save and announce this step's checkpoint, then merge with the other replicas' checkpoints
-        of the step (swarm/sync/reconcile.py)."""
+        """Every `average_every` steps, if a round is due (reconcile.py `ReconcileRound.due`: in an open
+        swarm always; where keys count, if the replicas may have drifted apart: always for dense and
+        none, for the payload modes only when a replica applied other payloads than the rest): save
+        and announce this step's checkpoint, then merge with the other replicas' checkpoints of the
+        step that measure as well as this one (swarm/sync/reconcile.py)."""
         joined = self.joined
         trainer, sync, reconcile = joined.replica.trainer, joined.synced.sync, joined.synced.reconcile
         if reconcile is None or trainer.step_count % self.config.average_every != 0:
             return
         replicas = len(joined.claimed.announcer.replica_ids())
-        if not replicas or not sync.may_have_drifted():
+        if not replicas or not reconcile.due(sync.may_have_drifted):
             return
         self._settle()
         self._save(joined.replica)

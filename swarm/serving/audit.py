@@ -1,8 +1,12 @@
-"""Checking a lone key's answers at a rate nobody can predict (issue 46).
+"""Checking one voice's answers at a rate nobody can predict (issues 46 and 57).
 
 A checkpoint that only one key serves has no witness: no other replica can confirm its host's
-answers. The client has measured it (vetting.py), so its weights are good and their verified file
-is held here, but the host may still answer with other weights. Checking every answer would mean
+answers. In an open swarm, where a key costs nothing, a checkpoint that many keys serve is no
+better: they may all be one stranger's, and their agreement proves nothing, so there the keys of a
+checkpoint are one voice, checked at this same rate whatever their number (cross_check.py); every
+key is asked each time, so keys that lie together are caught, and banned, together. The client has
+measured the checkpoint (vetting.py), so its weights are good and their verified file is held here,
+but its hosts may still answer with other weights. Checking every answer would mean
 computing every step of the block here, and the host would be of no use; checking none lets it lie
 freely. So each of its answers is checked with probability `rate`: the client computes the block's
 steps itself and compares (cross_check.py), and a host shown wrong is banned for the runner's life.
@@ -16,8 +20,9 @@ to this client for good, and the lie that was checked is replaced by the answer 
 lie at all it had to serve a checkpoint that measured well here, under a key of its own: each
 further key buys on average 3 corrupted answers of one block, against one download and spot check.
 
-What it costs the client: `rate` of the lone key's requests computed here too (one block's steps,
-`CrossCheckStats.lone_checked`), on the file it already holds; an honest host loses nothing.
+What it costs the client: `rate` of the voice's requests computed here too (one block's steps,
+`CrossCheckStats.lone_checked`), on the file it already holds; an honest host loses nothing, and
+is credited in the ledger for each answer checked (only checked answers are, in an open swarm).
 """
 
 from __future__ import annotations

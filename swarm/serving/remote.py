@@ -2,13 +2,18 @@
 
 `RemoteBlocks` is a block runner (see `swarm.model.steps.BlockRunner`) whose blocks live on
 other peers. For each block it asks the replica that replicas.py chooses (a checkpoint it may use,
-its nearest host), naming that checkpoint in the request (wire.py), and at the same moment a
-witness under another key; the rule of cross_check.py says which answer is used and whom to ban
-(`Use` or `AskAgain`), and the runner applies it. When a peer times out or refuses, it is banned
-for a while and the block is retried on another replica. Where every host of a block is banned
-for a while (a lone host that failed once, which a moment's load or a stranger can cause), a
+its nearest host), naming that checkpoint in the request (wire.py), and at the same moment its
+witnesses: in an open swarm a replica under every other key of the checkpoint, where keys count
+the fastest one; the rule of cross_check.py says which answer is used, whom to ban and whom to
+credit (`Use` or `AskAgain`), and the runner applies it. When a peer times out or refuses, it is
+banned for a while and the block is retried on another replica. Where every host of a block is
+banned for a while (a lone host that failed once, which a moment's load or a stranger can cause), a
 request waits once for the first of those bans to end rather than failing the whole generation;
 hosts banned for good are never waited for.
+
+A client that must be sure of a block runs it itself (`run_here`): it chooses and measures the
+block's checkpoint as for asking, downloads its verified file once, and computes every answer of
+that block here, asking no host of it.
 """
 
 from __future__ import annotations
@@ -36,13 +41,16 @@ from swarm.p2p.network import EventLoopThread
 from swarm.p2p.reachability import ensure_direct
 from swarm.serving.audit import LoneKeyAudit
 from swarm.serving.cross_check import (
+    NOT_COMPUTED,
     Answer,
     AskAgain,
+    ComputeHere,
     CrossCheckPolicy,
     CrossCheckStats,
     Use,
     Verdict,
     disputed,
+    one_voice,
     unwitnessed,
     witnessed,
 )
@@ -70,11 +78,12 @@ class RemoteBlocks:
     cross_check: CrossCheckPolicy = field(default_factory=CrossCheckPolicy)
     spot_check: SpotCheck | None = None  # measures checkpoints (None: on the built-in corpus)
     checks: CrossCheckStats = field(default_factory=CrossCheckStats)
-    witness: Witness | None = None  # credits each answer another key's confirms (swarm/p2p/ledger.py)
+    witness: Witness | None = None  # credits the answers confirmed (cross_check.py; swarm/p2p/ledger.py)
     round_trips: int = 0  # answers of the replicas asked first (a witness's are `checks.extra_requests`)
     hop_seconds: dict[int, list[float]] = field(default_factory=dict)  # per block, each answered request
     used: dict[int, set[str]] = field(default_factory=dict)  # per block, the checkpoints (sha256) of answers used
-    audit: LoneKeyAudit = field(default_factory=LoneKeyAudit)  # which answers of a lone key are checked here
+    audit: LoneKeyAudit = field(default_factory=LoneKeyAudit)  # which answers of one voice are checked here
+    run_here: frozenset[int] = frozenset()  # blocks computed here from their checkpoint's verified file, never asked
 
     def __post_init__(self) -> None:
         self.family = family_of(self.config)
@@ -84,20 +93,15 @@ class RemoteBlocks:
 
     def __call__(self, block: int, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor,
                  seed: int = 0, sampling: Sampling = Sampling()) -> Answer:  # fmt: skip
-        """Run block `block`'s steps on some replica, confirmed (cross_check.py):
+        """Run block `block`'s steps here (`run_here`) or on some replica, confirmed (cross_check.py):
         (state, logits, only from the last block); SwarmError when none answers."""
         request = Request(prefix, state, schedule, seed, sampling)
         waited = False
         while True:
             waited = waited or self._wait_for_a_ban_to_end(block)
             chosen = self.replicas.choose(block)
-            witness = self.replicas.witness(chosen)  # found anew each time: see `Replicas.witness`
-            answer, confirmation = self._ask_pair(block, chosen.host, witness, request)
-            if isinstance(answer, Exception):  # timeout, vanished peer, refusal, garbage: try another replica
-                self.replicas.ban(chosen.host, f"failed ({answer})")
-                continue
-            answers = self._with_a_witness(chosen, answer, witness, confirmation, request)
-            verdict = self._verdict(block, chosen, answers, request)
+            run = self._ran_here if block in self.run_here else self._asked
+            verdict = run(block, chosen, request)
             self._apply(block, chosen, verdict)
             if isinstance(verdict, Use):
                 self.used.setdefault(block, set()).add(chosen.checkpoint.sha256)
@@ -124,42 +128,79 @@ class RemoteBlocks:
         time.sleep(wait)
         return True
 
-    def _with_a_witness(self, chosen: Chosen, answer: Answer, witness: Host | None, confirmation: Reply | None,
-                        request: Request) -> dict[str, Answer]:  # fmt: skip
-        """The chosen host's answer, then a witness's where one was asked: `witness`'s, or where
-        it failed (it confirms nothing, and is banned), the next witness's that answers."""
+    def _ran_here(self, block: int, chosen: Chosen, request: Request) -> Verdict:
+        """The answer computed here from the chosen checkpoint's file, asking no host."""
+        answer = self._computed_here(block, chosen, request)
+        return NOT_COMPUTED if answer is None else Use(answer)
+
+    def _asked(self, block: int, chosen: Chosen, request: Request) -> Verdict:
+        """Ask the chosen host and, at the same moment, its witnesses (an open swarm's every other
+        key, else one: `_witnesses`); the rule's verdict on their answers, or AskAgain where the
+        chosen host failed (it is banned)."""
+        witnesses = self._witnesses(chosen)
+        answer, replies = self._ask_all(block, chosen.host, witnesses, request)
+        if isinstance(answer, Exception):  # timeout, vanished peer, refusal, garbage: try another replica
+            self.replicas.ban(chosen.host, f"failed ({answer})")
+            return AskAgain(f"{chosen.host.peer_id} failed")
         answers = {chosen.host.peer_id: answer}
-        if isinstance(confirmation, Exception):
-            self.replicas.ban(witness, f"failed as a witness ({confirmation})")
-            self._ask_witnesses(chosen, answers, request, until=2)
-        elif witness is not None:
-            answers[witness.peer_id] = confirmation
-        return answers
+        for witness, reply in zip(witnesses, replies, strict=True):
+            if isinstance(reply, Exception):  # it confirms nothing, and is banned
+                self.replicas.ban(witness, f"failed as a witness ({reply})")
+            else:
+                answers[witness.peer_id] = reply
+        if self.directory.keys_count and len(answers) < len(witnesses) + 1:
+            self._ask_witnesses(chosen, answers, request, until=2)  # the next witness that answers
+        return self._verdict(block, chosen, answers, request)
+
+    def _witnesses(self, chosen: Chosen) -> list[Host]:
+        """Who confirms the chosen host's answer: in an open swarm a replica under each other key of
+        its checkpoint (`Replicas.voice`); where keys count, the fastest one (`Replicas.witness`)."""
+        if not self.directory.keys_count:
+            return self.replicas.voice(chosen, self.cross_check.voice - 1)
+        witness = self.replicas.witness(chosen)  # found anew each time: see `Replicas.witness`
+        return [] if witness is None else [witness]
 
     def _verdict(self, block: int, chosen: Chosen, answers: dict[str, Answer], request: Request) -> Verdict:
-        """The confirmation rule's verdict on the chosen host's answer (first in `answers`) and a
-        witness's, if one answered; more witnesses are asked where they disagree (up to
-        `CrossCheckPolicy.witnesses`)."""
-        z_in, tolerance = request.state, self.cross_check.tolerance
+        """The confirmation rule's verdict on the chosen host's answer (first in `answers`) and its
+        witnesses'. The audit's draw is made here, once per answer, after it arrived, whether or not
+        the rule then needs it (audit.py)."""
+        drawn = self.audit.check_this_one()
+        started = time.perf_counter()
+        split = disputed(answers, request.state, self.cross_check.tolerance)
+        self.checks.disagreements += split
         compute_here = partial(self._computed_here, block, chosen, request)
+        if self.directory.keys_count:
+            verdict = self._counted(chosen, answers, request, drawn, split, compute_here)
+        else:
+            verdict = self._open(chosen, answers, request, drawn and not split, compute_here)
+        self.checks.seconds += time.perf_counter() - started
+        return verdict
+
+    def _open(self, chosen: Chosen, answers: dict[str, Answer], request: Request, drawn: bool,
+              compute_here: ComputeHere) -> Verdict:  # fmt: skip
+        """In an open swarm: the keys of the checkpoint are one voice; the client's own computation
+        settles what they do not agree on, checks them where a key was not heard, and audits the
+        share `drawn` of what they agree on (`cross_check.one_voice`)."""
+        complete = self.replicas.heard_all(chosen, answers)
+        audited = drawn and complete
+        self.checks.lone_checked += audited
+        return one_voice(answers, complete, audited, request.state, self.cross_check.tolerance, compute_here)
+
+    def _counted(self, chosen: Chosen, answers: dict[str, Answer], request: Request, drawn: bool, split: bool,
+                 compute_here: ComputeHere) -> Verdict:  # fmt: skip
+        """Where keys count: a lone key's answer audited at the share `drawn` (`unwitnessed`), or
+        witnesses asked on a disagreement (`split`) until a majority can form (`witnessed`)."""
+        z_in, tolerance = request.state, self.cross_check.tolerance
         if len(answers) == 1:
             host, answer = next(iter(answers.items()))
             measured = chosen.checkpoint in self.vetting.passed
             others = self.replicas.others_announce(chosen)
-            audited = measured and not others and self.audit.check_this_one()  # drawn once the answer is here
+            audited = measured and not others and drawn
             self.checks.lone_checked += audited
-            started = time.perf_counter()
-            verdict = unwitnessed(host, answer, others, measured, audited, z_in, tolerance, compute_here)
-            self.checks.seconds += time.perf_counter() - started
-            return verdict
-        if not disputed(answers, z_in, tolerance):
-            return witnessed(answers, z_in, tolerance, compute_here)
-        started = time.perf_counter()
-        self.checks.disagreements += 1
-        self._ask_witnesses(chosen, answers, request, until=self.cross_check.witnesses + 1)
-        verdict = witnessed(answers, z_in, tolerance, compute_here)
-        self.checks.seconds += time.perf_counter() - started
-        return verdict
+            return unwitnessed(host, answer, others, measured, audited, z_in, tolerance, compute_here)
+        if split:
+            self._ask_witnesses(chosen, answers, request, until=self.cross_check.witnesses + 1)
+        return witnessed(answers, z_in, tolerance, compute_here)
 
     def _ask_witnesses(self, chosen: Chosen, answers: dict[str, Answer], request: Request, until: int) -> None:
         """Ask witnesses of `chosen`'s checkpoint, one at a time, under keys not heard yet, until
@@ -186,7 +227,9 @@ class RemoteBlocks:
             self.checks.banned += 1
             host = next(h for h in [chosen.host, *chosen.announcing] if h.peer_id == peer_id)
             self.replicas.ban(host, verdict.ban.why, math.inf if verdict.ban.for_good else None)
-        if self.witness is not None:  # the ledger: answers that agreed with another key's
+            if self.witness is not None and verdict.ban.for_good:  # shown wrong here: no credit from this client
+                self.witness.caught(host.peer_id, host.owner)
+        if self.witness is not None:  # the ledger: answers confirmed (cross_check.py says by what)
             for host in chosen.announcing:
                 if host.peer_id in verdict.credit:
                     self.witness.agreed(host.peer_id, host.owner)
@@ -207,21 +250,21 @@ class RemoteBlocks:
                                                   request.seed, request.sampling)  # fmt: skip
         return state, (logits if block == self.config.n_blocks - 1 else None)
 
-    def _ask_pair(self, block: int, host: Host, witness: Host | None, request: Request) -> tuple[Reply, Reply | None]:
-        """The answers of `host` and of `witness` (if any) to `request`, asked at the same moment;
-        an exception in place of one that failed."""
+    def _ask_all(self, block: int, host: Host, witnesses: list[Host],
+                 request: Request) -> tuple[Reply, list[Reply]]:  # fmt: skip
+        """The answers of `host` and of `witnesses` to `request`, asked at the same moment; an
+        exception in place of one that failed."""
         started = time.perf_counter()
-        asked = [host] + ([witness] if witness is not None else [])
-        replies = self.loop.run(self._timed_all(asked, request), self.request_timeout + 1)
-        (answer, seconds), *confirmation = replies
+        replies = self.loop.run(self._timed_all([host, *witnesses], request), self.request_timeout + 1)
+        (answer, seconds), *confirmations = replies
         if not isinstance(answer, Exception):
             self.round_trips += 1
             self.hop_seconds.setdefault(block, []).append(seconds)
-            if confirmation:
+            if confirmations:
                 self.checks.requests_checked += 1
                 self.checks.seconds += max(0.0, time.perf_counter() - started - seconds)
-        self.checks.extra_requests += len(confirmation)
-        return answer, (confirmation[0][0] if confirmation else None)
+        self.checks.extra_requests += len(confirmations)
+        return answer, [reply for reply, _ in confirmations]
 
     async def _timed_all(self, hosts: list[Host], request: Request) -> list[tuple[Reply, float]]:
         return await asyncio.gather(*(self._timed(h, request) for h in hosts))

@@ -9,13 +9,17 @@ round trip (pings are cached), hosts behind NAT last (they are reached by asking
 back: `swarm.p2p.reachability.ensure_direct`). The choice is kept while its host is not banned,
 so that a generation reads the directory only when a host fails.
 
-A peer that fails (a timeout, a refusal, a ping unanswered) or is outvoted is banned for
-`ban_seconds`; one shown to lie by the client's own computation, for good. A later, shorter ban
-never ends a longer one.
+A peer that fails (a timeout, a refusal, a ping unanswered) or is outvoted (where keys count) is
+banned for `ban_seconds`, and pinged again before it is next asked; one shown to lie by the client's
+own computation, for good. A later, shorter ban never ends a longer one. A record whose peer does not
+answer a ping (it left; its record outlives it) is no voice for `heard_all` until it answers again.
 
 Witnesses (cross_check.py says what they are for) are found here anew for each request, among the
 hosts that announced the checkpoint when it was chosen: a replica that was banned a while (one
-failure, which a stranger can cause) or missed a ping is a witness again once its ban ends.
+failure, which a stranger can cause) or missed a ping is a witness again once its ban ends. Where
+keys count, one witness is asked (`witness`), the fastest; in an open swarm, one replica under
+each other key of the checkpoint (`voice`), so that speed, which a stranger picks, decides nothing,
+and the client knows whether every key was heard (`heard_all`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hivemind.p2p import P2P
@@ -67,6 +72,8 @@ class Replicas:
     ping_timeout: float = 5.0
     ban_seconds: float = 60.0  # for a peer that fails or is outvoted; one shown here to lie is banned for good
     rtt: dict[tuple[str, bytes], float] = field(default_factory=dict)  # (peer id, record owner): seconds
+    unreachable: set[tuple[str, bytes]] = field(default_factory=set)  # whose last ping here went unanswered
+    recheck: set[tuple[str, bytes]] = field(default_factory=set)  # failed a request since their last ping
     banned_until: dict[str, float] = field(default_factory=dict)  # peer id: monotonic time (inf: for good)
     chosen: dict[int, Chosen] = field(default_factory=dict)  # per block, while its host is not banned
 
@@ -108,11 +115,45 @@ class Replicas:
         known = [h for h in live if self.rtt.get((h.peer_id, h.owner), math.inf) < math.inf]
         return min(known or [h for h in live if self.round_trip(h) < math.inf], key=self.round_trip, default=None)
 
+    def voice(self, chosen: Chosen, at_most: int) -> list[Host]:
+        """One replica of the chosen checkpoint under each key other than the chosen host's, not
+        banned and answering a ping, fastest first, at most `at_most` of them: in an open swarm
+        every one is asked (cross_check.py), where a count of the fastest would be the stranger's pick."""
+        timed = [(self.round_trip(h), h) for h in self._live_others(chosen)]  # each pinged once at most (cached)
+        by_key: dict[bytes, Host] = {}
+        for _, host in sorted((t for t in timed if t[0] < math.inf), key=lambda t: t[0]):
+            by_key.setdefault(key_of(host), host)
+        return list(by_key.values())[:at_most]
+
+    def heard_all(self, chosen: Chosen, answered: Iterable[str]) -> bool:
+        """Whether a replica under every key that announced the chosen checkpoint (but those banned for
+        good, and records whose peer does not answer pings: `_voices`) is among the peers that
+        `answered`: one busy, failed, banned for a while or past the bound of `voice` leaves the others'
+        agreement unwitnessed by it."""
+        answered = set(answered)
+        heard = {key_of(h) for h in chosen.announcing if h.peer_id in answered} | {key_of(chosen.host)}
+        return self._voices(chosen) <= heard
+
     def others_announce(self, chosen: Chosen) -> bool:
         """Whether a key other than the chosen host's announced its checkpoint, not counting peers
-        banned for good: those will never confirm anything, so they leave the host alone."""
-        voices = {key_of(h) for h in chosen.announcing if self.banned_until.get(h.peer_id, 0.0) < math.inf}
-        return bool(voices - {key_of(chosen.host)})
+        banned for good or gone (`_voices`): those will never confirm anything, so they leave the host alone."""
+        return bool(self._voices(chosen) - {key_of(chosen.host)})
+
+    def _voices(self, chosen: Chosen) -> set[bytes]:
+        """The keys that announced the chosen checkpoint, but those of peers banned for good and those
+        no peer of which answers here: a record whose peer left (or does not own it) is no voice, while
+        one busy or failing a moment ago is (a stranger can cause that, not its peer's silence to pings)."""
+        return {key_of(h) for h in chosen.announcing if self.banned_until.get(h.peer_id, 0.0) < math.inf
+                and self._may_answer(h)}  # fmt: skip
+
+    def _may_answer(self, host: Host) -> bool:
+        """Whether `host`'s peer answered its last ping here and owns its record, or was not pinged yet."""
+        key = host.peer_id, host.owner
+        return key not in self.unreachable and self.rtt.get(key, 0.0) < math.inf
+
+    def _live_others(self, chosen: Chosen) -> list[Host]:
+        """Hosts of the chosen checkpoint under another key than the chosen host's, not banned."""
+        return [h for h in chosen.announcing if key_of(h) != key_of(chosen.host) and not self.banned(h.peer_id)]
 
     def ban(self, host: Host, why: str, seconds: float | None = None) -> None:
         """Ask `host`'s peer nothing for `seconds` (`ban_seconds` by default), or longer if it is
@@ -122,6 +163,8 @@ class Replicas:
                        f"{seconds:.0f}s" if math.isfinite(seconds) else "good")  # fmt: skip
         until = time.monotonic() + seconds
         self.banned_until[host.peer_id] = max(self.banned_until.get(host.peer_id, 0.0), until)
+        if math.isfinite(seconds):  # pinged again before it is next asked (`round_trip`)
+            self.recheck.add((host.peer_id, host.owner))
         if (chosen := self.chosen.get(host.block)) is not None and chosen.host.peer_id == host.peer_id:
             del self.chosen[host.block]
 
@@ -129,15 +172,21 @@ class Replicas:
         return self.banned_until.get(peer_id, 0.0) > time.monotonic()
 
     def round_trip(self, host: Host) -> float:
-        """Seconds of one P2P ping (rpc_info) to a host, measured once and cached; inf if it fails
-        (the peer is then banned for a while) or if the peer does not own the host's record."""
+        """Seconds of one P2P ping (rpc_info) to a host, measured once and cached, and again after it
+        failed a request; inf if it fails (the peer is then banned for a while, and `unreachable`) or
+        if the peer does not own the host's record."""
         key = host.peer_id, host.owner  # an impostor's record names the same peer under another key
+        if key in self.recheck:  # gone, or only busy a moment ago?
+            self.recheck.discard(key)
+            self.rtt.pop(key, None)
         if key not in self.rtt:  # over the route requests will take: direct, behind NAT once it dialed us back
             self.loop.run(ensure_direct(self.p2p, host.peer_id, self.ping_timeout), self.ping_timeout + 1)
             rtt, info = self.loop.run(self._ask_info(host.peer_id), self.ping_timeout + 1)
             if info is None:
+                self.unreachable.add(key)
                 self.ban(host, "did not answer a ping")
                 return rtt
+            self.unreachable.discard(key)
             if not owns_record(info, host):
                 logger.warning("peer %s does not own a record that names it for block %d: ignored", host.peer_id,
                                host.block)  # fmt: skip

@@ -16,6 +16,8 @@ change of it, finite logits of the right shape).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
 from hivemind.proto import runtime_pb2
@@ -24,7 +26,7 @@ from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
 from swarm.model.families import Family
 from swarm.p2p.limits import MAX_REQUEST_BYTES
-from swarm.p2p.messages import DenoiseRequest, refusal
+from swarm.p2p.messages import DenoiseRequest, MessageError, refusal
 from swarm.serving.cross_check import Answer
 
 MAX_BATCH = 64  # windows per request
@@ -44,10 +46,20 @@ def encode_request(options: DenoiseRequest, prefix: torch.Tensor, state: torch.T
 
 def decode_request(message: runtime_pb2.ExpertRequest) -> tuple[DenoiseRequest, list[torch.Tensor]]:
     """A request's options and tensors, as sent (`check_request` then checks the tensors);
-    RequestError if it is over the size limit; the parsers' own errors on garbage."""
+    RequestError if it is over the size limit or a tensor does not deserialize, MessageError if
+    its options do not parse."""
     if message.ByteSize() > MAX_REQUEST_BYTES:
         raise RequestError(f"request of {message.ByteSize()} bytes is over the limit of {MAX_REQUEST_BYTES}")
-    return DenoiseRequest.decode(message.metadata), [deserialize_torch_tensor(t) for t in message.tensors]
+    return DenoiseRequest.decode(message.metadata), read_tensors(message.tensors, RequestError)
+
+
+def read_tensors(tensors: Iterable[runtime_pb2.Tensor], error: type[Exception]) -> list[torch.Tensor]:
+    """A peer's tensors, deserialized; `error` for one that does not deserialize (a dtype numpy does
+    not know, a shape its bytes do not fill, a codec's garbage: hivemind raises what numpy and torch do)."""
+    try:
+        return [deserialize_torch_tensor(t) for t in tensors]
+    except Exception as failure:  # noqa: BLE001 (TypeError, ValueError, RuntimeError, KeyError... on garbage)
+        raise error(f"a tensor does not deserialize ({type(failure).__name__}: {str(failure)[:100]})") from None
 
 
 def check_request(
@@ -82,9 +94,13 @@ def decode_reply(family: Family, config: ModelConfig, response: runtime_pb2.Expe
                  schedule: torch.Tensor, want_logits: bool) -> Answer:  # fmt: skip
     """The answer in a reply to the request of `state` and `schedule`; SwarmError if the server
     refused it or the reply does not fit the request."""
-    if (error := refusal(response)) is not None:
+    try:
+        error = refusal(response)
+    except MessageError as failure:  # metadata that is no ErrorReply: a reply this client never reads
+        raise SwarmError(f"malformed reply: {failure}") from None
+    if error is not None:
         raise SwarmError(f"refused: {error}")
-    outputs = [deserialize_torch_tensor(t) for t in response.tensors]
+    outputs = read_tensors(response.tensors, SwarmError)
     if len(outputs) != 1 + want_logits:
         raise SwarmError("malformed reply")
     try:

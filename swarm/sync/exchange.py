@@ -17,11 +17,27 @@ checkpoint has no previous step in common with the others, so it differs.
 
 A replica that asks for a step the others no longer keep learns their steps from the replies
 and jumps its step counter ahead, so a late joiner enters the exchange at the next step; but
-only to a step that a majority of the replicas it asked report, and at least two of them, and
-at most `MAX_JUMP_STEPS` ahead (a step is a claim: one replica claiming step 10^12 moves nobody,
-even when it is the only other replica). In a block of two, a joiner behind the other's kept
-payloads does not jump: it steps alone, without waiting, while the other waits up to the
-deadline for each of its steps, until the joiner reaches it and they are in step again.
+only to a step that a majority of the replicas it asked report, and at least two of them (a
+step is a claim: one replica claiming step 10^12 moves nobody, even when it is the only other
+replica), and only within its jump budget (`jump_budget`): at most `MAX_JUMP_STEPS` at once, and
+over the replica's whole life at most its allowance (`allowance_for`: `JUMP_SHARE` of its
+schedule, at most `MAX_JUMP_STEPS`) plus `JUMP_SHARE` of the steps it trained. In an open swarm
+a key is free: two keys answering "gone, the newest step is the one asked plus 1000" made a
+majority on every step, so a lone replica's counter moved 1000 steps a step, its rate reached
+the schedule's floor within about 100 steps and a `--max-steps` run ended at once (issue 57).
+Nothing else a replica can check tells a real replica ahead from a made-up one: a step is not in
+the payload, a payload of any step is as easy to make up as a reply, and a checkpoint's stamp is
+a claim too. So the bound is on what all claims together may move, in steps of the schedule they
+shift: any number of keys repeating a claim move it by at most a tenth of its length (and never
+more than `MAX_JUMP_STEPS`) plus a tenth of the steps trained, in all; a late joiner enters at the
+others' step once (a save or two behind: inside the allowance of a schedule ten saves long or
+more); a replica that fell behind for a while rejoins from what its training earned back. A claim
+past the budget is refused whole (no jump part-way: nobody is there). A replica behind the
+others' kept payloads that does not jump (one of a block of two, or one past its budget) steps
+alone, without waiting, while the others wait up to the deadline for each of its steps, until it
+reaches them and they are in step again. The peer's `--max-steps` counts the steps it trained
+from the step it started at, never the steps a jump added (swarm/peer/life.py), so jumps cannot
+end a run either.
 
 Bytes are counted as whole messages on both ends: a replica's sent bytes are every reply it
 served and every request that got an answer; its received bytes are every request it was
@@ -69,6 +85,7 @@ MAX_STEPS_IN_FLIGHT = 4  # gathers one replica may have running at once (demo-ov
 GATHER_GRACE_S = 5.0  # beyond the deadline, how long waiting for a gather may take before it is given up
 MIN_REPORTERS = 2  # replicas that must report a step before anyone jumps to it: one voice is never enough
 MAX_JUMP_STEPS = 1000  # the most a jump may move a replica's step: a joiner is at most a save or two behind
+JUMP_SHARE = 0.1  # what a replica's jumps may add over its life beyond MAX_JUMP_STEPS: this share of its steps trained
 D = TypeVar("D")
 
 
@@ -155,6 +172,9 @@ class Exchange:
     trace: Callable[[dict], None] | None = None  # gets each publish and wait, with its monotonic time
     spare_batch: Callable[[], int] | None = None  # computes one spare batch for the trainer's next step; its windows
     witness: Witness | None = None  # counts the other replicas' payloads applied, for the ledger (swarm/p2p/ledger.py)
+    jump_allowance: int = MAX_JUMP_STEPS  # what its jumps may take before it trained a step (`allowance_for`)
+    trained_steps: int = 0  # steps this replica trained in the rounds it finished (the jump budget grows with them)
+    jumped_steps: int = 0  # how far this replica's jumps moved its step, in all (the jump budget they spent)
     _request_bytes: int = 0
     _reply_bytes: int = 0
 
@@ -266,17 +286,27 @@ class Exchange:
         """The step to continue from, where a majority of the replicas asked is, if that is past the
         end of the round this replica's `step` is in (rounds of `round_steps` steps: an overlapped
         outer round is applied mid-round, when the others may well have ended the round this
-        replica is still in); None to go on as it is. The trainer lands the jump (`end_step`)."""
+        replica is still in) and within the jump budget (`jump_budget`, which the jump spends); None
+        to go on as it is. Each call ends a round: `round_steps` steps this replica trained. The
+        trainer lands the jump (`end_step`)."""
+        self.trained_steps += round_steps
         ahead = gathered.majority_step()
         round_end = -(-(step + 1) // round_steps) * round_steps
         if ahead <= round_end:
             return None
-        if ahead - step > MAX_JUMP_STEPS:
-            logger.warning("replicas report step %d, %d steps ahead of this one: more than a jump may take; staying",
-                           ahead, ahead - step)  # fmt: skip
+        if ahead - step > (budget := self.jump_budget()):
+            logger.warning("replicas report step %d, %d steps ahead of this one: more than its jumps may still take "
+                           "(%d); staying", ahead, ahead - step, budget)  # fmt: skip
             return None
+        self.jumped_steps += ahead - step
         logger.info("a majority of the replicas is at step %d: jumping from %d", ahead, step)
         return ahead
+
+    def jump_budget(self) -> int:
+        """How far this replica's step may still jump (module docstring): `MAX_JUMP_STEPS` at once, and over
+        its life its `jump_allowance` plus `JUMP_SHARE` of the steps it trained, less what its jumps took."""
+        earned = self.jump_allowance + int(JUMP_SHARE * self.trained_steps) - self.jumped_steps
+        return max(0, min(MAX_JUMP_STEPS, earned))
 
     def averaged(self, step: int) -> None:
         """The replicas averaged their parameters at `step`: from here they hold the same again."""
@@ -316,6 +346,13 @@ class Exchanging:
 
     def settle(self, trainer: Trainer) -> int | None:
         return None
+
+
+def allowance_for(schedule_steps: int) -> int:
+    """What a replica's jumps may take before it trained a step (an `Exchange`'s `jump_allowance`):
+    `JUMP_SHARE` of the steps its learning-rate schedule spans, at most `MAX_JUMP_STEPS`. A short run's
+    schedule shifted 1000 steps is at its floor; shifted a tenth, it loses a tenth of its decay."""
+    return min(MAX_JUMP_STEPS, int(JUMP_SHARE * schedule_steps))
 
 
 def json_lines(path: str) -> Callable[[dict], None]:
