@@ -1,4 +1,4 @@
-r"""The outer mode round by round: how much of the replicas' change each outer step delivers.
+"""The outer mode round by round: how much of the replicas' change each outer step delivers.
 
 benchmarks/sync_gap.py measures the outer mode's loss against dense at the end of a run; this
 looks inside the rounds, to find where the loss stalls and why. It takes the peers' own outer
@@ -7,28 +7,23 @@ step (`OuterOptimizer` of swarm/sync/pseudo_gradient.py) on --replicas replicas 
 each replica's batches drawn as a peer's are), in one process, in lockstep, with no threads and
 no network: every H steps each replica makes its payload, every payload is decoded once
 (refused ones counted and left out), and every replica applies the same set in peer-id order,
-as Exchange.finish does, under the vote of an open swarm (anchored on each replica's own change)
-or, with --keys-count, of a swarm where keys count (the majority's range). Each config of
---configs is a fresh run from the same start (CONFIGS below; the names say what differs from the
-defaults before issue 58, 20 values a 64 x 64 tile and the error buffer kept whole):
+as Exchange.finish does. Each config of --configs is a fresh run from the same start:
 - dense: the baseline, the replicas' gradients averaged every step (sync_gap.py's `dense`);
-- defaults: OuterConfig() as the peers run it; old_defaults: as they ran it before issue 58;
+- defaults: OuterConfig() as the peers run it;
 - none: every value sent as float32 (only the compression taken away);
-- k<n>: n values per tile; decay<d>: the error buffer scaled by d before each round's change is
-  added; bits1: one size per tile; lr<x>: outer rate x; sparseloco: Templar's settings (no
-  transform, 64 a tile, decay 0.95), sparseloco_dct the same after the DCT.
+- k128: 128 values per 64 x 64 tile instead of 20;
+- decay0.5: the error buffer halved before each round's change is added;
+- k128_decay0.5: both.
 Each round it records the validation loss of the anchor (every --eval-every rounds and at the
 end; sync.py's validation windows), the applied update's size over the replicas' mean change
 and their cosine (over every parameter, and over the tied table `input_proj.weight` alone),
-replica 0's error buffer over its change this round, and the payloads refused; of each config,
-the bytes a replica sends a step (its payloads over H, to each of the others) and dense's
-all-reduce bytes over them. Writes outer_rounds.json and outer_rounds.png (loss per step;
-update over mean change per round) under --out.
+replica 0's error buffer over its change this round, and the payloads refused. Writes
+outer_rounds.json and outer_rounds.png (loss per step; update over mean change per round)
+under --out.
 
-    python benchmarks/outer_rounds.py --configs dense old_defaults defaults none --steps 600 --batch-size 32 \
-        --eval-every 2                                  # about 11 minutes on 2 cores
-    python benchmarks/outer_rounds.py --configs dense old_defaults defaults --steps 600 --batch-size 32 \
-        --eval-every 2 --keys-count --out benchmarks/results/outer_rounds/keys_count   # the majority's vote
+    python benchmarks/outer_rounds.py                    # every config, 300 steps: about 5 minutes on 2 cores
+    python benchmarks/outer_rounds.py --configs dense defaults none k128_decay0.5 --steps 600 --batch-size 32
+                                                         # about 13 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -36,11 +31,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 import torch
-from scale import dense_bytes_per_step  # hivemind's all-reduce of fp32 gradients, per replica
 from sync import SMALL_MODEL, validation_windows  # the model and validation windows of benchmarks/sync.py
 from sync_gap import dense, peer_ids, positive, replicas  # its replicas and dense baseline, beside this
 from tqdm import tqdm
@@ -48,7 +41,7 @@ from tqdm import tqdm
 from swarm.cli.console import setup_logging
 from swarm.files import write_atomic, write_picture
 from swarm.model.data import Windows, load_corpus
-from swarm.model.denoiser import ModelConfig, build_block, count_parameters
+from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import block_denoise_ce
 from swarm.model.train import Trainer
 from swarm.sync.compression import PayloadError
@@ -56,30 +49,13 @@ from swarm.sync.pseudo_gradient import Changes, OuterConfig, OuterOptimizer
 
 logger = logging.getLogger("benchmarks.outer_rounds")
 
-
-def before_58(top_k: int = 20, error_decay: float = 1.0, **settings) -> OuterConfig:
-    """The defaults before issue 58 (20 values a tile, the error buffer kept whole), with `settings` changed."""
-    return OuterConfig(top_k=top_k, error_decay=error_decay, **settings)
-
-
-CONFIGS: dict[str, OuterConfig | None] = {  # None: dense; the others named by what differs from before_58()
+CONFIGS: dict[str, OuterConfig | None] = {  # None: dense
     "dense": None,
     "defaults": OuterConfig(),
-    "old_defaults": before_58(),
-    "none": before_58(compression="none"),
-    "k128": before_58(top_k=128),
-    "decay0.5": before_58(error_decay=0.5),
-    "decay0.8": before_58(error_decay=0.8),
-    "decay0.9": before_58(error_decay=0.9),
-    "k64_decay0.9": before_58(top_k=64, error_decay=0.9),
-    "sparseloco": before_58(compression="raw", top_k=64, error_decay=0.95),  # Templar's SparseLoCo: no transform
-    "sparseloco_dct": before_58(top_k=64, error_decay=0.95),
-    "k96_decay0.5": before_58(top_k=96, error_decay=0.5),
-    "k128_decay0.5": before_58(top_k=128, error_decay=0.5),
-    "k128_decay0.25": before_58(top_k=128, error_decay=0.25),
-    "k128_decay0": before_58(top_k=128, error_decay=0.0),
-    "k128_bits1_decay0.5": before_58(top_k=128, value_bits=1, error_decay=0.5),
-    "k128_decay0.5_lr1.5": before_58(top_k=128, error_decay=0.5, outer_lr=1.5),  # the update scaled up
+    "none": OuterConfig(compression="none"),
+    "k128": OuterConfig(top_k=128),
+    "decay0.5": OuterConfig(error_decay=0.5),
+    "k128_decay0.5": OuterConfig(top_k=128, error_decay=0.5),
 }
 H = OuterConfig.steps  # every config above keeps the default H; dense is scored as often
 PARTS = {"all": None, "table": "input_proj.weight"}  # the tied 8193 x 128 table: most of the block
@@ -127,14 +103,7 @@ def outer_round(optimizers: list[OuterOptimizer], ids: list[str]) -> dict:
     update = {n: before[n] - a for n, a in optimizers[0].anchor.items()}
     error = against(optimizers[0].error, changes[0])
     return {"update_vs_mean_change": against(update, mean_change), "refused": refused,
-            "payload_bytes": len(payloads[ids[0]]),
             "error_over_change": {part: e["size_ratio"] for part, e in error.items()}}  # fmt: skip
-
-
-def settings(name: str, args: argparse.Namespace) -> OuterConfig | None:
-    """A config's outer settings (None: dense) under the vote of --keys-count."""
-    outer = CONFIGS[name]
-    return outer and replace(outer, keys_count=args.keys_count)
 
 
 def run(
@@ -142,7 +111,7 @@ def run(
 ) -> list[dict]:
     """One config from the start weights: a row per round of H steps, scored on replica 0 (which
     holds the anchor after an outer step)."""
-    trainers, outer = replicas(config, args, windows, args.steps), settings(name, args)
+    trainers, outer = replicas(config, args, windows, args.steps), CONFIGS[name]
     optimizers = [OuterOptimizer(t.module, outer, t.config.lr) for t in trainers] if outer else []
     rounds, rows = args.steps // H, []
     for r in range(1, rounds + 1):
@@ -153,15 +122,6 @@ def run(
             logger.info("%s: %s", name, json.dumps(row))
         rows.append(row)
     return rows
-
-
-def sent_bytes(rows: list[dict], args: argparse.Namespace, parameters: int) -> dict:
-    """Bytes a replica sends a step: its payloads over H to each of the --replicas - 1 others (as a
-    peer's bytes_sent counts them), and dense's all-reduce of the same block over that."""
-    copies = args.replicas - 1
-    per_step = copies * sum(row["payload_bytes"] for row in rows) / len(rows) / H
-    return {"bytes_per_replica_per_step": round(per_step, 1),
-            "dense_over_this": round(dense_bytes_per_step(parameters, args.replicas) / per_step, 1)}  # fmt: skip
 
 
 def plot(runs: dict[str, dict], path: Path) -> None:
@@ -195,10 +155,6 @@ def main() -> None:
     parser.add_argument("--batch-size", type=positive, default=16, help="per replica")
     parser.add_argument("--block", type=int, default=1)
     parser.add_argument("--eval-every", type=positive, default=1, help="rounds between validation scores")
-    parser.add_argument("--keys-count", action="store_true",
-                        help="the vote of a swarm where keys count (members-only, or identities priced): the "
-                        "majority's range of three senders or more; default: an open swarm's, anchored on each "
-                        "replica's own change")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/outer_rounds")
     args = parser.parse_args()
     setup_logging()
@@ -208,14 +164,12 @@ def main() -> None:
     config = ModelConfig(**SMALL_MODEL)
     windows, validation = load_corpus(None).windows("train", config), validation_windows(config)
     result = {"config": {**vars(args), "model": config.to_dict()}, "configs": {}}
-    parameters = count_parameters(build_block(config, args.block))
     out = Path(args.out)
     for name in args.configs:
         rows = run(name, config, args, windows, validation)
-        outer = settings(name, args)
+        outer = CONFIGS[name]
         result["configs"][name] = {"outer": vars(outer) if outer else None, "rounds": rows,
-                                   "final_loss": rows[-1]["validation_loss"],
-                                   **(sent_bytes(rows, args, parameters) if outer else {})}  # fmt: skip
+                                   "final_loss": rows[-1]["validation_loss"]}  # fmt: skip
         write_atomic(out / "outer_rounds.json", json.dumps(result, indent=2).encode())  # what is done so far
         plot(result["configs"], out / "outer_rounds.png")
     logger.info("final validation loss: %s", {n: r["final_loss"] for n, r in result["configs"].items()})

@@ -14,7 +14,7 @@ from swarm.model.train import diffusion_loss_fn
 from swarm.sync import decoupled_momentum
 from swarm.sync.compression import decompress, from_tiles, to_tiles
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, PayloadError, decode_payload, encode_payload
-from swarm.sync.evidence import agreeing_minimum, majority_mean
+from swarm.sync.evidence import majority_mean
 
 
 def replicas(config, n: int, demo: DeMoConfig):
@@ -98,24 +98,14 @@ def test_three_replicas_that_gather_every_payload_stay_bit_identical(tiny_config
             assert torch.equal(a, b)
 
 
-def floored_rms(update: torch.Tensor) -> torch.Tensor:
-    """An update scaled to an RMS of 1, up by at most 1 / STEP_RMS_FLOOR, as the step scales each parameter's."""
-    return update / update.pow(2).mean().sqrt().clamp_min(decoupled_momentum.STEP_RMS_FLOOR)
-
-
-RULES = {True: majority_mean, False: agreeing_minimum}  # keys_count: the vote of three senders or more
-
-
-@pytest.mark.parametrize("keys_count", [True, False])
 @pytest.mark.parametrize("chunk", [1, 4096])
-def test_the_step_of_three_voters_is_what_the_rule_makes_of_them_at_rms_1_whatever_the_chunk(
-    tiny_config, tiny_windows, monkeypatch, chunk, keys_count
+def test_the_step_of_three_voters_is_what_their_majority_vouches_for_at_rms_1_whatever_the_chunk(
+    tiny_config, tiny_windows, monkeypatch, chunk
 ):
     """The voters' decoded updates are combined DECODE_CHUNK values at a time (one tile, a few):
     each gives, bit for bit, the step computed from the whole group at once, and that step is
-    each parameter's `majority_mean` (where keys count) or `agreeing_minimum` (where they are
-    free) of the voters' decoded updates, scaled to RMS 1 (up by at most 4x), at the rate."""
-    demo = DeMoConfig(keys_count=keys_count)
+    each parameter's `majority_mean` of the voters' decoded updates, scaled to RMS 1, at the rate."""
+    demo = DeMoConfig()
     blocks, reps = replicas(tiny_config, 3, demo)
     for index, block in enumerate(blocks):
         backward(block, tiny_windows, seed=index)
@@ -123,7 +113,7 @@ def test_the_step_of_three_voters_is_what_the_rule_makes_of_them_at_rms_1_whatev
     whole = copy.deepcopy(reps[0])
     expected = {}
     for name, param in blocks[0].named_parameters():
-        direction = floored_rms(RULES[keys_count]([unit_rms(decompress(payload[name])) for _, payload in gathered]))
+        direction = unit_rms(majority_mean([unit_rms(decompress(payload[name])) for _, payload in gathered]))
         expected[name] = param.detach() * (1 - demo.step_lr * demo.weight_decay) - demo.step_lr * direction
     whole_voters, whole_steps = whole.step(gathered, "r0")
     monkeypatch.setattr(decoupled_momentum, "DECODE_CHUNK", chunk)
@@ -178,9 +168,9 @@ def test_bad_payloads_are_refused(tiny_config, tiny_windows):
 
 @pytest.mark.parametrize("attack", ["negated and as large as allowed", "random signs"])
 def test_one_hostile_payload_cannot_outvote_two_honest_ones(tiny_config, tiny_windows, attack):
-    """Where keys count: wherever two honest replicas agree on a coordinate's direction, the step
-    goes their way, whatever a third sends within the wire's limits."""
-    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig(keys_count=True))
+    """Wherever two honest replicas agree on a coordinate's direction, the step goes their way,
+    whatever a third sends within the wire's limits."""
+    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig())
     backward(blocks[0], tiny_windows, 0)
     honest = replica.make_payload(lr=2e-3)
     backward(blocks[0], tiny_windows, 1)
@@ -212,9 +202,8 @@ def test_a_hostile_voter_that_spends_its_whole_weight_on_one_tile_cannot_turn_it
     one coefficient of one tile, on indices neither honest replica sent (no sign for the record to
     contradict), makes that tile's update many times the honest ones there. The clip of
     `majority_mean` keeps every coordinate the two honest updates agree on going their way; the
-    plain mean of the three (the clip alone removed) turns part of that tile against them. (Where
-    keys count: where they are free, the agreeing minimum moves nothing against own's update.)"""
-    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig(keys_count=True))
+    plain mean of the three (the clip alone removed) turns part of that tile against them."""
+    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig())
     backward(blocks[0], tiny_windows, 0)
     honest = replica.make_payload(lr=2e-3)
     backward(blocks[0], tiny_windows, 1)
@@ -251,15 +240,13 @@ def test_a_hostile_voter_that_spends_its_whole_weight_on_one_tile_cannot_turn_it
     assert turned() > 0
 
 
-@pytest.mark.parametrize("keys_count", [True, False])
 @pytest.mark.parametrize("value_bits", [16, 1])
 @pytest.mark.parametrize("attack", ["negated", "largest values against it"])
-def test_a_payload_the_others_contradict_leaves_the_vote(tiny_config, tiny_windows, value_bits, attack, keys_count):
+def test_a_payload_the_others_contradict_leaves_the_vote(tiny_config, tiny_windows, value_bits, attack):
     """Two honest payloads and a third replica's update turned against itself: the third leaves
-    the vote (where keys count, contradicted by both others; where they are free, by own), so the
-    step is the two honest updates' mean (their agreeing minimum) alone; where they disagree the
-    hostile would have decided (the median of three is the hostile's value wherever it lies between)."""
-    blocks, reps = replicas(tiny_config, 3, DeMoConfig(value_bits=value_bits, keys_count=keys_count))
+    the vote, so the step is the two honest updates' mean alone; where they disagree the hostile
+    would have decided (the median of three is the hostile's value wherever it lies between)."""
+    blocks, reps = replicas(tiny_config, 3, DeMoConfig(value_bits=value_bits))
     payloads = []
     for index, (block, replica) in enumerate(zip(blocks, reps)):
         backward(block, tiny_windows, seed=index)
@@ -277,8 +264,7 @@ def test_a_payload_the_others_contradict_leaves_the_vote(tiny_config, tiny_windo
     disagreements = 0
     for name in replica.params:
         a, b, c = (unit_rms(decompress(gathered[i][1][name])) for i in range(3))
-        expected = unit_rms(a + b) if keys_count else floored_rms(agreeing_minimum([a, b]))
-        torch.testing.assert_close(steps[name], expected, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(steps[name], unit_rms(a + b), rtol=1e-5, atol=1e-6, msg=name)
         disagreements += int((majority_mean([a, b, c]).sign() != (a + b).sign()).sum())
     assert disagreements > 0
 
@@ -326,16 +312,15 @@ def test_a_sender_the_others_contradict_over_several_steps_leaves_the_vote_thoug
     """A hostile payload shares few coefficients with each honest one in a step; the record of
     the steps before adds up the evidence. `min_shared` is set just above what one step shares
     (the most the first step shares: later steps share fewer, as the momenta settle), so no step
-    alone is evidence enough and only the record can eject the sender. Where keys count: where
-    they are free, the record of the share kept with own ejects it at once."""
-    blocks, reps = replicas(tiny_config, 3, DeMoConfig(keys_count=True))
+    alone is evidence enough and only the record can eject the sender."""
+    blocks, reps = replicas(tiny_config, 3, DeMoConfig())
     shared = []
     for index, (block, replica) in enumerate(zip(blocks, reps)):
         backward(block, tiny_windows, seed=1000 * index)
         shared.append(replica.make_payload(lr=2e-3))
     reps[0].apply(senders(shared), "r0")
     most_in_one_step = max(s for pair, (_, s) in reps[0].evidence.record.items() if "r2" in pair)
-    demo = DeMoConfig(min_shared=int(most_in_one_step) + 1, keys_count=True)
+    demo = DeMoConfig(min_shared=int(most_in_one_step) + 1)
     voters, honest = negated_runs(tiny_config, tiny_windows, demo, 12)
     assert voters[0] == ["r0", "r1", "r2"]  # one step is not evidence enough
     assert all(v == ["r0", "r1"] for v in voters[6:]), voters  # the steps before are
@@ -471,9 +456,8 @@ def random_payload(template, generator, overlapping=None):
 
 def test_counts_on_the_sent_coefficients_equal_the_dense_comparison(tiny_config, tiny_windows):
     """`trusted` compares payloads on the coefficients they sent; its counts are those of the
-    comparison laid out over every parameter, for every pair (where keys count: every pair is
-    compared), added to the decayed record."""
-    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig(keys_count=True))
+    comparison laid out over every parameter, for every pair, added to the decayed record."""
+    blocks, (replica,) = replicas(tiny_config, 1, DeMoConfig())
     backward(blocks[0], tiny_windows, 0)
     template = replica.make_payload(lr=2e-3)
     generator = torch.Generator().manual_seed(0)
@@ -548,99 +532,3 @@ def test_values_too_small_to_square_in_float32_still_weigh_one_voice(tiny_config
     tiny = dataclasses.replace(sent, values=(sent.values.float().sign() * 1e-20).to(sent.values.dtype))
     scaled = dataclasses.replace(tiny, values=decoupled_momentum.unit_values(tiny, torch.float32))
     assert math.isclose(float(decompress(scaled).pow(2).mean().sqrt()), 1.0, rel_tol=1e-3)
-
-
-# --- an open swarm: the vote anchored on own (keys_count false, the default) ---------------------
-
-
-def held_out_loss(block, windows) -> float:
-    """The block's loss on one fixed draw of windows and noise (no gradient)."""
-    generator = torch.Generator().manual_seed(12345)
-    with torch.no_grad():
-        return diffusion_loss_fn(block, 0)(windows.sample(64, generator), generator).item()
-
-
-@pytest.mark.parametrize("strangers", [2, 4])
-def test_one_replica_beside_strangers_that_send_its_own_update_negated_trains_as_it_would_alone(
-    tiny_config, tiny_windows, strangers
-):
-    """One honest replica and 2 (4) free keys that each send its own payload of every step negated
-    (they fetch it: `rpc_payload` serves anyone), so they contradict it 2 (4) to one. The first
-    step, before any record, moves no coordinate against the replica's own update (others can
-    only shrink its coordinates); the keys leave at once, every step is its own, and it moves as
-    a twin training alone on the same data: after 30 steps, within 1.05x of the twin's loss.
-    (A vote that counted keys left the honest replica out and stepped on their negation.)"""
-    demo = DeMoConfig(step_lr=2e-3)
-    blocks, (beside, alone) = replicas(tiny_config, 2, demo)
-    start = held_out_loss(blocks[1], tiny_windows)
-    for step in range(30):
-        own = []
-        for block, replica in zip(blocks, (beside, alone)):
-            backward(block, tiny_windows, seed=step)  # the same data: the twin's update is the replica's
-            own.append(decode_payload(encode_payload(replica.make_payload(lr=2e-3), 16), replica))
-        negated = decode_payload(encode_payload(negate(own[0]), 16), beside)
-        gathered = [("r0", own[0]), *((f"s{i}", negated) for i in range(strangers))]
-        if step == 0:
-            _, first = directions(copy.deepcopy(beside), gathered)
-            for name, sent in own[0].items():
-                assert (first[name] * decompress(sent) >= 0).all(), name
-        voters = beside.apply(gathered, "r0")
-        alone.apply([("r0", own[1])], "r0")
-        assert voters == ["r0"], step
-    trained, twin = held_out_loss(blocks[0], tiny_windows), held_out_loss(blocks[1], tiny_windows)
-    assert twin < 0.95 * start  # training alone learns: the bound below says something
-    assert trained <= 1.05 * twin, (trained, twin, start)
-
-
-def scrambled(payload: dict, generator: torch.Generator) -> dict:
-    """`payload`'s values at other random (sorted) indices of each tile: an update about
-    orthogonal to it, sharing few coefficients with it (no sign for the record to contradict)."""
-    out = {}
-    for name, sent in payload.items():
-        tiles, k = sent.indices.shape
-        indices = torch.rand(tiles, sent.tile[0] * sent.tile[1], generator=generator).argsort(dim=1)[:, :k]
-        out[name] = dataclasses.replace(sent, indices=indices.sort(dim=1).values)
-    return out
-
-
-def test_strangers_that_each_keep_enough_of_own_but_freeze_it_together_leave_and_it_steps_alone(
-    tiny_config, tiny_windows
-):
-    """Four strangers, each sending the replica's update scrambled to other coefficients: each
-    one's agreeing minimum with own keeps more than `kept_at` of the larger update, so the
-    record of each pair keeps it, but a coordinate moves only where all five agree, which keeps
-    almost nothing of own's update. The record of what the voters keep together (`together`)
-    leaves the replica on its own update."""
-    demo = DeMoConfig()
-    blocks, (replica,) = replicas(tiny_config, 1, demo)
-    generator = torch.Generator().manual_seed(3)
-    for step in range(3):
-        backward(blocks[0], tiny_windows, seed=step)
-        own = decode_payload(encode_payload(replica.make_payload(lr=2e-3), 16), replica)
-        gathered = [("r0", own), *((f"s{i}", scrambled(own, generator)) for i in range(4))]
-        voters, steps = directions(replica, gathered)
-        assert all(agreed > demo.kept_at * shared for agreed, shared in replica.kept.record.values())  # each pair stays
-        assert voters == ["r0"], (step, replica.together.record)
-        for name, sent in own.items():
-            torch.testing.assert_close(steps[name], floored_rms(decompress(sent)), rtol=1e-5, atol=1e-6, msg=name)
-
-
-@pytest.mark.parametrize("value_bits", [16, 1])
-def test_four_honest_replicas_all_keep_their_vote_and_stay_bit_identical(tiny_config, tiny_windows, value_bits):
-    """Four honest replicas on different data under the anchored rule: each keeps the other three
-    (their agreeing minimum keeps more than `kept_at` of the largest update, on the record), all
-    compute the same step, and they learn."""
-    blocks, reps = replicas(tiny_config, 4, DeMoConfig(value_bits=value_bits, step_lr=2e-3))
-    losses = []
-    for step in range(30):
-        wires = []
-        for index, (block, replica) in enumerate(zip(blocks, reps)):
-            losses.append(backward(block, tiny_windows, seed=1000 * index + step))
-            wires.append(encode_payload(replica.make_payload(lr=2e-3), value_bits))
-        for index, replica in enumerate(reps):
-            gathered = senders(decode_payload(w, replica) for w in wires)
-            assert replica.apply(gathered, f"r{index}") == ["r0", "r1", "r2", "r3"], (step, replica.together.record)
-    for other in blocks[1:]:
-        for a, b in zip(blocks[0].parameters(), other.parameters()):
-            assert torch.equal(a, b)
-    assert sum(losses[-12:]) / 12 < 0.9 * sum(losses[:12]) / 12

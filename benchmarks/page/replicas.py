@@ -153,20 +153,16 @@ def outer_rounds(folder: Folder) -> list[str]:
         folder,
         outer_rounds_run,
         "Runs the peers' outer step on replicas of one block in one process, round by round, beside the dense "
-        "baseline, to see how much of the replicas' change each outer step delivers; under an open swarm's vote "
-        "(anchored on each replica's own change) unless `keys_count` is set (the majority's). Configs: `defaults` "
-        "(the peers' settings), `old_defaults` (before issue 58: 20 values per 64 x 64 tile, the error buffer "
-        "kept whole), `none` (every value as float32: no compression); the others are named by what differs "
-        "from `old_defaults`: `k128` (128 values per tile), `decay0.5` (the error buffer halved each round), "
-        "`bits1` (one size per tile), `lr1.5` (outer rate 1.5), `sparseloco` (Templar's: no transform, 64 a tile, "
-        "decay 0.95). Bytes: what a replica sends a step (its payloads over H, to each other replica), and dense's "
-        "all-reduce bytes over them. Of the last round: the applied update's size over the replicas' mean change "
-        "and their cosine, over every parameter and over the tied table (`input_proj.weight`) alone, and replica "
-        "0's error buffer over its change; refused: payloads refused over the run.",
+        "baseline, to see how much of the replicas' change each outer step delivers. Configs: `defaults` "
+        "(the peers' settings), `none` (every value as float32: no compression), `k128` (128 values per 64 x 64 "
+        "tile), `decay0.5` (the error buffer halved each round), `k128_decay0.5` (both). Of the last round: the "
+        "applied update's size over the replicas' mean change and their cosine, over every parameter and over "
+        "the tied table (`input_proj.weight`) alone, and replica 0's error buffer over its change; refused: "
+        "payloads refused over the run.",
     )
 
 
-OUTER_ROUNDS_OPTIONS = ("configs", "steps", "replicas", "batch_size", "block", "eval_every", "keys_count")
+OUTER_ROUNDS_OPTIONS = ("configs", "steps", "replicas", "batch_size", "block", "eval_every")
 
 
 def outer_rounds_run(folder: Folder, title: str) -> list[str]:
@@ -184,12 +180,10 @@ def outer_rounds_run(folder: Folder, title: str) -> list[str]:
             update, error = last["update_vs_mean_change"], last["error_over_change"]
             delivered = [fixed(update[part].num(f)) for part in ("all", "table") for f in ("size_ratio", "cosine")]
             delivered += [fixed(error.num("all")), plain(sum(row["refused"] for row in run["rounds"]))]
-        sent = [size(run.get("bytes_per_replica_per_step")), times(run.get("dense_over_this"))]
-        rows.append([name, fixed(final), times(final / dense_loss) if dense_loss else DASH, *sent, *delivered])
-    header = ["config", "final loss", "final / dense", "bytes a replica a step", "dense's bytes / these",
-              "update / mean change", "cosine", "table: update / mean change", "table: cosine",
-              "error buffer / change", "refused"]  # fmt: skip
-    options = {k: config.get(k) for k in OUTER_ROUNDS_OPTIONS}  # keys_count: not in runs before issue 58
+        rows.append([name, fixed(final), times(final / dense_loss) if dense_loss else DASH, *delivered])
+    header = ["config", "final loss", "final / dense", "update / mean change", "cosine", "table: update / mean change",
+              "table: cosine", "error buffer / change", "refused"]  # fmt: skip
+    options = {k: config[k] for k in OUTER_ROUNDS_OPTIONS}
     return heading(title) + parts(
         command("outer_rounds.py", options), settings(config, set(OUTER_ROUNDS_OPTIONS)), plain(r.get("note") or ""),
         table(header, rows),

@@ -39,7 +39,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -408,10 +408,8 @@ class Peer:
         if mode.exchanges_payloads:
             payloads = PayloadServicer(block, self.config.sync_deadline, wired.gate)
             exchange = self._exchange(payloads, entered.peer_id, claimed, wired, replica.trainer)
-        keys_count = entered.directory.keys_count  # the vote's rule follows what a key costs (swarm/sync/evidence.py)
-        de_mo, outer = (replace(c, keys_count=keys_count) for c in (self.config.de_mo, self.config.outer))
-        sync = mode.build(SyncInputs(replica.trainer.module, self.config.lr, de_mo, outer, self.config.overlap_steps,
-                                     timeout, exchange, averager))  # fmt: skip
+        sync = mode.build(SyncInputs(replica.trainer.module, self.config.lr, self.config.de_mo, self.config.outer,
+                                     self.config.overlap_steps, timeout, exchange, averager))  # fmt: skip
         return Synced(sync, averager, reconcile, payloads)
 
     def _exchange(self, payloads: PayloadServicer, peer_id: str, claimed: Claimed, wired: Wired,

@@ -4,19 +4,18 @@ Per parameter: m = beta * m + lr * grad; the top-k DCT coefficients of m per til
 out of m (error feedback) and shared. The momentum is kept as its tiles' DCT coefficients (the
 DCT is linear, so beta * M + lr * DCT(grad) is the DCT of the update): taking out what is sent
 is zeroing it, with no inverse transform on the sending side. The replica then decodes the payloads of every replica
-that arrived in time (its own included) and combines them coordinate by coordinate into what a
-majority vouches for (`majority_mean`, evidence.py: their mean, clipped into the range a strict
-majority of them spans, so a minority cannot push a coordinate past what an honest replica sent,
-and wherever a majority moves it one way it goes that way). Each voter's update is scaled to an
-RMS of 1 per parameter before (`unit_values`), so a payload's values, however large, weigh one
-voice. Each parameter's combined update is scaled to an RMS of 1 again, but by at most
+that arrived in time (its own included) and combines those that vote coordinate by coordinate
+(the vote, below: in an open swarm their agreeing minimum, where keys count what a majority
+vouches for). Each voter's update is scaled to an RMS of 1 per parameter before
+(`unit_values`), so a payload's values, however large, weigh one voice. Each parameter's combined update is scaled to an RMS of 1 again, but by at most
 1 / `STEP_RMS_FLOOR` (4x), and the step is p -= rate * (update + weight_decay * p), the rate
 following the trainer's schedule (peak `step_lr`). The step keeps the shape of the update. The
 floor bounds what a sender can gain by making the combined update small on most of a parameter
 and leaving it on a tile it picks (of two senders, agreeing with us on one tile alone): that
 tile's coordinates move at most 4x as far as the combined update (itself bounded by what honest
 replicas sent) says. Two independent unit updates' agreeing minimum has an RMS of about 0.43,
-and honest replicas agree more, so the floor does not bind them.
+and honest replicas agree more, so the floor does not bind two of them (it binds the agreeing
+minimum of four: below).
 
 Why not DeMo's own sign step (p -= lr * sign of the combined update, as the paper does, and as
 this module did until issue 47): on the token model (8192-token vocabulary, a one-layer block)
@@ -28,31 +27,50 @@ replica, batch 128, block 1 of benchmarks/sync.py's small model, validation loss
 0.99, with the embeddings or the norms and biases left to AdamW, or with every coefficient sent);
 this step at a peak rate of 2x the denoiser's AdamW rate, 7.058 / 6.638.
 
-Where the others' payloads disagree with each other, a third decides; so a payload that a
-strict majority of the others contradict on the sign of the DCT coefficients they both sent
-(an update negated or sent against its own direction) leaves the vote
-(`DeMoOptimizer.trusted`: judged on the counts of the last ~10 steps), and the honest ones'
-disagreements are settled between them. Replicas that gathered the same sets compute the same update.
+The vote follows what a key costs (`DeMoConfig.keys_count`, which the peer sets from
+`SwarmDirectory.keys_count`; evidence.py says who counts). In an open swarm (the default: keys
+are free) it is anchored on this replica's own update: a coordinate moves only where own and
+every other voter move it the same way, by the smallest (`agreeing_minimum`), so the others can
+only shrink own's coordinates, never reverse them. Who votes: own, and each other sender whose
+pair with own does not contradict, on two records kept over the steps: the signs of the DCT
+coefficients both sent (`trusted`: `min_shared` shared, at most `contradicted_at` agreed) and the
+share of the larger update their agreeing minimum keeps (`kept_share`, sizes summed: at most
+`kept_at` on the mean of the steps remembered, `kept_decay`). A payload negated keeps nothing of
+own's, so it leaves at its first step; so does one of zeros or no parameter, which shares no
+coefficient for the sign record to count. Of three voters or more a third record (`_apart`)
+keeps the share of the largest voter's update that their agreeing minimum keeps, and once that
+is at most `kept_at` this replica steps on its own update alone: strangers that each keep enough
+alone (an update whose coefficients avoid ours keeps about 0.3 of it) but freeze the step
+together (all must agree). Why (issue 57): two free keys that fetch a lone replica's payload
+(`rpc_payload` serves anyone) and send it negated contradict it two to one; the majority's rule
+below left the honest one out and stepped it on their negation, up its loss, every step.
+Why the agreeing minimum of every voter and not own's agreeing minimum with the others'
+majority: replicas that applied the same sets must compute the same update, and a rule that is
+the same for every voter and moves no coordinate further than, or against, any voter's own
+update can move it at most by their agreeing minimum. The price, measured in one process
+(4 honest replicas of block 1 of benchmarks/sync.py's small model, batch 16, lockstep; validation
+loss after 60 / 240 steps): alone 7.450 / 7.265; the majority's rule 7.281 / 7.176; the agreeing
+minimum of the four 7.448 / 7.211 (it keeps about 4% of the largest update, and the 4x floor
+below binds: with a floor of 0.05, 7.381 at 60 steps); three replicas at 60 steps: majority
+7.327, agreeing minimum 7.382; two (the rule of two, in every swarm) 7.386. Four honest
+replicas' agreeing minimum keeps less than `kept_at`, so each steps alone (and they are no
+longer identical: the merge rounds pull them together), three keep 0.10-0.16 (mostly together),
+two about half. A stranger that knows the voters can still slow a replica: two strangers whose
+coefficients avoid ours keep 0.11 together with it and make its loss 1.023x of training alone
+after 60 steps; four keep 0.019 and leave (without `_apart`, 1.145x).
 
-Two senders (a block with two replicas, or one replica and a stranger) cannot outvote each
-other, so the rule there is unanimity, by the smaller of the two (`agreeing_minimum`), and the
-evidence decides whether the other counts
-(issue 26, item 4). A coordinate moves only where both agree, so the other can never
-move a weight in a direction this replica's own update does not (where this replica is silent
-the other is too, by the rule), and the two compute the same step. Once the record shows the
-other contradicting (the same test as above: `min_shared` coefficients shared, at most
-`contradicted_at` of them agreed), it leaves the vote and this replica steps on its own update
-alone: a negated stranger cannot freeze it. A stranger that shares no nonzero coefficient with
-us (all-zero values, no parameter at all) never fills that record, yet under unanimity it would
-stop every coordinate; so a second record, the one outer steps of two keep (evidence.py,
-`kept_share`), counts the share of the larger of the two updates (sizes summed) that their
-agreeing minimum keeps, and once its mean over the steps remembered (`kept_decay`) is at most
-`kept_at` the other leaves as well. What a stranger that knows both can still do is slow it: a
-payload whose coefficients avoid ours decodes to an update orthogonal to ours, whose agreeing
-minimum with ours keeps about 0.29 of it by size (the floor then scales the step back up, by at
-most 4x). Two honest replicas share coefficients and agree on 70% or more of them (`trusted`),
-and their steps keep more of the larger update (`kept_at` is 0.1), so they keep each other and
-stay identical.
+Where keys count (a members-only swarm, or identities priced with work) a majority of keys is a
+majority of members, and the vote is the majority's: where the others' payloads disagree with
+each other, a third decides; a payload that a strict majority of the others contradict on the
+sign of the DCT coefficients they both sent (an update negated or sent against its own
+direction) leaves the vote (`trusted`: judged on the counts of the last ~10 steps), and the
+voters are combined into what a majority vouches for (`majority_mean`, evidence.py: their mean,
+clipped into the range a strict majority of them spans, so a minority cannot push a coordinate
+past what an honest replica sent, and wherever a majority moves it one way it goes that way).
+Of two senders (a block with two replicas, or one replica and a stranger) neither can outvote
+the other, so the rule of two is the anchored one in every swarm (issue 26, item 4). Replicas
+that gathered the same sets compute the same update, under either rule, as long as the records
+keep them together.
 
 Payloads cross the network as bytes (`encode_payload` / `decode_payload`); a payload that does
 not fit this replica's parameters, or holds NaN, Inf, out-of-range or repeated indices or values larger
@@ -66,7 +84,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,11 +111,10 @@ from swarm.sync.compression import (
     unpack_message,
     working_dtype,
 )
-from swarm.sync.evidence import THE_OTHERS, Evidence, Record, agreeing_minimum, majority_mean, share_kept
+from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_share, majority_mean
 
 Payload = dict[str, Compressed]
-Combine = Callable[[list[torch.Tensor]], torch.Tensor]  # the voters' decoded updates, coordinate by coordinate
-DECODE_CHUNK = 1 << 20  # values of all voters' decoded tiles combined at a time (`_chunks`): 4 MB in float32,
+DECODE_CHUNK = 1 << 20  # values of all voters' decoded tiles combined at a time (`_majorities`): 4 MB in float32,
 # and a few times that while `majority_mean` sorts them
 STEP_RMS_FLOOR = 0.25  # a parameter's combined update is scaled up at most 1 / this (module docstring)
 
@@ -126,9 +143,6 @@ class DeMoConfig:
     # of the two updates (sizes summed), on the mean of the steps remembered (`kept_share`)
     kept_at: float = 0.1
     kept_decay: float = 0.5  # each step the shares of the steps before weigh this much less
-    # whether a key costs something (`SwarmDirectory.keys_count`; the peer sets it): then three senders or
-    # more vote by majority; where keys are free (the default) the vote is anchored on own (module docstring)
-    keys_count: bool = False
 
 
 class DeMoOptimizer:
@@ -147,8 +161,6 @@ class DeMoOptimizer:
         self.evidence = Evidence(config.min_shared, config.contradicted_at, config.evidence_decay)
         # of two senders: the share of the larger update the step keeps (`kept_share`), one step is evidence enough
         self.kept = Evidence(1.0, config.kept_at, config.kept_decay)
-        # anchored, of three voters or more: the share of the largest update their agreeing minimum keeps (`_apart`)
-        self.together = Evidence(1.0, config.kept_at, config.kept_decay)
         self.tiles = {name: tiling(p.shape) for name, p in self.params.items()}  # (number of tiles, tile shape)
         # each parameter's momentum as its tiles' DCT coefficients (n_tiles, rows * cols)
         self.momentum = {name: torch.zeros(n_tiles, math.prod(tile), dtype=working_dtype(self.params[name].dtype),
@@ -190,7 +202,7 @@ class DeMoOptimizer:
     def apply_alone(self, payload: Payload) -> None:
         """The step this replica's own payload alone vouches for, as `apply` would take it were it
         the only voter, and no record touched: demo-overlap's step ahead of its late set (overlap.py)."""
-        self._take(self._scaled(self._combined([payload], majority_mean)))
+        self._take(self._scaled(self._majorities([payload])))
 
     def _take(self, directions: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, tiles in directions:
@@ -201,10 +213,9 @@ class DeMoOptimizer:
     @torch.no_grad()
     def step(self, gathered: Sequence[tuple[str, Payload]], own: str) -> tuple[list[str], dict[str, torch.Tensor]]:
         """The senders that vote and, per parameter any of them sent, the direction of this step as
-        its tiles (n_tiles, *tile), of RMS 1 at most (module docstring): the agreeing minimum of
-        own and the senders the evidence keeps beside it (`_anchored`), or where keys count, of
-        three senders or more, what a majority of those the evidence does not rule out (`trusted`)
-        vouches for (`majority_mean`). Keeps the records, as `apply` does."""
+        its tiles (n_tiles, *tile), of RMS 1 at most (module docstring): what a majority of
+        the pairs that the evidence does not rule out (`trusted`) vouches for (`majority_mean`), or
+        of two senders their agreeing minimum. Keeps the records, as `apply` does."""
         voters, directions = self._directions(gathered, own)
         return voters, dict(directions)
 
@@ -212,55 +223,21 @@ class DeMoOptimizer:
         self, gathered: Sequence[tuple[str, Payload]], own: str
     ) -> tuple[list[str], Iterator[tuple[str, torch.Tensor]]]:
         """`step`'s voters, with the records kept now, and its directions as they are computed,
-        parameter by parameter: where keys count, of three senders or more, what a majority of
-        those the sign record keeps vouches for (`majority_mean`); otherwise the anchored rule
-        (`_anchored`)."""
+        parameter by parameter. Of two senders that the signs of their coefficients leave
+        together, the step's kept share is judged too (`_kept_two`), so both updates are decoded
+        before either counts (twice the block's size in memory); otherwise each group of
+        parameters is combined as it is decoded."""
         kept, self.evidence.record = self.trusted(gathered, own)
-        if self.config.keys_count and len(gathered) != 2:
-            voters = kept
-            combined = self._combined([gathered[i][1] for i in kept], majority_mean)
+        voters = [gathered[i][1] for i in kept]
+        if len(gathered) == 2 and len(kept) == 2:  # neither of two moves a coordinate the other does not
+            decoded = list(self._decoded(voters))
+            kept = self._kept_two(gathered, decoded, own)
+            combined: Iterable[tuple[list[str], torch.Tensor]] = (
+                (names, agreeing_minimum(group) if len(kept) == 2 else group[kept[0]]) for names, group in decoded
+            )
         else:
-            voters, combined = self._anchored(gathered, kept, own)
-        return [gathered[i][0] for i in voters], self._scaled(combined)
-
-    def _anchored(self, gathered: Sequence[tuple[str, Payload]], kept: list[int],
-                  own: str) -> tuple[list[int], Iterable[tuple[list[str], torch.Tensor]]]:  # fmt: skip
-        """The anchored rule (module docstring) on the senders the sign record keeps beside own
-        (`kept`): those whose agreeing minimum with own keeps more than `kept_at` of the larger
-        update on the record (`kept`), and of three voters or more, own alone once the record of
-        what their agreeing minimum keeps of the largest voter's update (`together`) is at most
-        `kept_at`. Returns the positions that vote and their agreeing minimum. A first pass over
-        the decoded updates sizes them; where three or more vote, the step is held whole (the
-        block's size) until the record has judged it."""
-        senders = [gathered[i][0] for i in kept]
-        if own not in senders or len(kept) == 1:  # own alone, or (own refused) nothing to anchor on
-            return kept, self._combined([gathered[i][1] for i in kept], agreeing_minimum)
-        mine = senders.index(own)
-        sizes, with_own = self._sizes([gathered[i][1] for i in kept], mine)
-
-        def compare(i: int, j: int) -> tuple[float, float]:  # one of the two is own
-            return share_kept(with_own[j if i == mine else i], [sizes[i], sizes[j]]), 1.0
-
-        beside, self.kept.record = self.kept.judged(senders, compare, own, anchored=True)
-        voters = [kept[i] for i in beside]
-        combined = self._combined([gathered[i][1] for i in voters], agreeing_minimum)
-        if len(voters) < 3:
-            return voters, combined
-        held = list(combined)
-        if self._apart(held, [sizes[i] for i in beside], own):
-            return [kept[mine]], self._combined([gathered[kept[mine]][1]], agreeing_minimum)
-        return voters, held
-
-    def _apart(self, held: list[tuple[list[str], torch.Tensor]], sizes: list[float], own: str) -> bool:
-        """Whether, this step's share in, the record of what the voters' agreeing minimum (`held`)
-        keeps of the largest voter's update (`together`) is at most `kept_at`: then own steps
-        alone. Of the largest, not of own's: every replica that gathered the same set computes
-        the same share, and it is at most the share of own's."""
-        kept = float(sum(update.abs().sum(dtype=torch.float64) for _, update in held))
-        together, self.together.record = self.together.judged(
-            [own, THE_OTHERS], lambda i, j: (share_kept(kept, sizes), 1.0), own
-        )
-        return len(together) == 1
+            combined = self._majorities(voters)
+        return [gathered[i][0] for i in kept], self._scaled(combined)
 
     def _scaled(self, combined: Iterable[tuple[list[str], torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         """Each parameter's combined update, (n_tiles, *tile), scaled to an RMS of 1, up by at most
@@ -270,46 +247,32 @@ class DeMoOptimizer:
                 rms = torch.linalg.vector_norm(tiles) / math.sqrt(tiles.numel())
                 yield name, tiles.div_(rms.clamp_min_(STEP_RMS_FLOOR))
 
-    def _combined(self, voters: list[Payload], combine: Combine) -> Iterator[tuple[list[str], torch.Tensor]]:
-        """Per group of parameters decoded together (`_sent`), their names and what `combine` makes
-        of the voters' decoded updates (`majority_mean` or `agreeing_minimum`), (tiles, *tile); of
-        one voter, its update. Decoded DECODE_CHUNK values at a time (`_chunks`), so that the
-        voters' decoded tiles are combined while they are still in the cache instead of written
-        out whole and read back (a tile's result does not depend on its chunk)."""
+    def _majorities(self, voters: list[Payload]) -> Iterator[tuple[list[str], torch.Tensor]]:
+        """Per group of parameters decoded together (`_sent`), their names and what a majority of
+        the voters vouches for (`majority_mean`), (tiles, *tile). Decoded DECODE_CHUNK values at a
+        time, so that the voters' decoded tiles are combined while they are still in the cache
+        instead of written out whole and read back (a tile's result does not depend on its chunk)."""
         for names, tile, indices, values in self._sent(voters):
-            out = torch.empty(indices.shape[1], *tile, dtype=values.dtype, device=values.device)
-            for at, decoded in self._chunks(tile, indices, values):
-                out[at] = decoded[0] if len(voters) == 1 else combine(list(decoded))
-            yield names, out
+            majority = torch.empty(indices.shape[1], *tile, dtype=values.dtype, device=values.device)
+            chunk = max(1, DECODE_CHUNK // (len(voters) * math.prod(tile)))
+            decoded = torch.empty(len(voters) * min(chunk, indices.shape[1]), *tile, dtype=values.dtype,
+                                  device=values.device)  # fmt: skip (one buffer for every chunk)
+            for start in range(0, indices.shape[1], chunk):
+                end = min(start + chunk, indices.shape[1])
+                if len(voters) == 1:  # its own majority: decoded where the majority goes (demo-overlap's step ahead)
+                    decoded_updates(indices[:, start:end], values[:, start:end], tile, majority[start:end])
+                    continue
+                into = decoded[: len(voters) * (end - start)]
+                majority[start:end] = majority_mean(
+                    list(decoded_updates(indices[:, start:end], values[:, start:end], tile, into))
+                )
+            yield names, majority
 
-    def _sizes(self, voters: list[Payload], mine: int) -> tuple[list[float], list[float]]:
-        """Each voter's decoded update's size (its values' absolute sum), and the size of its
-        agreeing minimum with the update at position `mine`, this replica's own: one pass over the
-        chunks (`_chunks`)."""
-        sizes, with_own = [], []
-        for _, tile, indices, values in self._sent(voters):
-            group_sizes = torch.zeros(len(voters), dtype=torch.float64, device=values.device)
-            group_with_own = torch.zeros_like(group_sizes)
-            for _, decoded in self._chunks(tile, indices, values):
-                flat = decoded.flatten(1)
-                group_sizes += flat.abs().sum(dim=1, dtype=torch.float64)
-                group_with_own += agreeing_minimum([flat[mine : mine + 1], flat]).abs().sum(dim=1, dtype=torch.float64)
-            sizes.append(group_sizes.cpu())
-            with_own.append(group_with_own.cpu())
-        return torch.stack(sizes).sum(dim=0).tolist(), torch.stack(with_own).sum(dim=0).tolist()
-
-    def _chunks(self, tile: tuple[int, int], indices: torch.Tensor,
-                values: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:  # fmt: skip
-        """The voters' decoded updates of one group (indices and values (voters, tiles, k)), about
-        DECODE_CHUNK values of them all at a time: the chunk's tiles and (voters, tiles, *tile),
-        decoded into one buffer for every chunk (valid until the next one)."""
-        voters, tiles = indices.shape[:2]
-        chunk = max(1, DECODE_CHUNK // (voters * math.prod(tile)))
-        buffer = torch.empty(voters * min(chunk, tiles), *tile, dtype=values.dtype, device=values.device)
-        for start in range(0, tiles, chunk):
-            end = min(start + chunk, tiles)
-            into = buffer[: voters * (end - start)]
-            yield slice(start, end), decoded_updates(indices[:, start:end], values[:, start:end], tile, into)
+    def _decoded(self, voters: list[Payload]) -> Iterator[tuple[list[str], torch.Tensor]]:
+        """Per group of parameters decoded together (`_sent`), their names and each voter's decoded
+        update, (voters, tiles, *tile), whole."""
+        for names, tile, indices, values in self._sent(voters):
+            yield names, decoded_updates(indices, values, tile)
 
     def _sent(self, voters: list[Payload]) -> Iterator[tuple[list[str], tuple[int, int], torch.Tensor, torch.Tensor]]:
         """Per group of parameters of one tile shape (`batches`: at most BATCH_ELEMENTS values of
@@ -330,6 +293,19 @@ class DeMoOptimizer:
             values = torch.stack([torch.cat([unit_values(c, dtype) for c in row]) for row in sent])
             yield batch_names, sent[0][0].tile, indices, values
 
+    def _kept_two(self, gathered: Sequence[tuple[str, Payload]], decoded: list[tuple[list[str], torch.Tensor]],
+                  own: str) -> list[int]:  # fmt: skip
+        """Of two senders, both voting (`decoded`, from `_decoded`): both positions, or `own`'s alone
+        once the record of the share of the larger update that their agreeing minimum keeps
+        (`kept_share`, sizes summed over every coordinate) is at most `kept_at` on the mean of
+        the steps remembered. A stranger whose payload keeps
+        nothing of this replica's update (all-zero values, or no parameter) would freeze it under
+        unanimity, and shares no nonzero coefficient with it for the sign record to count."""
+        first, second = ({group: v[i] for group, (_, v) in enumerate(decoded)} for i in (0, 1))
+        kept, self.kept.record = self.kept.judged([sender for sender, _ in gathered],
+                                                  lambda i, j: kept_share(first, second), own)  # fmt: skip
+        return kept
+
     def _transform_key(self, name: str) -> Hashable:
         """The parameters whose entries are decoded in one inverse share this (`batches`)."""
         n_tiles, tile = self.tiles[name]
@@ -346,9 +322,8 @@ class DeMoOptimizer:
     def trusted(self, gathered: Sequence[tuple[str, Payload]], own: str) -> tuple[list[int], Record]:
         """The positions of the (sender, payload) pairs that vote, and the record with this step's
         counts in (`apply` keeps it; this leaves the replica as it was): `Evidence.judged` keeps
-        own and every sender whose pair with own does not contradict (anchored: in an open swarm,
-        and of two senders anywhere), or where keys count every sender but those a strict
-        majority of the others contradict (the module docstring). Two payloads are compared
+        every sender but those a strict majority of the others contradict, and of two senders a
+        contradicting pair leaves `own` alone (the module docstring). Two payloads are compared
         on the DCT coefficients both of them sent (same parameter, tile and index): honest
         replicas' momenta share the gradient's large components, so where both picked one they
         agree on its sign (seen: 90-100% of shared coefficients early in training, ~70% or more
@@ -367,7 +342,7 @@ class DeMoOptimizer:
         def compare(i: int, j: int) -> tuple[float, float]:
             return _agreed_and_shared(sent[i], sent[j])
 
-        return self.evidence.judged([sender for sender, _ in gathered], compare, own, not self.config.keys_count)
+        return self.evidence.judged([sender for sender, _ in gathered], compare, own)
 
     def _sent_coefficients(self, payload: Payload) -> tuple[torch.Tensor, torch.Tensor]:
         """Where each DCT coefficient a payload sent lies among all of the block's (the parameter's
@@ -436,13 +411,11 @@ def decode_payload(data: bytes, optimizer: DeMoOptimizer) -> Payload:
     """A payload from another replica, checked against `optimizer`'s parameters; PayloadError if
     bad. The entries of one tile shape are read and checked together."""
     (value_bits, present), bit_array = unpack_message(data, ("v", "p"))
-    if value_bits != optimizer.config.value_bits or not isinstance(present, list):
-        raise PayloadError(f"payload has value bits {str(value_bits)[:20]} or no list of parameters")
-    for position in present:  # each an int before the set below: a list or a map in there is unhashable
-        if type(position) is not int or not 0 <= position < len(optimizer.names):
-            raise PayloadError(f"payload names parameter #{str(position)[:20]}, which this block does not have")
-    if len(set(present)) != len(present):
-        raise PayloadError("payload names a parameter twice")
+    if value_bits != optimizer.config.value_bits or not isinstance(present, list) or len(set(present)) != len(present):
+        raise PayloadError(f"payload has value bits {value_bits} or no list of distinct parameters")
+    for position in present:
+        if not isinstance(position, int) or not 0 <= position < len(optimizer.names):
+            raise PayloadError(f"payload names parameter #{position}, which this block does not have")
     layout = _wire_layout(present, optimizer, len(bit_array))
     check_fully_read(bit_array, layout[-1].end if layout else 0)
     payload = {}
