@@ -9,9 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 from hivemind.proto import runtime_pb2
-from swarm_helpers import wait_for
 
-from swarm.lab.hosting import InProcessNode
 from swarm.model.denoiser import build_block
 from swarm.p2p.messages import PayloadReply, PayloadRequest
 from swarm.sync.compression import PayloadError
@@ -26,7 +24,7 @@ from swarm.sync.exchange import (
     applied_fingerprint,
 )
 from swarm.sync.lockstep import DeMoSync
-from swarm.sync.transport import PENDING_STEPS, PayloadServicer, Punctuality, gather
+from swarm.sync.transport import PENDING_STEPS, PayloadServicer
 
 
 def poll(servicer: PayloadServicer, step: int) -> str:
@@ -173,49 +171,3 @@ def test_demo_replicas_that_step_the_same_set_at_different_rates_fingerprint_it_
         sync.apply(Round(step=5, own=own, fingerprint=b"started", gathering=gathering), 5)
         applied.append(exchange.applied)
     assert applied[0] != applied[1]
-
-
-@pytest.fixture
-def two_nodes():
-    """Two DHT nodes on 127.0.0.1, each with a P2P handle: one gathers, the other serves payloads."""
-    with InProcessNode("polls") as asker, InProcessNode("polls", asker.maddrs) as server:
-        yield asker, server
-
-
-def test_a_replica_that_missed_a_round_gets_a_grace_and_is_waited_for_in_full_again_once_it_delivers_in_time(
-    two_nodes,
-):
-    """A replica that missed its last round (it was saving a checkpoint, say) and publishes each payload
-    half a deadline after it is asked: the gather ends after the grace, without it, but the ask goes on
-    out of the trainer's way and its payload, in within the deadline, makes it punctual again, so the
-    next gather waits for it and takes its payload. Judged only by what came within the grace, a
-    replica a little slower than the grace would be left out of every step."""
-    asker, server = two_nodes
-    deadline = 2.0
-    served = PayloadServicer(0, deadline)
-    server.serve(served)
-    punctuality = Punctuality(deadline)
-    punctuality.met, punctuality.missed = True, {server.peer_id: 1}  # past its first round; it missed the last
-
-    async def publish_late(step: int) -> None:
-        await asyncio.sleep(deadline / 2)
-        served.publish(step, f"payload {step}".encode(), b"fingerprint")
-
-    def gathered(step: int) -> Gathered:
-        server.loop.submit(publish_late(step))
-        return asker.loop.run(gather(asker.p2p, 0, step, [server.peer_id], deadline, punctuality), 2 * deadline)
-
-    first = gathered(1)
-    assert not first.payloads and first.seconds < deadline / 4  # a grace of a tenth of the deadline
-    wait_for(lambda: punctuality.missed[server.peer_id] == 0, deadline, "the ask past the gather to bring step 1")
-    assert punctuality.bytes_received > len(b"payload 1")  # the bytes of that ask are counted too
-    second = gathered(2)
-    assert second.payloads == {server.peer_id: b"payload 2"} and second.seconds >= deadline / 2
-
-
-def test_a_record_that_names_no_peer_id_is_left_out_of_a_gather(two_nodes):
-    """A record may name any string as its peer id: that replica is left out; the gather neither fails
-    (which failed the trainer's step) nor waits for it."""
-    asker, _ = two_nodes
-    gathered = asker.loop.run(gather(asker.p2p, 0, 1, ["not a peer id!"], 5.0), 10.0)
-    assert gathered.asked == 1 and not gathered.payloads and gathered.seconds < 1.0

@@ -3,32 +3,17 @@ payloads, and the gather that asks the others for theirs (an exchange's `Transpo
 
 Each replica publishes its payload for a step t (for outer steps: the step that ends a round)
 and serves it (`rpc_payload`, a long poll that waits for that step's payload up to the
-deadline); it gathers the other replicas' payloads for t concurrently, for at most `deadline`
-seconds. A replica whose payload has not come by then is left out of that step: nobody
+deadline); it gathers the other replicas' payloads for t concurrently until `deadline` seconds
+have passed. A replica whose payload has not come by then is left out of that step: nobody
 waits longer for a slow or dead peer. Replies are read through their schema (`PayloadReply`).
 Bytes are counted as whole messages on both ends (see exchange.py).
-
-Only a punctual replica (its last payload came within the deadline) is waited for that long
-(`Punctuality`). In an open swarm a key is free: one key whose record names it a replica of the
-block and that never answers, or answers "not yet", held every step to the deadline, forever
-(issue 57). So a replica that missed its last round, or one never asked before, is waited for
-only a grace past the punctual ones (a tenth of the deadline, halved with each further round it
-misses), and the gather ends as soon as the punctual ones are in and that grace is over. Its ask
-goes on out of the trainer's way until the deadline (one such ask per replica at a time): a
-payload that comes by then makes it punctual again, so an honest replica that missed a step, or
-one a little slower than the grace, is waited for in full from the next round on and not left
-behind. Until this replica's first round with others has ended, every replica is waited for in
-full, so a fresh pair meets at its first step. Replicas that are punctual to each other wait
-for each other as before, and so still apply the same sets.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from collections.abc import Iterable
 from concurrent.futures import Future
 
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
@@ -46,7 +31,6 @@ KEEP_PAYLOADS = 8  # own payloads (steps or outer rounds) kept for late askers: 
 RETRY_S = 0.2  # pause before asking a peer again that could not answer yet
 PENDING_STEPS = 16  # steps not yet published that polls may wait for at once (honest ones ask the next one or two)
 POLLS_PER_PEER = MAX_STEPS_IN_FLIGHT + 1  # long polls one replica may have waiting here at once
-GRACE_SHARE = 0.1  # of the deadline: how long past the punctual replicas a gather waits for one that missed its last
 
 
 class PayloadServicer(ServicerBase):
@@ -128,107 +112,36 @@ class PayloadServicer(ServicerBase):
         return PayloadReply(status="ok", payload=data, fingerprint=fingerprint, newest_step=asked.step)
 
 
-class Punctuality:
-    """Which replicas' payloads came within the deadline lately, as this replica's gathers saw them
-    (module docstring); read and written on the event loop alone."""
-
-    def __init__(self, deadline: float):
-        self.deadline = deadline
-        self.missed: dict[str, int] = {}  # peer id: rounds in a row its payload did not come in time (0: punctual)
-        self.met = False  # a gather that asked another replica has ended
-        self.trailing: set[str] = set()  # replicas whose ask goes on past the gather it began in
-        self.bytes_sent = 0  # requests of those asks that got an answer
-        self.bytes_received = 0  # their answers
-
-    def waited_in_full(self, peer_ids: Iterable[str]) -> list[str]:
-        """The replicas a gather waits for up to the deadline: the punctual ones (all, before a first round)."""
-        return [p for p in peer_ids if not self.met or self.missed.get(p) == 0]
-
-    def grace(self, peer_ids: Iterable[str]) -> float:
-        """How long a gather waits for the others past the punctual ones: a tenth of the deadline for one
-        that missed one round (or is new), halved for each further round missed."""
-        late = [self.missed.get(p, 1) for p in peer_ids if self.missed.get(p) != 0]
-        return GRACE_SHARE * self.deadline * 0.5 ** (min(late) - 1) if late else 0.0
-
-    def ended(self, gathered: Gathered, asks: dict[str, asyncio.Task], sinks: dict[str, Gathered]) -> None:
-        """A gather ended: count who delivered in it. An ask still running goes on (its replies to a
-        sink of its own) until the deadline, as its replica's trailing ask, or is cancelled if that
-        replica has one already (so no replica's service is asked more than once beyond the gathers)."""
-        self.met = self.met or bool(asks)
-        self.missed = {p: 0 if p in gathered.payloads else self.missed.get(p, 0) + 1 for p in asks}  # the rest left
-        for peer_id, task in asks.items():
-            if task.done():
-                continue
-            if peer_id in self.trailing:
-                task.cancel()
-                continue
-            self.trailing.add(peer_id)
-            sinks[peer_id] = Gathered(asked=1)
-            task.add_done_callback(functools.partial(self._trailed, peer_id, sinks[peer_id]))
-
-    def _trailed(self, peer_id: str, sink: Gathered, _: asyncio.Task) -> None:
-        """A trailing ask ended: its bytes, and its replica punctual again if its payload came in time."""
-        self.trailing.discard(peer_id)
-        self.bytes_sent += sink.bytes_sent
-        self.bytes_received += sink.bytes_received
-        if peer_id in sink.payloads and peer_id in self.missed:
-            self.missed[peer_id] = 0
-
-
-async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline: float,
-                 punctuality: Punctuality | None = None) -> Gathered:  # fmt: skip
-    """Ask every peer for its step payload at once; keep what arrives until every punctual one's ask
-    has ended (at most the deadline) and the others' grace is over (`Punctuality`)."""
-    punctuality = punctuality if punctuality is not None else Punctuality(deadline)
+async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline: float) -> Gathered:
+    """Ask every peer for its step payload at once; keep what arrives before the deadline."""
     result = Gathered(asked=len(peer_ids))
     started = time.monotonic()
     stop_at = started + deadline
     request = runtime_pb2.ExpertRequest(metadata=PayloadRequest(block=block, step=step).encode())
-    sinks = dict.fromkeys(peer_ids, result)  # where each ask's replies go: the result, while the gather is open
 
     async def ask(peer_id: str) -> None:
-        try:
-            stub = PayloadServicer.get_stub(p2p, PeerID.from_base58(peer_id))
-        except ValueError:  # a record may name any string: that one is no peer
-            logger.warning("step %d: %r is not a peer id; left out of this step", step, peer_id)
-            return
         await ensure_direct(p2p, peer_id, deadline)  # a replica behind NAT dials us back (once): relays cut at 128 KiB
+        stub = PayloadServicer.get_stub(p2p, PeerID.from_base58(peer_id))
         while (left := stop_at - time.monotonic()) > 0:
             try:
                 response = await stub.rpc_payload(request, timeout=left)
             except Exception:  # not up yet, gone, or too slow: ask again while time is left
                 await asyncio.sleep(min(RETRY_S, max(0.0, stop_at - time.monotonic())))
                 continue
-            sink = sinks[peer_id]
-            sink.bytes_sent += request.ByteSize()
-            sink.bytes_received += response.ByteSize()
+            result.bytes_sent += request.ByteSize()
+            result.bytes_received += response.ByteSize()
             try:
                 reply = PayloadReply.decode(response.metadata)
             except MessageError as error:
                 logger.warning("step %d: %s sent a malformed reply (%s); left out of this step", step, peer_id, error)
                 return
-            if sink.take(peer_id, reply):
+            if result.take(peer_id, reply):
                 return
             await asyncio.sleep(RETRY_S)
 
-    asks = {peer_id: asyncio.ensure_future(ask(peer_id)) for peer_id in peer_ids}
-    try:
-        await _ended([asks[p] for p in punctuality.waited_in_full(peer_ids)], stop_at)
-        await _ended(asks.values(), min(stop_at, time.monotonic() + punctuality.grace(peer_ids)))
-    except BaseException:  # cancelled: no ask outlives its gather
-        for task in asks.values():
-            task.cancel()
-        raise
+    await asyncio.gather(*(ask(peer_id) for peer_id in peer_ids))
     result.seconds = time.monotonic() - started
-    punctuality.ended(result, asks, sinks)
     return result
-
-
-async def _ended(tasks: Iterable[asyncio.Task], until: float) -> None:
-    """Wait until every one of `tasks` is done, or until the monotonic time `until`."""
-    running = [task for task in tasks if not task.done()]
-    if running and (left := until - time.monotonic()) > 0:
-        await asyncio.wait(running, timeout=left)
 
 
 class P2PTransport:
@@ -238,16 +151,13 @@ class P2PTransport:
     def __init__(self, servicer: PayloadServicer, p2p: P2P, loop: EventLoopThread):
         self.servicer, self.p2p, self.loop = servicer, p2p, loop
         self.deadline = servicer.deadline
-        self.punctuality = Punctuality(self.deadline)
 
     def served_bytes(self) -> tuple[int, int]:
-        """Served, and the asks that went on past their gather (counted in no `Gathered`)."""
-        return (self.servicer.bytes_sent + self.punctuality.bytes_sent,
-                self.servicer.bytes_received + self.punctuality.bytes_received)  # fmt: skip
+        return self.servicer.bytes_sent, self.servicer.bytes_received
 
     def publish(self, step: int, payload: bytes, fingerprint: bytes) -> None:
         self.loop.loop.call_soon_threadsafe(self.servicer.publish, step, payload, fingerprint)  # runs before the gather
 
     def gather(self, step: int, peer_ids: list[str]) -> Future:
-        coro = gather(self.p2p, self.servicer.block, step, peer_ids, self.deadline, self.punctuality)
+        coro = gather(self.p2p, self.servicer.block, step, peer_ids, self.deadline)
         return self.loop.submit(asyncio.wait_for(coro, self.deadline + GATHER_GRACE_S))
