@@ -26,7 +26,6 @@ and the payload bytes per replica per step (one copy).
     python benchmarks/sync_gap.py --steps 600 --batch-size 32 --outer-top-k 128 --outer-error-decay 0.5
     python benchmarks/sync_gap.py --mode demo --steps 600 --batch-size 32
     python benchmarks/sync_gap.py --mode demo-overlap --steps 600 --batch-size 32
-    python benchmarks/sync_gap.py --mode demo --steps 150 --keys-count   # the vote of a members-only swarm
 """
 
 from __future__ import annotations
@@ -97,17 +96,16 @@ def strategy(mode: str, trainer: Trainer, exchange: Exchange, args: argparse.Nam
     return demo(DeMoOptimizer(trainer.module, demo_settings(args), trainer.config.lr), exchange)
 
 
-OUTER_OPTIONS = ("outer_lr", "outer_top_k", "outer_error_decay")  # OuterConfig's settings this takes (and --keys-count)
+OUTER_OPTIONS = ("outer_lr", "outer_top_k", "outer_error_decay")  # OuterConfig's settings this takes
 DEMO_OPTIONS = ("momentum_decay",)
 
 
 def outer_settings(args: argparse.Namespace) -> OuterConfig:
-    return OuterConfig(outer_lr=args.outer_lr, top_k=args.outer_top_k, error_decay=args.outer_error_decay,
-                       keys_count=args.keys_count).checked()  # fmt: skip
+    return OuterConfig(outer_lr=args.outer_lr, top_k=args.outer_top_k, error_decay=args.outer_error_decay).checked()
 
 
 def demo_settings(args: argparse.Namespace) -> DeMoConfig:
-    return DeMoConfig(momentum_decay=args.momentum_decay, keys_count=args.keys_count)
+    return DeMoConfig(momentum_decay=args.momentum_decay)
 
 
 def compressed(trainers: list[Trainer], ids: list[str], steps: int, args: argparse.Namespace, what: str) -> float:
@@ -178,9 +176,6 @@ def main() -> None:
     parser.add_argument("--outer-error-decay", type=fraction, default=OuterConfig.error_decay,
                         help="the error buffer's share kept each round")
     parser.add_argument("--momentum-decay", type=float, default=DeMoConfig.momentum_decay, help="demo's")
-    parser.add_argument("--keys-count", action="store_true",
-                        help="vote as a members-only swarm does (a majority of three or more); by default as an open "
-                             "swarm does, anchored on each replica's own update (swarm/sync/evidence.py)")
     parser.add_argument("--out", help="default: benchmarks/results/<mode>_gap")
     args = parser.parse_args()
     setup_logging()
