@@ -149,25 +149,29 @@ def identity_cost(folder: Folder) -> list[str]:
 def fuzz(folder: Folder) -> list[str]:
     """fuzz.json: messages per handler of the live peers and inputs per decoder, and what came of them."""
     f = folder.json("fuzz.json")
-    handlers = [[f"`{name}`", plain(h["messages"]), plain(h["answers"]), plain(h["error_replies"]), plain(h["raised"]),
-                 plain(h["hangs"])] for name, h in f["handlers"].items()]  # fmt: skip
+    handlers = [[f"`{name}`", plain(h["messages"]), plain(h["answers"]), plain(h["error_replies"]),
+                 plain(h["of_them_envelopes_hivemind_refused"]), plain(h["raised"]), plain(h["hangs"])]
+                for name, h in f["handlers"].items()]  # fmt: skip
     decoders = [[f"`{name}`", plain(d["messages"]), plain(d["accepted"]), plain(d["refused"]),
                  plain(sum(d["other"].data.values()))] for name, d in f["decoders"].items()]  # fmt: skip
     findings = [f"- `{plain(x['target'])}`: {plain(x['outcome'])} ({plain(x['strategy'])})" for x in f["findings"]]
     return section(
-        "Sends malformed, huge, truncated, wrong-type and out-of-range messages to every P2P handler of live `swarm-peer`s "
-        "on 127.0.0.1, one per block of a small model (random bytes; each handler's valid request with bits flipped, cut "
-        "short, extended, a huge length prefix spliced in, fields of the wrong type, out of range, NaN or inf, huge or "
-        "deeply nested, tensors of the wrong dtype or shape or whose fields lie), then the same kinds of input to every "
-        "decoder of a peer's bytes in one process. A crash is a handler that raised, a decoder that raised another error "
-        "than its own or gave back a value out of its bounds, a peer that died or logged a traceback; a hang is a call "
-        "not answered within its handler's timeout, a valid `rpc_info` a peer did not answer (asked every few seconds "
-        "throughout), or a decode slower than 10 s.",
+        "Sends malformed, huge, truncated, wrong-type and out-of-range messages to every P2P handler of live "
+        "`swarm-peer`s on 127.0.0.1, one per block of a small model (random bytes; each handler's valid request with "
+        "bits flipped, cut short, extended, a huge length prefix spliced in, fields of the wrong type, out of range, "
+        "NaN or inf, huge or deeply nested, tensors of the wrong dtype or shape or whose fields lie), then the same "
+        "kinds of input to every decoder of a peer's bytes in one process. A crash is a handler that raised, a "
+        "decoder that raised another error than its own or gave back a value out of its bounds, a peer that died or "
+        "logged a traceback; a hang is a call not answered within its handler's timeout, a valid `rpc_info` a peer "
+        "did not answer (asked every few seconds throughout), or a decode slower than 10 s. An envelope hivemind "
+        "refused is bytes that are no protobuf of the handler's: hivemind answers for it, and no handler of ours "
+        "sees it.",
         command("fuzz.py", {}), settings(f["config"], {"weights", "peer_options"}), settings(f["model"], label="Model"),
         f"{plain(f['messages'])} messages: {plain(f['live_messages'])} to the live peers in "
         f"{fixed(f.num('live_seconds'), 0)} s ({fixed(f.num('live_messages_per_second'), 0)} a second), "
         f"{plain(f['decoder_messages'])} to decoders. Crashes: {plain(f['crashes'])}. Hangs: {plain(f['hangs'])}.",
-        table(["handler", "messages", "answers", "error replies", "raised", "hangs"], handlers),
+        table(["handler", "messages", "answers", "error replies", "of them, envelopes hivemind refused", "raised",
+               "hangs"], handlers),
         table(["decoder", "inputs", "accepted", "refused", "anything else"], decoders),
         ["What went wrong, first of each kind:", "", *findings, ""] if findings else "",
     )  # fmt: skip

@@ -147,9 +147,10 @@ class Mutator:
 
     def of_envelope(self, envelope: Protobuf) -> tuple[str, bytes]:
         """The bytes of a hivemind envelope (a protobuf with `metadata` and maybe `tensors`), mutated:
-        as bytes, in its metadata (as a message), or in its tensors."""
+        as bytes, in its metadata (as a message), or in its tensors (where it carries some: a handler
+        that takes none ignores them)."""
         choice = self.rng.random()
-        has_tensors = "tensors" in envelope.DESCRIPTOR.fields_by_name
+        has_tensors = "tensors" in envelope.DESCRIPTOR.fields_by_name and len(envelope.tensors) > 0
         if choice < 0.3 or not hasattr(envelope, "metadata"):
             return self.of_bytes(envelope.SerializeToString())
         changed = type(envelope)()

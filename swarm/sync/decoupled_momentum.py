@@ -411,11 +411,13 @@ def decode_payload(data: bytes, optimizer: DeMoOptimizer) -> Payload:
     """A payload from another replica, checked against `optimizer`'s parameters; PayloadError if
     bad. The entries of one tile shape are read and checked together."""
     (value_bits, present), bit_array = unpack_message(data, ("v", "p"))
-    if value_bits != optimizer.config.value_bits or not isinstance(present, list) or len(set(present)) != len(present):
-        raise PayloadError(f"payload has value bits {value_bits} or no list of distinct parameters")
-    for position in present:
-        if not isinstance(position, int) or not 0 <= position < len(optimizer.names):
-            raise PayloadError(f"payload names parameter #{position}, which this block does not have")
+    if value_bits != optimizer.config.value_bits or not isinstance(present, list):
+        raise PayloadError(f"payload has value bits {str(value_bits)[:20]} or no list of parameters")
+    for position in present:  # each an int before the set below: a list or a map in there is unhashable
+        if type(position) is not int or not 0 <= position < len(optimizer.names):
+            raise PayloadError(f"payload names parameter #{str(position)[:20]}, which this block does not have")
+    if len(set(present)) != len(present):
+        raise PayloadError("payload names a parameter twice")
     layout = _wire_layout(present, optimizer, len(bit_array))
     check_fully_read(bit_array, layout[-1].end if layout else 0)
     payload = {}
