@@ -4,18 +4,19 @@ Per parameter: m = beta * m + lr * grad; the top-k DCT coefficients of m per til
 out of m (error feedback) and shared. The momentum is kept as its tiles' DCT coefficients (the
 DCT is linear, so beta * M + lr * DCT(grad) is the DCT of the update): taking out what is sent
 is zeroing it, with no inverse transform on the sending side. The replica then decodes the payloads of every replica
-that arrived in time (its own included) and combines those that vote coordinate by coordinate
-(the vote, below: in an open swarm their agreeing minimum, where keys count what a majority
-vouches for). Each voter's update is scaled to an RMS of 1 per parameter before
-(`unit_values`), so a payload's values, however large, weigh one voice. Each parameter's combined update is scaled to an RMS of 1 again, but by at most
+that arrived in time (its own included) and combines them coordinate by coordinate into what a
+majority vouches for (`majority_mean`, evidence.py: their mean, clipped into the range a strict
+majority of them spans, so a minority cannot push a coordinate past what an honest replica sent,
+and wherever a majority moves it one way it goes that way). Each voter's update is scaled to an
+RMS of 1 per parameter before (`unit_values`), so a payload's values, however large, weigh one
+voice. Each parameter's combined update is scaled to an RMS of 1 again, but by at most
 1 / `STEP_RMS_FLOOR` (4x), and the step is p -= rate * (update + weight_decay * p), the rate
 following the trainer's schedule (peak `step_lr`). The step keeps the shape of the update. The
 floor bounds what a sender can gain by making the combined update small on most of a parameter
 and leaving it on a tile it picks (of two senders, agreeing with us on one tile alone): that
 tile's coordinates move at most 4x as far as the combined update (itself bounded by what honest
 replicas sent) says. Two independent unit updates' agreeing minimum has an RMS of about 0.43,
-and honest replicas agree more, so the floor does not bind two of them (it binds the agreeing
-minimum of four: below).
+and honest replicas agree more, so the floor does not bind them.
 
 Why not DeMo's own sign step (p -= lr * sign of the combined update, as the paper does, and as
 this module did until issue 47): on the token model (8192-token vocabulary, a one-layer block)
@@ -27,50 +28,31 @@ replica, batch 128, block 1 of benchmarks/sync.py's small model, validation loss
 0.99, with the embeddings or the norms and biases left to AdamW, or with every coefficient sent);
 this step at a peak rate of 2x the denoiser's AdamW rate, 7.058 / 6.638.
 
-The vote follows what a key costs (`DeMoConfig.keys_count`, which the peer sets from
-`SwarmDirectory.keys_count`; evidence.py says who counts). In an open swarm (the default: keys
-are free) it is anchored on this replica's own update: a coordinate moves only where own and
-every other voter move it the same way, by the smallest (`agreeing_minimum`), so the others can
-only shrink own's coordinates, never reverse them. Who votes: own, and each other sender whose
-pair with own does not contradict, on two records kept over the steps: the signs of the DCT
-coefficients both sent (`trusted`: `min_shared` shared, at most `contradicted_at` agreed) and the
-share of the larger update their agreeing minimum keeps (`kept_share`, sizes summed: at most
-`kept_at` on the mean of the steps remembered, `kept_decay`). A payload negated keeps nothing of
-own's, so it leaves at its first step; so does one of zeros or no parameter, which shares no
-coefficient for the sign record to count. Of three voters or more a third record (`_apart`)
-keeps the share of the largest voter's update that their agreeing minimum keeps, and once that
-is at most `kept_at` this replica steps on its own update alone: strangers that each keep enough
-alone (an update whose coefficients avoid ours keeps about 0.3 of it) but freeze the step
-together (all must agree). Why (issue 57): two free keys that fetch a lone replica's payload
-(`rpc_payload` serves anyone) and send it negated contradict it two to one; the majority's rule
-below left the honest one out and stepped it on their negation, up its loss, every step.
-Why the agreeing minimum of every voter and not own's agreeing minimum with the others'
-majority: replicas that applied the same sets must compute the same update, and a rule that is
-the same for every voter and moves no coordinate further than, or against, any voter's own
-update can move it at most by their agreeing minimum. The price, measured in one process
-(4 honest replicas of block 1 of benchmarks/sync.py's small model, batch 16, lockstep; validation
-loss after 60 / 240 steps): alone 7.450 / 7.265; the majority's rule 7.281 / 7.176; the agreeing
-minimum of the four 7.448 / 7.211 (it keeps about 4% of the largest update, and the 4x floor
-below binds: with a floor of 0.05, 7.381 at 60 steps); three replicas at 60 steps: majority
-7.327, agreeing minimum 7.382; two (the rule of two, in every swarm) 7.386. Four honest
-replicas' agreeing minimum keeps less than `kept_at`, so each steps alone (and they are no
-longer identical: the merge rounds pull them together), three keep 0.10-0.16 (mostly together),
-two about half. A stranger that knows the voters can still slow a replica: two strangers whose
-coefficients avoid ours keep 0.11 together with it and make its loss 1.023x of training alone
-after 60 steps; four keep 0.019 and leave (without `_apart`, 1.145x).
+Where the others' payloads disagree with each other, a third decides; so a payload that a
+strict majority of the others contradict on the sign of the DCT coefficients they both sent
+(an update negated or sent against its own direction) leaves the vote
+(`DeMoOptimizer.trusted`: judged on the counts of the last ~10 steps), and the honest ones'
+disagreements are settled between them. Replicas that gathered the same sets compute the same update.
 
-Where keys count (a members-only swarm, or identities priced with work) a majority of keys is a
-majority of members, and the vote is the majority's: where the others' payloads disagree with
-each other, a third decides; a payload that a strict majority of the others contradict on the
-sign of the DCT coefficients they both sent (an update negated or sent against its own
-direction) leaves the vote (`trusted`: judged on the counts of the last ~10 steps), and the
-voters are combined into what a majority vouches for (`majority_mean`, evidence.py: their mean,
-clipped into the range a strict majority of them spans, so a minority cannot push a coordinate
-past what an honest replica sent, and wherever a majority moves it one way it goes that way).
-Of two senders (a block with two replicas, or one replica and a stranger) neither can outvote
-the other, so the rule of two is the anchored one in every swarm (issue 26, item 4). Replicas
-that gathered the same sets compute the same update, under either rule, as long as the records
-keep them together.
+Two senders (a block with two replicas, or one replica and a stranger) cannot outvote each
+other, so the rule there is unanimity, by the smaller of the two (`agreeing_minimum`), and the
+evidence decides whether the other counts
+(issue 26, item 4). A coordinate moves only where both agree, so the other can never
+move a weight in a direction this replica's own update does not (where this replica is silent
+the other is too, by the rule), and the two compute the same step. Once the record shows the
+other contradicting (the same test as above: `min_shared` coefficients shared, at most
+`contradicted_at` of them agreed), it leaves the vote and this replica steps on its own update
+alone: a negated stranger cannot freeze it. A stranger that shares no nonzero coefficient with
+us (all-zero values, no parameter at all) never fills that record, yet under unanimity it would
+stop every coordinate; so a second record, the one outer steps of two keep (evidence.py,
+`kept_share`), counts the share of the larger of the two updates (sizes summed) that their
+agreeing minimum keeps, and once its mean over the steps remembered (`kept_decay`) is at most
+`kept_at` the other leaves as well. What a stranger that knows both can still do is slow it: a
+payload whose coefficients avoid ours decodes to an update orthogonal to ours, whose agreeing
+minimum with ours keeps about 0.29 of it by size (the floor then scales the step back up, by at
+most 4x). Two honest replicas share coefficients and agree on 70% or more of them (`trusted`),
+and their steps keep more of the larger update (`kept_at` is 0.1), so they keep each other and
+stay identical.
 
 Payloads cross the network as bytes (`encode_payload` / `decode_payload`); a payload that does
 not fit this replica's parameters, or holds NaN, Inf, out-of-range or repeated indices or values larger
