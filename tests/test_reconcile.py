@@ -8,6 +8,7 @@ import math
 import threading
 import time
 
+import pytest
 import torch
 from swarm_helpers import HOSTS_SWARM, client_of
 
@@ -82,7 +83,7 @@ def test_every_replica_that_reads_the_same_checkpoints_computes_the_same_median(
 
 def replica(key: str, sha: str, taken_from: tuple[str, ...] = ()) -> Host:
     """A replica under key `key` announcing the checkpoint `sha` of step 100, taken from `taken_from`."""
-    info = CheckpointInfo(step=100, sha256=sha, size=1000)
+    info = CheckpointInfo(step=100, sha256=sha, size=1000, chunks=sha)
     record = BlockAnnouncement(peer_id=key, state="training", step=100, checkpoint=info, taken_from=taken_from)
     return Host(0, record, math.inf, owner=key.encode())
 
@@ -149,6 +150,27 @@ def test_a_replica_that_took_no_part_in_a_round_is_not_waited_for_in_full_again(
         waits.append(time.monotonic() - started)
     assert waits[0] >= 16.0 / 2 - POLL_S - 0.5, waits
     assert waits[1] <= NEWCOMER_GRACE_S + 2 * POLL_S, waits
+
+
+@pytest.mark.parametrize("voted", [False, True])
+def test_a_first_round_waits_in_full_only_for_replicas_whose_payloads_made_the_last_update(voted):
+    """Issue 57: free keys whose records name them replicas of the block, and that never send a
+    payload this replica applies nor announce a checkpoint, held a lone replica's first round for half
+    its deadline (30 s at the peer's defaults: the jump rows of benchmarks/attacks.py, 22x the lone
+    replica's seconds a step). A record is anyone's claim; a payload that made the last update is
+    evidence of a replica training beside this one. Only such a replica is waited for in full."""
+    own = replica("own", "a" * 64)
+    silent = Host(0, BlockAnnouncement(peer_id="silent", state="training", step=100), math.inf, owner=b"silent")
+    voters = frozenset({"silent"} if voted else set())
+    merge = ReconcileRound(None, None, None, 0, b"own", lambda: [own, silent], deadline=16.0, spot_check=None,
+                           keys_count=lambda: False, voters=lambda: voters)  # fmt: skip
+    started = time.monotonic()
+    assert merge.run(torch.nn.Linear(2, 2), own.announcement, replicas=1) is None  # nobody else spoke: weights kept
+    waited = time.monotonic() - started
+    if voted:
+        assert waited >= 16.0 / 2 - POLL_S - 0.5, waited
+    else:
+        assert waited <= NEWCOMER_GRACE_S + 2 * POLL_S, waited
 
 
 def test_in_an_open_swarm_a_strangers_made_up_fingerprint_alone_does_not_decide_whether_a_merge_runs():

@@ -398,16 +398,17 @@ class Peer:
             averager = block_averager(entered.dht, prefix, trainable(replica.trainer.module), group,
                                       self.config.sync_deadline)  # fmt: skip
             self._closers.append(functools.partial(stop_child, averager, averager.shutdown))
+        payloads, exchange = None, None
+        if mode.exchanges_payloads:
+            payloads = PayloadServicer(block, self.config.sync_deadline, wired.gate)
+            exchange = self._exchange(payloads, entered.peer_id, claimed, wired, replica.trainer)
         reconcile = None
         if self.config.average_every:
             directory = entered.directory
             reconcile = ReconcileRound(wired.p2p, wired.loop, entered.model_config, block, directory.owner_subkey,
                                        lambda: directory.hosts(block), RECONCILE_DEADLINE_S, replica.spot_check,
-                                       lambda: directory.keys_count, self.stopping)  # fmt: skip
-        payloads, exchange = None, None
-        if mode.exchanges_payloads:
-            payloads = PayloadServicer(block, self.config.sync_deadline, wired.gate)
-            exchange = self._exchange(payloads, entered.peer_id, claimed, wired, replica.trainer)
+                                       lambda: directory.keys_count, self.stopping,
+                                       voters=(lambda: exchange.voters) if exchange else None)  # fmt: skip
         sync = mode.build(SyncInputs(replica.trainer.module, self.config.lr, self.config.de_mo, self.config.outer,
                                      self.config.overlap_steps, timeout, exchange, averager))  # fmt: skip
         return Synced(sync, averager, reconcile, payloads)

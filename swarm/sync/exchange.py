@@ -168,6 +168,7 @@ class Exchange:
     wait_seconds: float = 0.0  # how long the trainer waited for gathers, in all
     round_seconds: float | None = None  # how long the last gather took
     applied: bytes = b"started"  # fingerprint of the last set applied
+    voters: frozenset[str] = frozenset()  # the other replicas whose payloads made the last update (reconcile.py)
     _missing: int = 0  # replicas whose payload the last gather went without
     trace: Callable[[dict], None] | None = None  # gets each publish and wait, with its monotonic time
     spare_batch: Callable[[], int] | None = None  # computes one spare batch for the trainer's next step; its windows
@@ -278,6 +279,7 @@ class Exchange:
         is credited to its sender in the ledger."""
         self.applied = applied_fingerprint(round_.step, peer_ids, how)
         others = [peer_id for peer_id in peer_ids if peer_id != self.own_id]
+        self.voters = frozenset(others)
         self.rounds += int(bool(others))
         if self.witness is not None:
             self.witness.accepted(others)

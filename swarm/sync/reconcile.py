@@ -38,10 +38,14 @@ replicas from mixing their weights, as where keys count.
 Every replica that reads the same checkpoints computes the same median (the voices are taken in
 sha256 order), so replicas that drifted become identical again.
 
-Waits: a replica that takes no part costs a bounded time once, not every round. The first round
-waits up to half the deadline for the listed replicas to announce its step; after that the full
-wait is only for those that took part in the last round and never missed one they were waited for,
-and the rest (silent keys, fresh keys, latecomers) get `NEWCOMER_GRACE_S`. The downloads run at once
+Waits: a replica that takes no part costs a bounded time once, not every round. A round waits up
+to half the deadline only for replicas it has evidence of: in the first round, those whose payloads
+made this replica's last sync update (`voters`: they train beside it, step for step), or every
+listed one where the sync swaps no payloads (`--sync none`, `dense`); after it, those that took
+part in the last round and never missed one they were waited for. The rest (silent keys, fresh
+keys, latecomers) get `NEWCOMER_GRACE_S`: a record is anyone's claim to be a replica, and free keys
+whose records named them replicas and that never announced a checkpoint held a lone replica's
+first round for 30 s (issue 57). The downloads run at once
 under what is left of the deadline, a slow host dropped as measure.py drops one, so a stalling
 stranger does not hold the others' downloads back.
 
@@ -76,7 +80,7 @@ logger = logging.getLogger(__name__)
 
 MIN_VOICES = 3  # independent voices needed before a replica lets the others change its weights
 POLL_S = 1.0  # how often the replicas' records are read while waiting for their checkpoints
-NEWCOMER_GRACE_S = 3.0  # how long a round waits for replicas that did not take part in the last one
+NEWCOMER_GRACE_S = 3.0  # how long a round waits for listed replicas it has no evidence of (module docstring)
 MEASURE_SLACK_S = 10.0  # past the round's deadline: a spot check begun before it may finish
 
 
@@ -139,6 +143,8 @@ class ReconcileRound:
         spot_check: this replica's private measure (the peer's `Replica.spot_check`).
         keys_count: whether a count of keys is evidence in this swarm, read at each round
             (`SwarmDirectory.keys_count`: the directory learns it from the creator's model record).
+        voters: the peer ids of the other replicas whose payloads made this replica's last sync
+            update (`Exchange.voters`); None where the sync swaps no payloads.
         stop: set when the peer is told to stop: a round ends at once, the weights kept (a round
             that waited out its deadline for a killed replica's checkpoint held a stopping peer
             past the 15 s a supervisor gives it before SIGKILL: tests/test_chaos.py saw it).
@@ -154,6 +160,7 @@ class ReconcileRound:
     spot_check: SpotCheck
     keys_count: Callable[[], bool]
     stop: threading.Event = field(default_factory=threading.Event)
+    voters: Callable[[], frozenset[str]] | None = None
     drift: float | None = None  # the largest change the last merge made to a weight
     # keys that announced the last round's step in time (None: no round yet); keys a round waited for in full in vain
     took_part: set[bytes] | None = field(default=None, init=False)
@@ -210,13 +217,13 @@ class ReconcileRound:
 
     def _checkpoints_of(self, own: CheckpointInfo, replicas: int, started: float) -> dict[CheckpointInfo, list[Host]]:
         """The other hosts' checkpoints of `own.step`, by checkpoint, once `replicas` hosts announce one, the
-        peer is stopping, or the wait is over: half the deadline, or (after the first round) once those
-        awaited in full (`_awaited`) are in and `NEWCOMER_GRACE_S` has passed."""
+        peer is stopping, or the wait is over: half the deadline, or once those awaited in full (`_awaited`)
+        are in and `NEWCOMER_GRACE_S` has passed."""
         while True:
             groups, listed = self._announced(own.step)
             announced = {h.owner for hosts in groups.values() for h in hosts}
             awaited, waited = self._awaited(listed), time.monotonic() - started
-            settled = self.took_part is not None and waited >= NEWCOMER_GRACE_S and awaited <= announced
+            settled = waited >= NEWCOMER_GRACE_S and awaited <= announced
             if len(announced) >= replicas or settled or waited + POLL_S > self.deadline / 2:
                 break
             if self.stop.wait(POLL_S):
@@ -226,13 +233,19 @@ class ReconcileRound:
             self.took_part = announced
         return groups
 
-    def _awaited(self, listed: set[bytes]) -> set[bytes]:
-        """The listed keys a round waits for in full: all of them in the first round; after it, those that
-        took part in the last round and never missed one they were waited for in."""
-        return listed if self.took_part is None else (self.took_part - self.missed) & listed
+    def _awaited(self, listed: dict[bytes, str]) -> set[bytes]:
+        """The listed keys a round waits for in full: in the first round those whose peer ids voted in the
+        last sync update (all of them where the sync swaps no payloads); after it, those that took part in
+        the last round and never missed one they were waited for in."""
+        if self.took_part is not None:
+            return (self.took_part - self.missed) & listed.keys()
+        if self.voters is None:
+            return set(listed)
+        voters = self.voters()
+        return {key for key, peer_id in listed.items() if peer_id in voters}
 
-    def _announced(self, step: int) -> tuple[dict[CheckpointInfo, list[Host]], set[bytes]]:
-        """The other hosts' checkpoints of `step`, by checkpoint, and the keys of every other host listed."""
+    def _announced(self, step: int) -> tuple[dict[CheckpointInfo, list[Host]], dict[bytes, str]]:
+        """The other hosts' checkpoints of `step`, by checkpoint, and every other host listed: key, peer id."""
         try:
             hosts = [h for h in self.hosts() if h.owner != self.own_key]
         except DHTUnavailable as error:
@@ -243,7 +256,7 @@ class ReconcileRound:
             checkpoint = host.announcement.checkpoint
             if checkpoint is not None and checkpoint.step == step:
                 groups.setdefault(checkpoint, []).append(host)
-        return groups, {h.owner for h in hosts}
+        return groups, {h.owner: h.peer_id for h in hosts}
 
     def _measured(self, others: dict[CheckpointInfo, list[Host]], give_up_at: float) -> list[Measured] | None:
         """The others' checkpoints downloaded all at once, verified and spot-checked within what is left of
