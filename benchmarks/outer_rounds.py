@@ -1,4 +1,4 @@
-"""The outer mode round by round: how much of the replicas' change each outer step delivers.
+r"""The outer mode round by round: how much of the replicas' change each outer step delivers.
 
 benchmarks/sync_gap.py measures the outer mode's loss against dense at the end of a run; this
 looks inside the rounds, to find where the loss stalls and why. It takes the peers' own outer
@@ -7,23 +7,25 @@ step (`OuterOptimizer` of swarm/sync/pseudo_gradient.py) on --replicas replicas 
 each replica's batches drawn as a peer's are), in one process, in lockstep, with no threads and
 no network: every H steps each replica makes its payload, every payload is decoded once
 (refused ones counted and left out), and every replica applies the same set in peer-id order,
-as Exchange.finish does. Each config of --configs is a fresh run from the same start:
+as Exchange.finish does. Each config of --configs is a fresh run from the same start (CONFIGS
+below; the names say what differs from the defaults before issue 58, 20 values a 64 x 64 tile
+and the error buffer kept whole):
 - dense: the baseline, the replicas' gradients averaged every step (sync_gap.py's `dense`);
-- defaults: OuterConfig() as the peers run it;
+- defaults: OuterConfig() as the peers run it; old_defaults: as they ran it before issue 58;
 - none: every value sent as float32 (only the compression taken away);
-- k128: 128 values per 64 x 64 tile instead of 20;
-- decay0.5: the error buffer halved before each round's change is added;
-- k128_decay0.5: both.
+- k<n>: n values per tile; decay<d>: the error buffer scaled by d before each round's change is
+  added; k96_decay0.5 (the defaults since issue 58), k128_decay0.5: both.
 Each round it records the validation loss of the anchor (every --eval-every rounds and at the
 end; sync.py's validation windows), the applied update's size over the replicas' mean change
 and their cosine (over every parameter, and over the tied table `input_proj.weight` alone),
-replica 0's error buffer over its change this round, and the payloads refused. Writes
-outer_rounds.json and outer_rounds.png (loss per step; update over mean change per round)
-under --out.
+replica 0's error buffer over its change this round, and the payloads refused; of each config,
+the bytes a replica sends a step (its payloads over H, to each of the others) and dense's
+all-reduce bytes over them. Writes outer_rounds.json and outer_rounds.png (loss per step;
+update over mean change per round) under --out.
 
-    python benchmarks/outer_rounds.py                    # every config, 300 steps: about 5 minutes on 2 cores
-    python benchmarks/outer_rounds.py --configs dense defaults none k128_decay0.5 --steps 600 --batch-size 32
-                                                         # about 13 minutes on 2 cores
+    python benchmarks/outer_rounds.py                    # every config, 300 steps: about 6 minutes on 2 cores
+    python benchmarks/outer_rounds.py --configs dense old_defaults defaults none --steps 600 --batch-size 32 \
+        --eval-every 2                                   # about 13 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import logging
 from pathlib import Path
 
 import torch
+from scale import dense_bytes_per_step  # hivemind's all-reduce of fp32 gradients, per replica
 from sync import SMALL_MODEL, validation_windows  # the model and validation windows of benchmarks/sync.py
 from sync_gap import dense, peer_ids, positive, replicas  # its replicas and dense baseline, beside this
 from tqdm import tqdm
@@ -41,7 +44,7 @@ from tqdm import tqdm
 from swarm.cli.console import setup_logging
 from swarm.files import write_atomic, write_picture
 from swarm.model.data import Windows, load_corpus
-from swarm.model.denoiser import ModelConfig
+from swarm.model.denoiser import ModelConfig, build_block, count_parameters
 from swarm.model.evaluate import block_denoise_ce
 from swarm.model.train import Trainer
 from swarm.sync.compression import PayloadError
@@ -49,13 +52,21 @@ from swarm.sync.pseudo_gradient import Changes, OuterConfig, OuterOptimizer
 
 logger = logging.getLogger("benchmarks.outer_rounds")
 
-CONFIGS: dict[str, OuterConfig | None] = {  # None: dense
+
+def before_58(top_k: int = 20, error_decay: float = 1.0, **settings) -> OuterConfig:
+    """The defaults before issue 58 (20 values a tile, the error buffer kept whole), with `settings` changed."""
+    return OuterConfig(top_k=top_k, error_decay=error_decay, **settings)
+
+
+CONFIGS: dict[str, OuterConfig | None] = {  # None: dense; the others named by what differs from before_58()
     "dense": None,
     "defaults": OuterConfig(),
-    "none": OuterConfig(compression="none"),
-    "k128": OuterConfig(top_k=128),
-    "decay0.5": OuterConfig(error_decay=0.5),
-    "k128_decay0.5": OuterConfig(top_k=128, error_decay=0.5),
+    "old_defaults": before_58(),
+    "none": before_58(compression="none"),
+    "k128": before_58(top_k=128),
+    "decay0.5": before_58(error_decay=0.5),
+    "k96_decay0.5": before_58(top_k=96, error_decay=0.5),
+    "k128_decay0.5": before_58(top_k=128, error_decay=0.5),
 }
 H = OuterConfig.steps  # every config above keeps the default H; dense is scored as often
 PARTS = {"all": None, "table": "input_proj.weight"}  # the tied 8193 x 128 table: most of the block
@@ -103,6 +114,7 @@ def outer_round(optimizers: list[OuterOptimizer], ids: list[str]) -> dict:
     update = {n: before[n] - a for n, a in optimizers[0].anchor.items()}
     error = against(optimizers[0].error, changes[0])
     return {"update_vs_mean_change": against(update, mean_change), "refused": refused,
+            "payload_bytes": len(payloads[ids[0]]),
             "error_over_change": {part: e["size_ratio"] for part, e in error.items()}}  # fmt: skip
 
 
@@ -122,6 +134,14 @@ def run(
             logger.info("%s: %s", name, json.dumps(row))
         rows.append(row)
     return rows
+
+
+def sent_bytes(rows: list[dict], args: argparse.Namespace, parameters: int) -> dict:
+    """Bytes a replica sends a step: its payloads over H to each of the --replicas - 1 others (as a
+    peer's bytes_sent counts them), and dense's all-reduce of the same block over that."""
+    per_step = (args.replicas - 1) * sum(row["payload_bytes"] for row in rows) / len(rows) / H
+    return {"bytes_per_replica_per_step": round(per_step, 1),
+            "dense_over_this": round(dense_bytes_per_step(parameters, args.replicas) / per_step, 1)}  # fmt: skip
 
 
 def plot(runs: dict[str, dict], path: Path) -> None:
@@ -164,12 +184,14 @@ def main() -> None:
     config = ModelConfig(**SMALL_MODEL)
     windows, validation = load_corpus(None).windows("train", config), validation_windows(config)
     result = {"config": {**vars(args), "model": config.to_dict()}, "configs": {}}
+    parameters = count_parameters(build_block(config, args.block))
     out = Path(args.out)
     for name in args.configs:
         rows = run(name, config, args, windows, validation)
         outer = CONFIGS[name]
         result["configs"][name] = {"outer": vars(outer) if outer else None, "rounds": rows,
-                                   "final_loss": rows[-1]["validation_loss"]}  # fmt: skip
+                                   "final_loss": rows[-1]["validation_loss"],
+                                   **(sent_bytes(rows, args, parameters) if outer else {})}  # fmt: skip
         write_atomic(out / "outer_rounds.json", json.dumps(result, indent=2).encode())  # what is done so far
         plot(result["configs"], out / "outer_rounds.png")
     logger.info("final validation loss: %s", {n: r["final_loss"] for n, r in result["configs"].items()})

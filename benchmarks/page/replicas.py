@@ -154,11 +154,15 @@ def outer_rounds(folder: Folder) -> list[str]:
         outer_rounds_run,
         "Runs the peers' outer step on replicas of one block in one process, round by round, beside the dense "
         "baseline, to see how much of the replicas' change each outer step delivers. Configs: `defaults` "
-        "(the peers' settings), `none` (every value as float32: no compression), `k128` (128 values per 64 x 64 "
-        "tile), `decay0.5` (the error buffer halved each round), `k128_decay0.5` (both). Of the last round: the "
-        "applied update's size over the replicas' mean change and their cosine, over every parameter and over "
-        "the tied table (`input_proj.weight`) alone, and replica 0's error buffer over its change; refused: "
-        "payloads refused over the run.",
+        "(the peers' settings when the run was made; a run's note says where they differ from today's), "
+        "`old_defaults` (before issue 58: 20 values per 64 x 64 tile, the error buffer kept whole), `none` "
+        "(every value as float32: no compression); the others are named by what differs from `old_defaults`: "
+        "`k128` (128 values per tile), `decay0.5` (the error buffer halved each round), `k96_decay0.5` and "
+        "`k128_decay0.5` (both). Bytes: what a replica sends a step (its payloads over H, to each other "
+        "replica), and dense's all-reduce bytes over them (runs before issue 58 did not record them). "
+        "Of the last round: the applied update's size over the replicas' mean change and their cosine, over "
+        "every parameter and over the tied table (`input_proj.weight`) alone, and replica 0's error buffer over "
+        "its change; refused: payloads refused over the run.",
     )
 
 
@@ -180,9 +184,11 @@ def outer_rounds_run(folder: Folder, title: str) -> list[str]:
             update, error = last["update_vs_mean_change"], last["error_over_change"]
             delivered = [fixed(update[part].num(f)) for part in ("all", "table") for f in ("size_ratio", "cosine")]
             delivered += [fixed(error.num("all")), plain(sum(row["refused"] for row in run["rounds"]))]
-        rows.append([name, fixed(final), times(final / dense_loss) if dense_loss else DASH, *delivered])
-    header = ["config", "final loss", "final / dense", "update / mean change", "cosine", "table: update / mean change",
-              "table: cosine", "error buffer / change", "refused"]  # fmt: skip
+        sent = [size(run.get("bytes_per_replica_per_step")), times(run.get("dense_over_this"))]
+        rows.append([name, fixed(final), times(final / dense_loss) if dense_loss else DASH, *sent, *delivered])
+    header = ["config", "final loss", "final / dense", "bytes a replica a step", "dense's bytes / these",
+              "update / mean change", "cosine", "table: update / mean change", "table: cosine",
+              "error buffer / change", "refused"]  # fmt: skip
     options = {k: config[k] for k in OUTER_ROUNDS_OPTIONS}
     return heading(title) + parts(
         command("outer_rounds.py", options), settings(config, set(OUTER_ROUNDS_OPTIONS)), plain(r.get("note") or ""),

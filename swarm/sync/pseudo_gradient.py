@@ -3,12 +3,15 @@
 `--sync outer` (the strategy is in outer.py) is DiLoCo-style local training with SparseLoCo's
 compression. The replicas share an *anchor*, the weights they all hold after an outer step.
 Each replica takes H AdamW steps on its own batches from the anchor, then its pseudo-gradient
-is the change `anchor - weights`. It adds the change to its error buffer, sends the top-k
-values of each tile of the buffer (tiles as in DeMo, up to 64 x 64; optionally after a DCT)
-at 2 bits (sign, and whether the value is above its tile's median size: two bfloat16 sizes
-per tile) or 1 bit (sign, one size per tile), and takes what it sent out of the buffer
-(error feedback: what is not sent this round goes out in a later one). `none` sends every
-value as float32.
+is the change `anchor - weights`. It scales its error buffer by `error_decay` and adds the
+change, sends the top-k values of each tile of the buffer (tiles as in DeMo, up to 64 x 64;
+optionally after a DCT) at 2 bits (sign, and whether the value is above its tile's median
+size: two bfloat16 sizes per tile) or 1 bit (sign, one size per tile), and takes what it sent,
+as decoded (after quantisation, as SparseLoCo does), out of the buffer (error feedback: what is
+not sent this round may go out in a later one). The decay keeps the buffer bounded, near a
+round's change at the default 0.5: without it top-k drains less of the buffer than each round
+adds, and stale residuals outgrow each round's change (issue 58). `none` sends every value as
+float32.
 
 The outer update, coordinate by coordinate over the decoded changes of every replica that
 arrived (its own included). Of three or more: their mean, clipped into the range that a
@@ -85,19 +88,23 @@ Changes = dict[str, torch.Tensor]  # decoded pseudo-gradient, by parameter name
 
 @dataclass
 class OuterConfig:
-    """Outer-step settings. With the defaults (H = 30, 20 values per 64 x 64 tile, 2 bits) a
-    replica sends about 1/5,900 of the bytes of dense per-step averaging with 4 replicas (1/2,950
-    with 8: every replica sends its payload to every other one); top_k was lowered from 32 (about
-    1/4,000) to reach 1/5,000. At this compression, 300 steps of a small block ended about 12%
-    above dense's validation loss, and 128 values per tile (1/1,080) about 4% above:
-    benchmarks/sync.py measures both (benchmarks/results/sync/)."""
+    """Outer-step settings. With the defaults (H = 30, 96 values per 64 x 64 tile, 2 bits) a
+    replica of the small block of benchmarks/sync.py sends about 1/1,300 of the bytes of dense
+    per-step averaging with 4 replicas (1/650 with 8: every replica sends its payload to every
+    other one). 128 a tile learnt no better there (600 steps: 1.029x of dense's loss, both) at
+    1/1,012, too near 1/1,000 to keep it on another block or with the transport's overhead. Half
+    the error buffer is dropped each round, so it stays near one round's change: with none dropped
+    and 20 values a tile (the defaults before issue 58, 1/2,500) top-k drained less of it than each
+    round added, it grew to 65 rounds' changes, and what was sent was mostly stale.
+    benchmarks/outer_rounds.py measures each (benchmarks/results/outer_rounds/; docs/decisions.md
+    says what each setting gave)."""
 
     steps: int = 30  # H: local AdamW steps between outer steps
     compression: str = "dct"  # "dct": top-k of each tile's DCT; "raw": top-k of the change itself; "none": float32
-    top_k: int = 20  # values kept per 64 x 64 tile (scaled with the tile's size, at least 1)
+    top_k: int = 96  # values kept per 64 x 64 tile (scaled with the tile's size, at least 1)
     value_bits: int = 2  # 2: sign and one of two sizes per tile; 1: sign and one size per tile
     outer_lr: float = 1.0
-    error_decay: float = 1.0  # the error buffer is multiplied by this before each round's change is added
+    error_decay: float = 0.5  # the error buffer is multiplied by this before each round's change is added
     max_change_per_lr: float = 10.0  # refused: a decoded change above this many lr x H
     # of two senders, the other leaves when the update keeps at most this share of the larger
     # change (sizes summed over every coordinate), on the mean of the rounds remembered (`kept_share`)
