@@ -5,7 +5,8 @@ For each block `Replicas` takes the first checkpoint, in the order of
 client may use (vetting.py: one measured here, or one that hosts under two keys or more serve
 where keys cost something; in an open swarm every checkpoint of the block is measured first, as a
 fetch does: `SwarmDirectory.keys_count`), and among its hosts the one with the lowest measured
-round trip (pings are cached), hosts behind NAT last (they are reached by asking them to dial
+round trip (pings are cached, and those a choice needs are sent at once: k keys whose peers never
+answer cost one `ping_timeout`, not k), hosts behind NAT last (they are reached by asking them to dial
 back: `swarm.p2p.reachability.ensure_direct`). The choice is kept while its host is not banned,
 so that a generation reads the directory only when a host fails.
 
@@ -24,6 +25,7 @@ and the client knows whether every key was heard (`heard_all`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -113,13 +115,14 @@ class Replicas:
         keys = {key_of(chosen.host)} | {key_of(h) for h in chosen.announcing if h.peer_id in asked}
         live = [h for h in chosen.announcing if key_of(h) not in keys and not self.banned(h.peer_id)]
         known = [h for h in live if self.rtt.get((h.peer_id, h.owner), math.inf) < math.inf]
-        return min(known or [h for h in live if self.round_trip(h) < math.inf], key=self.round_trip, default=None)
+        return min(known or self._answering(live), key=self.round_trip, default=None)
 
     def voice(self, chosen: Chosen, at_most: int) -> list[Host]:
         """One replica of the chosen checkpoint under each key other than the chosen host's, not
         banned and answering a ping, fastest first, at most `at_most` of them: in an open swarm
         every one is asked (cross_check.py), where a count of the fastest would be the stranger's pick."""
-        timed = [(self.round_trip(h), h) for h in self._live_others(chosen)]  # each pinged once at most (cached)
+        live = self._live_others(chosen)
+        timed = list(zip(self.round_trips(live), live, strict=True))  # each pinged once at most (cached)
         by_key: dict[bytes, Host] = {}
         for _, host in sorted((t for t in timed if t[0] < math.inf), key=lambda t: t[0]):
             by_key.setdefault(key_of(host), host)
@@ -172,27 +175,50 @@ class Replicas:
         return self.banned_until.get(peer_id, 0.0) > time.monotonic()
 
     def round_trip(self, host: Host) -> float:
-        """Seconds of one P2P ping (rpc_info) to a host, measured once and cached, and again after it
-        failed a request; inf if it fails (the peer is then banned for a while, and `unreachable`) or
-        if the peer does not own the host's record."""
-        key = host.peer_id, host.owner  # an impostor's record names the same peer under another key
-        if key in self.recheck:  # gone, or only busy a moment ago?
-            self.recheck.discard(key)
-            self.rtt.pop(key, None)
-        if key not in self.rtt:  # over the route requests will take: direct, behind NAT once it dialed us back
-            self.loop.run(ensure_direct(self.p2p, host.peer_id, self.ping_timeout), self.ping_timeout + 1)
-            rtt, info = self.loop.run(self._ask_info(host.peer_id), self.ping_timeout + 1)
-            if info is None:
-                self.unreachable.add(key)
-                self.ban(host, "did not answer a ping")
-                return rtt
-            self.unreachable.discard(key)
-            if not owns_record(info, host):
-                logger.warning("peer %s does not own a record that names it for block %d: ignored", host.peer_id,
-                               host.block)  # fmt: skip
-                rtt = float("inf")
-            self.rtt[key] = rtt
-        return self.rtt[key]
+        """Seconds of one P2P ping (rpc_info) to a host (`round_trips`)."""
+        return self.round_trips([host])[0]
+
+    def round_trips(self, hosts: Iterable[Host]) -> list[float]:
+        """Seconds of one P2P ping (rpc_info) to each host, measured once and cached, and again after it
+        failed a request; inf if it fails (the peer is then banned for a while, and `unreachable`) or if
+        the peer does not own the host's record. Those not cached are pinged all at once: a stranger's
+        silent keys cost one `ping_timeout` together, not one each in turn (issue 57)."""
+        hosts = list(hosts)
+        todo: dict[tuple[str, bytes], Host] = {}  # an impostor's record names the same peer under another key
+        for host in hosts:
+            key = host.peer_id, host.owner
+            if key in self.recheck:  # gone, or only busy a moment ago?
+                self.recheck.discard(key)
+                self.rtt.pop(key, None)
+            if key not in self.rtt:
+                todo.setdefault(key, host)
+        if todo:
+            answers = self.loop.run(self._reach_all([h.peer_id for h in todo.values()]), 2 * self.ping_timeout + 1)
+            for host, (rtt, info) in zip(todo.values(), answers, strict=True):
+                self._note(host, rtt, info)
+        return [self.rtt.get((h.peer_id, h.owner), math.inf) for h in hosts]
+
+    async def _reach_all(self, peer_ids: list[str]) -> list[tuple[float, PeerInfo | None]]:
+        return await asyncio.gather(*(self._reach(peer_id) for peer_id in peer_ids))
+
+    async def _reach(self, peer_id: str) -> tuple[float, PeerInfo | None]:
+        """One ping over the route requests will take: direct, or behind NAT once it dialed us back."""
+        await ensure_direct(self.p2p, peer_id, self.ping_timeout)
+        return await self._ask_info(peer_id)
+
+    def _note(self, host: Host, rtt: float, info: PeerInfo | None) -> None:
+        """A host's ping: cached as its round trip; unanswered, it is banned a while and `unreachable`."""
+        key = host.peer_id, host.owner
+        if info is None:
+            self.unreachable.add(key)
+            self.ban(host, "did not answer a ping")
+            return
+        self.unreachable.discard(key)
+        if not owns_record(info, host):
+            logger.warning("peer %s does not own a record that names it for block %d: ignored", host.peer_id,
+                           host.block)  # fmt: skip
+            rtt = float("inf")
+        self.rtt[key] = rtt
 
     def ping(self, peer_id: str) -> float:
         """Seconds of one P2P round trip (rpc_info) to a peer; inf if it does not answer in time."""
@@ -262,5 +288,5 @@ class Replicas:
         self.checks.measuring_seconds += time.perf_counter() - started
 
     def _answering(self, hosts: list[Host] | tuple[Host, ...]) -> list[Host]:
-        """Those of `hosts` that answer a ping (`round_trip`) and own their record."""
-        return [h for h in hosts if self.round_trip(h) < math.inf]
+        """Those of `hosts` that answer a ping (`round_trips`: all at once) and own their record."""
+        return [h for h, rtt in zip(hosts, self.round_trips(hosts), strict=True) if rtt < math.inf]
