@@ -9,7 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 from hivemind.proto import runtime_pb2
+from swarm_helpers import wait_for
 
+from swarm.lab.hosting import InProcessNode
 from swarm.model.denoiser import build_block
 from swarm.p2p.messages import PayloadReply, PayloadRequest
 from swarm.sync.compression import PayloadError
@@ -24,7 +26,7 @@ from swarm.sync.exchange import (
     applied_fingerprint,
 )
 from swarm.sync.lockstep import DeMoSync
-from swarm.sync.transport import PENDING_STEPS, PayloadServicer
+from swarm.sync.transport import PENDING_STEPS, PayloadServicer, Punctuality, gather
 
 
 def poll(servicer: PayloadServicer, step: int) -> str:
@@ -49,6 +51,26 @@ def test_polls_for_made_up_future_steps_leave_nothing_behind_and_honest_polls_st
     assert held_while_waiting <= PENDING_STEPS
     assert held_after == 1  # the published step's alone
     assert honest.status == "ok" and honest.payload == b"payload"
+
+
+def test_polls_for_made_up_future_steps_take_no_place_from_a_poll_for_the_next_step():
+    """Strangers with free peer ids long-poll more made-up future steps than may wait at once: a
+    replica a step ahead still waits for this one's next payload and gets it when it is published.
+    Without places kept for steps near this replica's own, it got "not yet" at once, and asked again."""
+
+    async def scenario() -> tuple[PayloadReply, list[PayloadReply]]:
+        servicer = PayloadServicer(block=0, deadline=0.5)
+        servicer.publish(3, b"three", b"fingerprint")
+        flood = asyncio.gather(*(poll(servicer, 10**9 + i) for i in range(2 * PENDING_STEPS)))
+        await asyncio.sleep(0.05)
+        honest = asyncio.ensure_future(poll(servicer, 4))
+        await asyncio.sleep(0.05)
+        servicer.publish(4, b"four", b"fingerprint")
+        return await honest, await flood
+
+    honest, flood = asyncio.run(scenario())
+    assert honest.status == "ok" and honest.payload == b"four"
+    assert [reply.status for reply in flood] == ["not yet"] * (2 * PENDING_STEPS)
 
 
 @pytest.mark.parametrize("majority_at, round_steps, jumps_to", [(60, 1, 60), (60, 30, None), (90, 30, 90)])
@@ -171,3 +193,47 @@ def test_demo_replicas_that_step_the_same_set_at_different_rates_fingerprint_it_
         sync.apply(Round(step=5, own=own, fingerprint=b"started", gathering=gathering), 5)
         applied.append(exchange.applied)
     assert applied[0] != applied[1]
+
+
+@pytest.fixture
+def two_nodes():
+    """Two DHT nodes on 127.0.0.1, each with a P2P handle: one gathers, the other serves payloads."""
+    with InProcessNode("polls") as asker, InProcessNode("polls", asker.maddrs) as server:
+        yield asker, server
+
+
+def test_a_replica_that_missed_a_round_is_waited_for_in_full_again_once_a_payload_of_it_comes_in_time(two_nodes):
+    """A replica that missed its last round (it was saving a checkpoint, say) and publishes each payload
+    half a deadline after it is asked: the gather ends at once, without it, but the ask goes on out of
+    the trainer's way and its payload, in within the deadline, makes it punctual again, so the next
+    gather waits for it and takes its payload. Judged only by what came while the gather was open, it
+    would be left out of every step."""
+    asker, server = two_nodes
+    deadline = 2.0
+    served = PayloadServicer(0, deadline)
+    server.serve(served)
+    punctuality = Punctuality()
+    punctuality.met = True  # a first gather has ended, and this replica's payload did not come in it
+
+    async def publish_late(step: int) -> None:
+        await asyncio.sleep(deadline / 2)
+        served.publish(step, f"payload {step}".encode(), b"fingerprint")
+
+    def gathered(step: int) -> Gathered:
+        server.loop.submit(publish_late(step))
+        return asker.loop.run(gather(asker.p2p, 0, step, [server.peer_id], deadline, punctuality), 2 * deadline)
+
+    first = gathered(1)
+    assert not first.payloads and first.seconds < deadline / 4
+    wait_for(lambda: server.peer_id in punctuality.punctual, deadline, "the ask past the gather to bring step 1")
+    assert punctuality.bytes_received > len(b"payload 1")  # the bytes of that ask are counted too
+    second = gathered(2)
+    assert second.payloads == {server.peer_id: b"payload 2"} and second.seconds >= deadline / 2
+
+
+def test_a_record_that_names_no_peer_id_is_left_out_of_a_gather(two_nodes):
+    """A record may name any string as its peer id: that replica is left out; the gather neither fails
+    (which failed the trainer's step) nor waits for it."""
+    asker, _ = two_nodes
+    gathered = asker.loop.run(gather(asker.p2p, 0, 1, ["not a peer id!"], 5.0), 10.0)
+    assert gathered.asked == 1 and not gathered.payloads and gathered.seconds < 1.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -15,6 +16,7 @@ from swarm_helpers import wait_for
 
 from swarm.checkpoints.store import CheckpointStore
 from swarm.errors import SwarmError
+from swarm.lab.attacks import HostileNode
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.train import OpenStep, TrainConfig, Trainer
@@ -29,6 +31,7 @@ from swarm.sync.in_process import LocalBoard
 from swarm.sync.lockstep import DeMoSync
 from swarm.sync.overlap import DeMoOverlapSync
 from swarm.sync.strategy import train_step
+from swarm.sync.transport import PayloadServicer
 
 SYNC = ["--sync", "demo", "--wait-for-replicas", "2", "--save-every", "50", "--announce-period", "1"]
 
@@ -65,6 +68,45 @@ def test_two_replicas_that_get_every_payload_stay_identical(lent_swarm, tmp_path
     assert "refused" not in local.started[-1].log() + local.started[-2].log()
     waits = [json.loads(line) for line in trace.read_text().splitlines() if '"wait"' in line]
     assert len(waits) == 12 and sum(w["spare_windows"] for w in waits) > 0, waits
+
+
+QUIET_RUN = 10  # steps the honest replicas train beside keys that never deliver
+
+
+@pytest.mark.parametrize("answer, honest", [("silent", 1), ("not yet", 1), ("silent", 2)])
+def test_keys_that_never_deliver_cost_honest_replicas_one_deadline_not_one_a_step(lent_swarm, tmp_path, answer, honest):
+    """Issue 57: two free keys whose records name them replicas of block 0, silent (nothing serves
+    their payloads) or answering each poll "not yet" after a full long poll. Each was waited for up
+    to the deadline on every step, forever: 10 steps, 10 deadlines of waiting. Now only the first
+    gather waits for them; from then on only replicas whose last payload came in time are waited
+    for, so the waits add up to less than 3 deadlines. Two honest replicas beside the keys still
+    wait for each other in full and apply the same sets: identical, and no drift. (The start
+    barrier counts the keys' records as replicas started, so it is set to wait for both honest
+    replicas too: with --wait-for-replicas 2, r1 began beside the keys alone, before r2 trained,
+    and the two applied different sets from their first step, whatever the gather did.)"""
+    deadline = PeerConfig().sync_deadline  # the peers run on their defaults
+    local, client = lent_swarm
+    trace = tmp_path / "r1.sync-trace.jsonl"
+    options = ["--max-steps", str(QUIET_RUN), "--save-every", str(QUIET_RUN), "--announce-period", "1",
+               "--wait-for-replicas", str(honest + 2)]  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        for _ in range(2):
+            node = stack.enter_context(HostileNode(local.swarm, local.initial_peers))
+            stack.callback(node.leave, 0)  # before the node closes: no later test finds its record
+            if answer == "not yet":
+                node.serve(PayloadServicer(0, deadline))  # publishes nothing: every poll waits the deadline
+            node.announce(0, lifetime_s=300)
+        r1 = local.start_peer("r1", "0", [*options, "--sync-trace", str(trace)])
+        if honest == 2:
+            local.start_peer("r2", "0", options)
+        done = wait_for(lambda: finished(client.directory, honest), 150, "the honest replicas to finish")
+    waits = [json.loads(line)["seconds"] for line in trace.read_text().splitlines() if '"wait"' in line]
+    assert f"no payload from 2 of the {honest + 1} replicas asked" in r1.log()  # the keys were asked
+    assert len(waits) == QUIET_RUN and sum(waits) < 3 * deadline, waits
+    if honest == 2:
+        assert [a.sync_steps for a in done] == [QUIET_RUN] * 2 and all(a.drift is None for a in done), done
+        first, second = final_checkpoint(local, "r1", QUIET_RUN), final_checkpoint(local, "r2", QUIET_RUN)
+        assert all(torch.equal(first[k], second[k]) for k in first)
 
 
 @pytest.mark.parametrize("options, fragment", [

@@ -455,9 +455,11 @@ class RefusedPayloads(Impersonating, PayloadServicer):
 
 
 class JumpClaims(Impersonating, PayloadServicer):
-    """Answers every poll for step t with "gone, the newest step is t + `ahead`" (`MAX_JUMP_STEPS`: the
-    most one jump takes). Two such keys are a majority of a lone replica's fellows on every step:
-    before its jumps had a budget over its life, they moved its step 1000 a step (issue 57)."""
+    """Answers every poll for an odd step t with "gone, the newest step is t + `ahead`" (`MAX_JUMP_STEPS`:
+    the most one jump takes), and for an even one with a payload (junk: any bytes that arrive in time
+    keep a key waited for, swarm/sync/transport.py; they are refused when decoded). Two such keys are
+    a majority of a lone replica's fellows every other step: before its jumps had a budget over its
+    life, they moved its step 1000 a step (issue 57)."""
 
     imitates = PayloadServicer
 
@@ -467,6 +469,8 @@ class JumpClaims(Impersonating, PayloadServicer):
 
     async def _payload(self, request: runtime_pb2.ExpertRequest) -> PayloadReply:
         step = PayloadRequest.decode(request.metadata).step
+        if step % 2 == 0:
+            return PayloadReply(status="ok", payload=b"junk", fingerprint=b"\0" * 8, newest_step=step)
         return PayloadReply(status="gone", newest_step=step + self.ahead)
 
 

@@ -4,9 +4,11 @@ Each replica publishes its payload for a step t (for outer steps: the step that 
 and gathers the other replicas' payloads for t until the deadline, through a `Transport`:
 between peers over P2P (transport.py), or between replicas in one process (in_process.py, for
 benchmarks). A replica whose payload has not come by then is left out of that step: nobody
-waits longer for a slow or dead peer. Payloads that fail the strategy's checks are logged and
-not applied, and say nothing about drift. Every replica decodes the gathered set in peer-id
-order, so replicas that gather the same set stay identical.
+waits longer for a slow or dead peer. Over P2P, after a replica's first gather, only those whose
+last payload came in time are waited for that long, so a key that never delivers costs the
+deadline once, not every step (transport.py). Payloads that fail the strategy's checks are
+logged and not applied, and say nothing about drift. Every replica decodes the gathered set in
+peer-id order, so replicas that gather the same set stay identical.
 
 With its payload each replica sends a fingerprint (8 bytes) of the last set it applied: that
 step and the peers whose payloads it used (for DeMo, those that voted). Replicas that applied
@@ -142,11 +144,12 @@ class Transport(Protocol):
     """How an exchange's payloads travel: between peers over P2P (`swarm.sync.transport`), or
     between replicas in one process (`swarm.sync.in_process`, for benchmarks)."""
 
-    deadline: float  # seconds a gather waits for the others' payloads of a step
+    deadline: float  # the most seconds a gather waits for the others' payloads of a step
 
     def served_bytes(self) -> tuple[int, int]:
         """Bytes this replica served the others and bytes of their requests, in all (its own
-        requests and the replies it got are counted in each `Gathered`)."""
+        requests and the replies it got are counted in each `Gathered`, but for those of an ask
+        that went on past its gather, counted here)."""
 
     def publish(self, step: int, payload: bytes, fingerprint: bytes) -> None:
         """Make this replica's payload of `step` available to the others (before any gather of `step` starts)."""

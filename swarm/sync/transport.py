@@ -3,17 +3,36 @@ payloads, and the gather that asks the others for theirs (an exchange's `Transpo
 
 Each replica publishes its payload for a step t (for outer steps: the step that ends a round)
 and serves it (`rpc_payload`, a long poll that waits for that step's payload up to the
-deadline); it gathers the other replicas' payloads for t concurrently until `deadline` seconds
-have passed. A replica whose payload has not come by then is left out of that step: nobody
+deadline); it gathers the other replicas' payloads for t concurrently, for at most `deadline`
+seconds. A replica whose payload has not come by then is left out of that step: nobody
 waits longer for a slow or dead peer. Replies are read through their schema (`PayloadReply`).
 Bytes are counted as whole messages on both ends (see exchange.py).
+
+Only a punctual replica is waited for that long (`Punctuality`): in this replica's first
+gather with others, every one; from then on, those whose last payload came within the deadline.
+In an open swarm a key is free: one key whose record names it a replica of the block and that
+never answers, or answers "not yet", held every step to the deadline, forever (issue 57); now it
+costs only this replica's first gather (all are waited for there, so that replicas that start
+together meet at their first step), and a key new after that costs nothing. A gather ends when
+the punctual replicas' asks have ended; the others' asks go on out of the trainer's way until
+the deadline (one such ask per replica at a time), and a payload that comes by then makes its
+replica punctual again: an honest replica that missed a step, or one that joined later, is
+waited for in full from a round or two on. Replicas punctual to each other wait for each other
+as before, and so still apply the same sets. What timing cannot deny a key: a payload (any
+bytes: they are decoded later) delivered just before each deadline keeps it punctual, waited
+for in full, as an honest replica that slow would be. What this costs an honest replica: one
+that falls more than a deadline behind the others at once (a stall of over two deadlines) is no
+longer waited for until its payloads come in time again; it still applies theirs (kept for late
+askers), but they go on without its own, where waiting in full every step let it catch up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future
 
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
@@ -29,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 KEEP_PAYLOADS = 8  # own payloads (steps or outer rounds) kept for late askers: twice MAX_STEPS_IN_FLIGHT
 RETRY_S = 0.2  # pause before asking a peer again that could not answer yet
-PENDING_STEPS = 16  # steps not yet published that polls may wait for at once (honest ones ask the next one or two)
+PENDING_STEPS = 16  # steps far from this replica's own that polls may wait for at once (made-up ones, mostly)
 POLLS_PER_PEER = MAX_STEPS_IN_FLIGHT + 1  # long polls one replica may have waiting here at once
 
 
@@ -49,11 +68,18 @@ class PayloadServicer(ServicerBase):
     def _event(self, step: int) -> asyncio.Event:
         return self._published.setdefault(step, asyncio.Event())
 
+    def _near(self, step: int) -> bool:
+        """Whether `step` is one an honest replica may ask for now: a kept one, or one of the next
+        `MAX_STEPS_IN_FLIGHT` (a replica ahead of this one by the gathers it may have in flight)."""
+        return bool(self.payloads) and min(self.payloads) <= step <= max(self.payloads) + MAX_STEPS_IN_FLIGHT
+
     async def _published_in_time(self, step: int) -> bool:
         """Wait up to the deadline for step's payload. An asker names any step it likes: an event
-        is kept only while someone waits for it (or once published), and for a bounded number of
-        steps at once, so polls for made-up future steps cannot pile up here."""
-        if step not in self._published and len(self._waiting) >= PENDING_STEPS:
+        is kept only while someone waits for it (or once published). Steps near this replica's own
+        may always be waited for (a bounded window); others only `PENDING_STEPS` at once, so polls
+        for made-up future steps can neither pile up here nor take an honest poll's place."""
+        far = [s for s in self._waiting if not self._near(s)]
+        if step not in self._published and not self._near(step) and len(far) >= PENDING_STEPS:
             return False
         event = self._event(step)
         self._waiting[step] = self._waiting.get(step, 0) + 1
@@ -112,35 +138,94 @@ class PayloadServicer(ServicerBase):
         return PayloadReply(status="ok", payload=data, fingerprint=fingerprint, newest_step=asked.step)
 
 
-async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline: float) -> Gathered:
-    """Ask every peer for its step payload at once; keep what arrives before the deadline."""
+class Punctuality:
+    """Which replicas a gather waits for in full (module docstring), as this replica's gathers saw
+    them; read and written on the event loop alone."""
+
+    def __init__(self) -> None:
+        self.met = False  # a gather that asked another replica has ended
+        self.punctual: set[str] = set()  # replicas whose last payload came within the deadline
+        self.trailing: set[str] = set()  # replicas whose ask goes on past the gather it began in
+        self.bytes_sent = 0  # requests of those asks that got an answer
+        self.bytes_received = 0  # their answers
+
+    def waited_in_full(self, peer_ids: Iterable[str]) -> list[str]:
+        """The replicas a gather waits for up to the deadline: all in the first gather, then the punctual ones."""
+        return [p for p in peer_ids if not self.met or p in self.punctual]
+
+    def ended(self, gathered: Gathered, asks: dict[str, asyncio.Task], sinks: dict[str, Gathered]) -> None:
+        """A gather ended: those whose payload it brought are punctual (only those: replicas no longer
+        asked are forgotten). An ask still running goes on (its replies to a sink of its own) until
+        the deadline, as its replica's trailing ask, or is cancelled if that replica has one already
+        (so no replica's service is asked more than once beyond the gathers)."""
+        self.met = self.met or bool(asks)
+        self.punctual = {p for p in asks if p in gathered.payloads}
+        for peer_id, task in asks.items():
+            if task.done():
+                continue
+            if peer_id in self.trailing:
+                task.cancel()
+                continue
+            self.trailing.add(peer_id)
+            sinks[peer_id] = Gathered(asked=1)
+            task.add_done_callback(functools.partial(self._trailed, peer_id, sinks[peer_id]))
+
+    def _trailed(self, peer_id: str, sink: Gathered, _: asyncio.Task) -> None:
+        """A trailing ask ended: its bytes, and its replica punctual again if its payload came in time."""
+        self.trailing.discard(peer_id)
+        self.bytes_sent += sink.bytes_sent
+        self.bytes_received += sink.bytes_received
+        if peer_id in sink.payloads:
+            self.punctual.add(peer_id)
+
+
+async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline: float,
+                 punctuality: Punctuality | None = None) -> Gathered:  # fmt: skip
+    """Ask every peer for its step payload at once; keep what arrives until every ask of a replica
+    waited for in full has ended, at most the deadline (`Punctuality`; without one, all are)."""
+    punctuality = punctuality if punctuality is not None else Punctuality()
     result = Gathered(asked=len(peer_ids))
     started = time.monotonic()
     stop_at = started + deadline
     request = runtime_pb2.ExpertRequest(metadata=PayloadRequest(block=block, step=step).encode())
+    sinks = dict.fromkeys(peer_ids, result)  # where each ask's replies go: the result, while the gather is open
 
     async def ask(peer_id: str) -> None:
+        try:
+            stub = PayloadServicer.get_stub(p2p, PeerID.from_base58(peer_id))
+        except ValueError:  # a record may name any string: that one is no peer (counted as missing, see exchange.py)
+            logger.debug("step %d: %r is not a peer id; left out of this step", step, peer_id)
+            return
         await ensure_direct(p2p, peer_id, deadline)  # a replica behind NAT dials us back (once): relays cut at 128 KiB
-        stub = PayloadServicer.get_stub(p2p, PeerID.from_base58(peer_id))
         while (left := stop_at - time.monotonic()) > 0:
             try:
                 response = await stub.rpc_payload(request, timeout=left)
             except Exception:  # not up yet, gone, or too slow: ask again while time is left
                 await asyncio.sleep(min(RETRY_S, max(0.0, stop_at - time.monotonic())))
                 continue
-            result.bytes_sent += request.ByteSize()
-            result.bytes_received += response.ByteSize()
+            sink = sinks[peer_id]
+            sink.bytes_sent += request.ByteSize()
+            sink.bytes_received += response.ByteSize()
             try:
                 reply = PayloadReply.decode(response.metadata)
             except MessageError as error:
                 logger.warning("step %d: %s sent a malformed reply (%s); left out of this step", step, peer_id, error)
                 return
-            if result.take(peer_id, reply):
+            if sink.take(peer_id, reply):
                 return
             await asyncio.sleep(RETRY_S)
 
-    await asyncio.gather(*(ask(peer_id) for peer_id in peer_ids))
+    asks = {peer_id: asyncio.ensure_future(ask(peer_id)) for peer_id in peer_ids}
+    waited = [asks[p] for p in punctuality.waited_in_full(peer_ids)]
+    try:
+        if waited:
+            await asyncio.wait(waited, timeout=deadline)
+    except BaseException:  # cancelled: no ask outlives its gather
+        for task in asks.values():
+            task.cancel()
+        raise
     result.seconds = time.monotonic() - started
+    punctuality.ended(result, asks, sinks)
     return result
 
 
@@ -151,13 +236,16 @@ class P2PTransport:
     def __init__(self, servicer: PayloadServicer, p2p: P2P, loop: EventLoopThread):
         self.servicer, self.p2p, self.loop = servicer, p2p, loop
         self.deadline = servicer.deadline
+        self.punctuality = Punctuality()
 
     def served_bytes(self) -> tuple[int, int]:
-        return self.servicer.bytes_sent, self.servicer.bytes_received
+        """Served, and the asks that went on past their gather (counted in no `Gathered`)."""
+        return (self.servicer.bytes_sent + self.punctuality.bytes_sent,
+                self.servicer.bytes_received + self.punctuality.bytes_received)  # fmt: skip
 
     def publish(self, step: int, payload: bytes, fingerprint: bytes) -> None:
         self.loop.loop.call_soon_threadsafe(self.servicer.publish, step, payload, fingerprint)  # runs before the gather
 
     def gather(self, step: int, peer_ids: list[str]) -> Future:
-        coro = gather(self.p2p, self.servicer.block, step, peer_ids, self.deadline)
+        coro = gather(self.p2p, self.servicer.block, step, peer_ids, self.deadline, self.punctuality)
         return self.loop.submit(asyncio.wait_for(coro, self.deadline + GATHER_GRACE_S))
