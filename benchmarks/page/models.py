@@ -3,7 +3,7 @@ through the swarm, and the demo's start model."""
 
 from __future__ import annotations
 
-from .formatting import DASH, code, command, fixed, percent, plain, section, settings, size, table, times, yes
+from .formatting import DASH, code, command, fixed, parts, percent, plain, section, settings, size, table, times, yes
 from .reading import Folder, Node
 
 
@@ -165,8 +165,34 @@ def start_model(folder: Folder) -> list[str]:
         judge_line,
         table(header + (["gen_nll / true"] if judged else []), rows),
         temperature_table(r, "by_temperature"),
+        prompt_table(r),
         start_model_samples(r),
     )
+
+
+def prompt_table(r: Node) -> list[str]:
+    """How much the prompt steers the blocks, and the judge where one was given (`prompt_influence`),
+    where the run measured it; the command that scored it where it was scored alone, later."""
+    p = r.get("prompt_influence")
+    if p is None:
+        return []
+    rows = [prompt_row("blocks", p.get("blocks")), prompt_row("autoregressive (`--judge`)", p.get("autoregressive"))]
+    caption = (f"How much the prompt steers (`prompt_influence`): bits per byte of the true continuation after its "
+               f"own prompt over the same after another article's, on {plain(p['command']['windows'])} validation "
+               "windows; 1.0 for a model that ignores its prompt, lower the more it steers. Each window takes the "
+               "prompt of the window half the windows away in the stream (the closest pair "
+               f"{p.num('partners_apart_min_units'):,} units apart: another article).")  # fmt: skip
+    scored_alone = command("start_model.py", p["command"].data) if p["command"].get("prompt_influence_only") else ""
+    return parts(caption, table(["model", "own prompt", "another article's prompt", "prompt_influence"], rows),
+                 scored_alone)  # fmt: skip
+
+
+def prompt_row(name: str, figures: Node | None) -> list[str]:
+    """One model's row of `prompt_table`; dashes for one the run did not score (no judge given)."""
+    if figures is None:
+        return [name, DASH, DASH, f"{DASH} (none given)"]
+    return [name] + [fixed(figures.num(k)) for k in ("own_prompt_bits_per_byte", "other_prompt_bits_per_byte",
+                                                     "prompt_influence")]  # fmt: skip
 
 
 def diffusion_likelihood(families: Node, first: Node) -> str:

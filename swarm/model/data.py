@@ -143,12 +143,20 @@ class Windows:
 
     def sample(self, batch: int, generator: torch.Generator) -> torch.Tensor:
         """A random batch (batch, length) of int64 units."""
+        return self.at(self.random_starts(batch, generator))
+
+    def random_starts(self, batch: int, generator: torch.Generator) -> torch.Tensor:
+        """Where `sample`'s windows start in the stream (batch,), drawn uniformly."""
         last = len(self.stream) - self.length
-        return self.at(torch.randint(0, last, (batch,), generator=generator, device=generator.device))
+        return torch.randint(0, last, (batch,), generator=generator, device=generator.device)
 
     def fixed(self, count: int, seed: int = 1234) -> torch.Tensor:
         """The same `count` windows every time for a given seed: every model is evaluated on them."""
-        return self.sample(count, torch.Generator().manual_seed(seed))
+        return self.at(self.fixed_starts(count, seed))
+
+    def fixed_starts(self, count: int, seed: int = 1234) -> torch.Tensor:
+        """Where `fixed`'s windows start in the stream: which of them lie far apart (evaluate.far_partners)."""
+        return self.random_starts(count, torch.Generator().manual_seed(seed))
 
     def at(self, starts: torch.Tensor) -> torch.Tensor:
         offsets = starts[:, None] + torch.arange(self.length, device=starts.device)

@@ -18,6 +18,9 @@ Every model is scored on the same windows and, within a family, the same noise d
   single-pass generation drew each unit from;
 - gen_nll: the autoregressive judge's negative log-likelihood (nats per unit) of the generated
   units, beside the same figure for the true continuation (true_nll);
+- prompt_influence: bits_per_byte of the true continuations after their own prompts over the same
+  after another article's prompts (`prompt_influence`): 1.0 for a model that ignores its prompt,
+  lower the more the prompt steers it;
 - real_words: the share of the whole words generated that occur in the training text
   (words.py), beside the same share of the true continuation; distinct_words: the share of
   each span's words that differ (1.0 for no repeats); word_entropy: the entropy in bits of the
@@ -28,6 +31,7 @@ Every model is scored on the same windows and, within a family, the same noise d
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -114,6 +118,37 @@ def bits_per_byte(denoiser_for_block: DenoiserForBlock, config: ModelConfig, win
     """{'overall': -log2 p(target) per byte (see the module docstring), 'per_block': each block's share}."""
     per_block = [block_bits(denoiser_for_block(b), config, b, windows) for b in range(config.n_blocks)]
     return {"overall": sum(per_block), "per_block": per_block}
+
+
+def far_partners(starts: torch.Tensor) -> torch.Tensor:
+    """For each window, by where it starts in its split's stream, the index of the window whose
+    prompt `prompt_influence` puts before its continuation: the one half the windows away in stream
+    order, so that the two start about half the stream apart. Windows carry no article id (a split's
+    documents are joined into one stream, data.py); half the stream is far beyond any one article
+    (the built-in validation split: about 1000 lead sections, the longest 1.5 kB, in 0.5 MB), so the
+    prompt is another article's."""
+    order = torch.argsort(starts)
+    partners = torch.empty_like(order)
+    partners[order] = order.roll(-(len(order) // 2))
+    return partners
+
+
+def with_prompts_of(windows: torch.Tensor, partners: torch.Tensor, prefix_len: int) -> torch.Tensor:
+    """The windows, each with its own continuation after the prompt (prefix) of window `partners[i]`."""
+    return torch.cat([windows[partners, :prefix_len], windows[:, prefix_len:]], dim=1)
+
+
+def prompt_influence(
+    bits: Callable[[torch.Tensor], float], windows: torch.Tensor, partners: torch.Tensor, prefix_len: int
+) -> dict:
+    """How much a model's prompt steers it: `bits(windows)` (a model's bits per byte of the windows'
+    continuations after their prefixes) with each window's own prompt, over the same with the
+    prompt of window `partners[i]` (`far_partners`: another article's). The same continuations are
+    scored both times, so the ratio is one of totals and reads alone: 1.0 for a model that ignores
+    its prompt, lower the more the prompt tells it what comes next (the bits per byte alone mixes
+    that with how well it knows the language)."""
+    own, other = bits(windows), bits(with_prompts_of(windows, partners, prefix_len))
+    return {"own_prompt_bits_per_byte": own, "other_prompt_bits_per_byte": other, "prompt_influence": own / other}
 
 
 @torch.no_grad()
