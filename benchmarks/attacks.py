@@ -672,7 +672,8 @@ def oversized(swarm: Swarm) -> dict:
     honest = swarm.honest_checkpoint(1)
     with swarm.stranger(1) as node:
         node.serve(InfoServicer(lambda: node.info(1)), TricklingDownloads(1))
-        node.announce(1, **checkpoint_of(CheckpointInfo(step=honest.step + 1, sha256="ab" * 32, size=2**33)))
+        huge = CheckpointInfo(step=honest.step + 1, sha256="ab" * 32, size=2**33, chunks="ab" * 32)
+        node.announce(1, **checkpoint_of(huge))
         return measured(swarm, "oversized", 1, joiner=False)
 
 

@@ -22,7 +22,8 @@ def a_peer(state: str) -> SimpleNamespace:
         replica=SimpleNamespace(trainer=trainer),
         synced=SimpleNamespace(sync=sync, averager=SimpleNamespace(bytes_sent=20), reconcile=None),
     )  # the records of its join (swarm/peer/parts.py)
-    return SimpleNamespace(state=state, parts=parts, checkpoint=CheckpointInfo(step=10, sha256="a" * 64, size=1),
+    checkpoint = CheckpointInfo(step=10, sha256="a" * 64, size=1, chunks="b" * 64)
+    return SimpleNamespace(state=state, parts=parts, checkpoint=checkpoint,
                            checkpoint_time=123.0, config=SimpleNamespace(public_name="alice"), lineage=None)  # fmt: skip
 
 

@@ -36,7 +36,7 @@ BYTE_UNIFORM_CE = math.log(256)  # what knowing nothing scores over raw bytes, t
 
 def host(name: str, step: int, size: int = 1000, loss: float | None = None) -> Host:
     """A serving host under its own key `name`, announcing a checkpoint of `step` (its sha256 named by the step)."""
-    checkpoint = CheckpointInfo(step=step, sha256=f"{step:064x}", size=size)
+    checkpoint = CheckpointInfo(step=step, sha256=f"{step:064x}", size=size, chunks=f"{step:064x}")
     announcement = BlockAnnouncement(peer_id=name, state="serving", step=step, checkpoint=checkpoint, loss=loss)
     return Host(0, announcement, math.inf, owner=name.encode())
 

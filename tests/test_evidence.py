@@ -7,7 +7,6 @@ only the rule under test can.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
@@ -31,6 +30,7 @@ from swarm.checkpoints.choice import (
     measure_candidates,
 )
 from swarm.checkpoints.spot_check import EVAL_TEXT, SOURCES, Losses
+from swarm.checkpoints.store import describe
 from swarm.lab.attacks import TricklingDownloads, degraded_block, tuned_to
 from swarm.model.checkpoint import encode_block
 from swarm.model.data import load_corpus
@@ -43,7 +43,7 @@ BYTE_UNIFORM_CE = math.log(256)
 
 
 def record(key: str, step: int, sha: str | None = None) -> Host:
-    info = CheckpointInfo(step=step, sha256=sha or f"{step:064x}", size=1000)
+    info = CheckpointInfo(step=step, sha256=sha or f"{step:064x}", size=1000, chunks=f"{step:064x}")
     return Host(
         0, BlockAnnouncement(peer_id=key, state="serving", step=step, checkpoint=info), math.inf, owner=key.encode()
     )
@@ -255,7 +255,7 @@ def test_a_restarting_peer_keeps_its_own_checkpoint_beside_a_newer_one_that_meas
     attackers_check = SpotCheck(tiny_windows.fixed(64), seed=4)
     worse = degraded_block(trained_block.module, lambda d: attackers_check.measure(d, tiny_config, 0), 0.07)
     own_data = encode_block(trained_block.module, tiny_config, 0, 10, HOSTS_SWARM)
-    own = (own_data, CheckpointInfo(step=10, sha256=hashlib.sha256(own_data).hexdigest(), size=len(own_data)))
+    own = (own_data, describe(10, own_data).info)
     stranger = start("stranger")
     ahead = stranger.put(encode_block(worse, tiny_config, 0, 13, HOSTS_SWARM), 13)
     with client_of(stranger) as client:
@@ -315,7 +315,8 @@ def test_a_flood_of_slow_checkpoints_costs_a_choice_seconds_not_minutes(start, t
     honest = start("honest")
     good = honest.put(encode_block(trained_block.module, tiny_config, 0, 10, HOSTS_SWARM), 10)
     flood = [start(f"slow{i}", servicer=trickling(size)) for i in range(4)]
-    hosts = [node.host(CheckpointInfo(step=11 + i, sha256=f"{i:064x}", size=size)) for i, node in enumerate(flood)]
+    hosts = [node.host(CheckpointInfo(step=11 + i, sha256=f"{i:064x}", size=size, chunks=node.servicer.chunks))
+             for i, node in enumerate(flood)]
     started = time.monotonic()
     with client_of(honest, *flood) as client:
         choice = client.run(choose_checkpoint(client.p2p, [*hosts, honest.host(good)], tiny_config, 0,
@@ -330,7 +331,8 @@ def test_a_flood_of_slow_checkpoints_costs_a_choice_seconds_not_minutes(start, t
 def test_measurements_end_at_their_deadline_whatever_the_hosts_do(start, tiny_config):
     size = 500_000
     flood = [start(f"slow{i}", servicer=trickling(size)) for i in range(2)]
-    hosts = [node.host(CheckpointInfo(step=11 + i, sha256=f"{i:064x}", size=size)) for i, node in enumerate(flood)]
+    hosts = [node.host(CheckpointInfo(step=11 + i, sha256=f"{i:064x}", size=size, chunks=node.servicer.chunks))
+             for i, node in enumerate(flood)]
     candidates = [Candidate(h.announcement.checkpoint, (h,), plausible=True) for h in hosts]
     started = time.monotonic()
     with client_of(*flood) as client:

@@ -21,7 +21,7 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 from swarm_helpers import FAST_PEER, tiny_swarm, wait_for
 
-from swarm.checkpoints.store import CheckpointStore
+from swarm.checkpoints.store import CheckpointStore, describe
 from swarm.checkpoints.transfer import BlockServicer
 from swarm.health import browser
 from swarm.health.app import STATIC, Board, build_app
@@ -145,9 +145,10 @@ def test_a_host_is_verified_only_once_the_page_has_checked_the_checkpoint_it_ann
         page = InProcessNode(swarm, initial_peers=honest.maddrs)
         others.append(page)
         real = honest.store.save(build_block(config, 0), 3)
-        made_up = CheckpointInfo(step=3, sha256=random.Random(0).randbytes(32).hex(), size=real.size)
-        forged = CheckpointInfo(step=3, sha256=random.Random(1).randbytes(32).hex(), size=real.size)
-        forger.store.adopt(random.Random(2).randbytes(real.size), forged)  # its service finds the file by that sha256
+        made_up = real.model_copy(update={"sha256": random.Random(0).randbytes(32).hex()})
+        junk = random.Random(2).randbytes(real.size)  # under another sha256, with its own chunk list: chunks pass
+        forged = describe(3, junk).info.model_copy(update={"sha256": random.Random(1).randbytes(32).hex()})
+        forger.store.adopt(junk, forged)  # its service finds the file by that sha256
         for node, block, checkpoint in ((honest, 0, real), (stranger, 1, made_up), (forger, 2, forged)):
             announce(node, block, checkpoint)
         whole = settled(SwarmMonitor(page.directory, page.p2p, page.loop.run, config, 5.0))

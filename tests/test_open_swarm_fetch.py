@@ -1,6 +1,7 @@
 """A fetch in an open swarm, where keys are free (issue 57's first hole): no download waits on a
-stranger where one host suffices, a stranger's "busy" costs one deadline, and no candidate that
-verifies is dropped in favour of one that was merely faster.
+stranger where one host suffices, a stranger's "busy" costs one deadline, a stranger's forged chunk
+list is refused as it comes in, and no candidate that verifies is dropped in favour of one that was
+merely faster.
 
 Hosts are real DHT nodes (each its own process and libp2p daemon) driven from this process
 (`swarm.lab.hosting.CheckpointHost`); a client joins them as `swarm-fetch` would and chooses at the
@@ -10,7 +11,9 @@ defaults (`choose_checkpoint`, keys_count false: a key costs nothing here).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import random
 
 import pytest
 from hivemind.p2p import P2PContext
@@ -18,6 +21,9 @@ from hivemind.proto import runtime_pb2
 from swarm_helpers import HOSTS_SWARM, client_of, wait_for
 
 from swarm.checkpoints.choice import Candidate, Measured, SpotCheck, believable, choose_checkpoint, uniform_ce
+from swarm.checkpoints.chunks import CHUNK_BYTES
+from swarm.checkpoints.download import download
+from swarm.checkpoints.store import CheckpointStore
 from swarm.checkpoints.transfer import (
     FIRST_BYTE_TIMEOUT_S,
     BlockServicer,
@@ -25,7 +31,7 @@ from swarm.checkpoints.transfer import (
     ask_chunk_list,
     open_run,
 )
-from swarm.lab.attacks import BusyJustInTime, Impersonating, degraded_block
+from swarm.lab.attacks import BusyJustInTime, ForgedListThenTrickle, Impersonating, degraded_block
 from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import Denoiser
 from swarm.model.train import TrainConfig, block_trainer, train
@@ -33,6 +39,8 @@ from swarm.p2p.messages import DownloadRequest
 
 SAVE = 10  # steps between saves: the poisoner announces one save ahead of the honest host
 LATE_S = FIRST_BYTE_TIMEOUT_S - 2.0  # a late chunk list, still within the first-byte timeout
+FORGED_FIRST_S = 2.0  # how much later than a forger's the honest host's chunk list comes in
+PAYLOAD = random.Random(0).randbytes(24 * CHUNK_BYTES)  # a checkpoint's bytes, for downloads alone
 
 
 @pytest.fixture
@@ -80,15 +88,37 @@ def test_a_stranger_stalling_its_chunk_list_holds_no_download_and_a_faster_poiso
 
 
 class LateLists(Impersonating, BlockServicer):
-    """An honest host that answers its chunk lists `LATE_S` late (one loaded, or hashing a large file),
+    """An honest host that answers its chunk lists `late_s` late (one loaded, or hashing a large file),
     then serves at full speed."""
 
     imitates = BlockServicer
 
+    def __init__(self, block: int, store: CheckpointStore, late_s: float = LATE_S):
+        super().__init__(block, store)
+        self.late_s = late_s
+
     async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest,
                              context: P2PContext) -> runtime_pb2.ExpertResponse:  # fmt: skip
-        await asyncio.sleep(LATE_S)
+        await asyncio.sleep(self.late_s)
         return await super().rpc_chunk_list(request, context)
+
+
+def test_a_forged_chunk_list_answered_first_is_refused_at_once_and_the_honest_list_is_fetched(start):
+    """Issue 57: F, a free key, copies the lone honest host H's record (the same step, sha256, size and
+    chunk list), answers its chunk list first with a forged one, then sends that list's chunks just
+    within the inactivity timeout (`ForgedListThenTrickle`); H's list comes in `FORGED_FIRST_S` later.
+    F's list is not the one the record names: F is dropped as it comes in, before it sent a chunk, and
+    the download takes H's list. (Followed, F's list held the download to its deadline, where the
+    sha256 of the whole would have refused it.)"""
+    honest = start("honest", functools.partial(LateLists, late_s=FORGED_FIRST_S))
+    forger = start("forger", ForgedListThenTrickle)
+    info = honest.put(PAYLOAD, SAVE)
+    assert forger.put(PAYLOAD, SAVE) == info  # it holds the honest file: its record is the honest one
+    with client_of(honest, forger) as client:
+        got = client.run(download(client.p2p, [forger.host(info), honest.host(info)], show_progress=False), 120)
+    assert got.data == PAYLOAD and set(got.served) == {honest.peer_id}, got.served
+    assert "chunk list whose sha256 is not the one its record names" in got.dropped.get(forger.peer_id, ""), got.dropped
+    assert forger.servicer.sent == 0  # its first run, asked along with its list, was given up before a chunk came
 
 
 def test_a_candidate_whose_list_came_late_and_that_then_delivers_is_not_dropped_for_a_faster_poison(

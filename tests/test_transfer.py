@@ -19,11 +19,11 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
-from hivemind.p2p import P2P, P2PContext
+from hivemind.p2p import P2P
 from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
-from swarm.checkpoints.chunks import CHUNK_BYTES, MAX_COPIES, ChunkList, ChunkPlan, Run, chunk_hashes
+from swarm.checkpoints.chunks import CHUNK_BYTES, MAX_COPIES, ChunkList, ChunkPlan, Run, chunk_hashes, list_sha256
 from swarm.checkpoints.download import STREAM_RETRIES, _Whole, download, download_verified
 from swarm.checkpoints.transfer import (
     DOWNLOAD,
@@ -44,7 +44,6 @@ from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, SwarmRecordVali
 from swarm.sync.transport import POLLS_PER_PEER, PayloadServicer
 
 PAYLOAD = random.Random(0).randbytes(24 * CHUNK_BYTES)  # a run of 2 chunks for each of 12 streams
-LATE_LIST_S = 3.0  # a late chunk list: after an honest host's has come in and its fetch begun
 
 
 def fetch(nodes: list[CheckpointHost], info: CheckpointInfo, **options):
@@ -145,32 +144,20 @@ def test_a_stream_counts_against_its_callers_limit_from_the_moment_it_opens(star
     assert header.busy and header.size == 0, header
 
 
-class LateForger(CorruptChunks):
-    """A forger (`CorruptChunks` with a forged list) whose chunk list comes in `LATE_LIST_S` late."""
-
-    def __init__(self, block, store):
-        super().__init__(block, store, forge_list=True)
-
-    async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest,
-                             context: P2PContext) -> runtime_pb2.ExpertResponse:  # fmt: skip
-        await asyncio.sleep(LATE_LIST_S)
-        return await super().rpc_chunk_list(request, context)
-
-
 def test_a_forged_chunk_list_cannot_make_bad_bytes_pass(start):
     forgers = [start(f"f{i}", functools.partial(CorruptChunks, forge_list=True)) for i in range(2)]
-    honest, late = start("h0"), start("late", LateForger)
-    info = [node.put(PAYLOAD, 5) for node in (*forgers, honest, late)][0]
-    # alone, a forger's chunks all match the list it gave: the sha256 of the whole does not
-    with pytest.raises(TransferError, match="does not match its announced sha256"):
-        fetch(forgers[:1], info)
-    # whichever list comes in first is fetched: the forgers' fails the whole, and the honest host's serves
+    honest = start("h0")
+    info = [node.put(PAYLOAD, 5) for node in (*forgers, honest)][0]
+    # under the honest record, a forger's list is not the one the record names: it is refused as it comes in
     got = fetch([*forgers, honest], info)
     assert got.data == PAYLOAD and set(got.served) == {honest.peer_id}, got.served
     assert set(got.dropped) <= {f.peer_id for f in forgers}, got.dropped
-    # a list that comes in while another is fetching waits: its host is asked for no chunk
-    got = fetch([late, honest], info)
-    assert got.data == PAYLOAD and set(got.served) == {honest.peer_id} and not got.dropped, got.dropped
+    assert all("chunk list whose sha256 is not the one its record names" in why for why in got.dropped.values())
+    # under a record naming its forged list (a checkpoint of its own), its chunks match that list; the whole does not
+    forged_list = forgers[0].servicer._chunk_list_of(forgers[0].store.find(info.sha256))
+    forged = info.model_copy(update={"chunks": list_sha256(forged_list)})
+    with pytest.raises(TransferError, match="does not match its announced sha256"):
+        fetch(forgers[:1], forged)
 
 
 def test_a_chunk_plan_hands_out_long_runs_first_then_halves_and_last_chunks():
@@ -283,7 +270,7 @@ def test_fetch_moves_past_lying_and_vanished_replicas_to_one_that_verifies(start
     assert chosen.peer_id == good.peer_id
     assert received == good.store.path_for(5).read_bytes()
     logged = messages(caplog)
-    assert "does not match its announced sha256" in logged
+    assert "does not match its sha256 in the chunk list" in logged  # the tampered bytes: its list is its record's
     assert "more than the announced" in logged
     assert "no checkpoint of block 0 with sha256 000000000000" in logged
     assert "does not own the record that names it" in logged
@@ -320,12 +307,18 @@ def test_nodes_refuse_a_block_record_without_its_owners_key_or_off_its_schema():
     assert validator.validate(record(owned, good))
     assert not validator.validate(record(b"no key in this subkey", good))
     assert not validator.validate(record(owned, {"peer_id": "x", "state": "hacking", "step": -1}))
+    # a checkpoint without the sha256 of its chunk list: optional, a forger would leave it out (issue 57)
+    serving = {"peer_id": "p", "state": "serving", "step": 3, "checkpoint": {"step": 3, "sha256": "cd" * 32, "size": 9}}
+    assert not validator.validate(record(owned, serving))
+    serving["checkpoint"]["chunks"] = "ab" * 32
+    assert validator.validate(record(owned, serving))
 
 
 def test_a_stream_that_goes_quiet_is_given_up_whatever_its_size(start, tiny_config):
     """The record announces a plausible size; the host lists it, sends a header and then nothing."""
-    info = CheckpointInfo(step=3, sha256="cd" * 32, size=max_checkpoint_bytes(tiny_config))
-    quiet = start("quiet", lambda block, store: TricklingDownloads(block, every_s=3600, size=info.size))
+    size = max_checkpoint_bytes(tiny_config)
+    quiet = start("quiet", lambda block, store: TricklingDownloads(block, every_s=3600, size=size))
+    info = CheckpointInfo(step=3, sha256="cd" * 32, size=size, chunks=quiet.servicer.chunks)
     with pytest.raises(TransferError, match="sent nothing for 1s"):
         fetch([quiet], info, inactivity_timeout=1.0)
 
@@ -333,7 +326,7 @@ def test_a_stream_that_goes_quiet_is_given_up_whatever_its_size(start, tiny_conf
 def test_a_checkpoint_announced_heavier_than_a_block_is_refused_before_anyone_is_asked(tiny_config):
     """The bound inside the download, for callers that do not rank hosts first (merge rounds,
     the health page); `rank`'s own bound is tested in test_choice. No P2P: nothing may be asked."""
-    info = CheckpointInfo(step=3, sha256="cd" * 32, size=max_checkpoint_bytes(tiny_config) + 1)
+    info = CheckpointInfo(step=3, sha256="cd" * 32, size=max_checkpoint_bytes(tiny_config) + 1, chunks="cd" * 32)
     heavy = Host(0, BlockAnnouncement(peer_id="heavy", state="serving", step=3, checkpoint=info), get_dht_time() + 60)
     with pytest.raises(TransferError, match="more than a block of this model weighs"):
         asyncio.run(download_verified(None, [heavy], tiny_config, 0, show_progress=False))

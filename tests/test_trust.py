@@ -25,6 +25,7 @@ from swarm.checkpoints.assemble import choose_block
 from swarm.checkpoints.choice import STEP_LEAD, Candidate, Measured, SpotCheck, believable, rank, uniform_ce
 from swarm.checkpoints.download import download_verified
 from swarm.checkpoints.store import CheckpointStore
+from swarm.checkpoints.transfer import FIRST_BYTE_TIMEOUT_S, ask_chunk_list
 from swarm.errors import SwarmError
 from swarm.lab.attacks import (
     STEP_LIE,
@@ -110,7 +111,7 @@ def test_an_oversized_trickling_announcement_is_never_downloaded(swarm):
     trickler = TricklingDownloads(1)
     with HostileNode(SWARM, local.initial_peers) as node:
         node.serve(InfoServicer(lambda: node.info(1)), trickler)
-        huge = CheckpointInfo(step=honest.step + 1, sha256="ab" * 32, size=2**33)  # newer, and heavy
+        huge = CheckpointInfo(step=honest.step + 1, sha256="ab" * 32, size=2**33, chunks="ab" * 32)  # newer, and heavy
         node.announce(1, **checkpoint_of(huge))
         manifest, _ = fetch_manifest(local, "after-trickle")
     assert manifest["blocks"]["1"]["sha256"] == honest.sha256
@@ -465,15 +466,17 @@ def test_a_joiner_takes_a_better_block_stamped_far_ahead_but_not_its_step(swarm,
 
 def test_a_checkpoint_whose_download_runs_out_of_time_is_measured_again_later(swarm, monkeypatch):
     """Review of issue 26, finding 3: the only host the client can reach for a's checkpoint
-    trickles its download. The measurement runs out of time without raising, marks the checkpoint
-    failed for now, and measures it again (from a) once the delay is over."""
+    trickles its download (with a's chunk list, copied: the list passes). The measurement runs out of
+    time without raising, marks the checkpoint failed for now, and measures it again (from a) once the
+    delay is over."""
     local, client, model = swarm
     config, info = model.config, honest_of(client, 0)
     a = next(h for h in serving(client, 0) if h.announcement.public_name == "a")
     monkeypatch.setattr(vetting, "MEASURE_TIMEOUT_S", 3.0)
     monkeypatch.setattr(vetting, "RETRY_AFTER_S", 2.0)
     with HostileNode(SWARM, local.initial_peers) as node:
-        node.serve(InfoServicer(lambda: node.info(0)), TricklingDownloads(0, size=info.size))
+        copied = client.loop.run(ask_chunk_list(client.p2p, a, info, FIRST_BYTE_TIMEOUT_S), 60)  # anyone may ask
+        node.serve(InfoServicer(lambda: node.info(0)), TricklingDownloads(0, size=info.size, hashes=copied.hashes))
         node.announce(0, state="serving", **checkpoint_of(info))
         wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(0)}, 30, "the trickler's record")
         trickler = next(h for h in client.directory.hosts(0) if h.peer_id == node.peer_id)
@@ -497,15 +500,19 @@ def test_a_client_remembers_a_bounded_number_of_failed_checkpoints(monkeypatch):
     `REMEMBERED` of them, dropping those whose failure ran out first, then the oldest."""
     monkeypatch.setattr(vetting, "REMEMBERED", 8)
     checks = vetting.Vetting(None, None, ModelConfig())  # rejecting asks no peer
-    bad = CheckpointInfo(step=0, sha256="f" * 64, size=1)
+    bad = CheckpointInfo(step=0, sha256="f" * 64, size=1, chunks="f" * 64)
+
+    def made_up(i: int) -> CheckpointInfo:
+        return CheckpointInfo(step=i, sha256=f"{i:064x}", size=1, chunks=f"{i:064x}")
+
     checks.reject(bad, "it did not pass the spot check")
     for i in range(1, 30):
-        checks.reject(CheckpointInfo(step=i, sha256=f"{i:064x}", size=1), "no host served it", seconds=0.0)
+        checks.reject(made_up(i), "no host served it", seconds=0.0)
     assert len(checks.failed) <= 8 and checks.failed[bad] == math.inf  # the expired ones went first
     for i in range(30, 60):
-        checks.reject(CheckpointInfo(step=i, sha256=f"{i:064x}", size=1), "it did not pass the spot check")
+        checks.reject(made_up(i), "it did not pass the spot check")
     assert len(checks.failed) == 8 and bad not in checks.failed  # then the oldest
-    assert all(CheckpointInfo(step=i, sha256=f"{i:064x}", size=1) in checks.failed for i in range(52, 60))
+    assert all(made_up(i) in checks.failed for i in range(52, 60))
 
 
 def record_of(key: str, info: CheckpointInfo, peer_id: str | None = None) -> Host:
@@ -517,7 +524,7 @@ def record_of(key: str, info: CheckpointInfo, peer_id: str | None = None) -> Hos
 def test_a_checkpoint_only_one_key_serves_is_used_once_measured_here_and_not_before():
     """`Vetting.usable` alone, without a swarm: two peer ids under one key are one key."""
     checks = vetting.Vetting(None, None, ModelConfig())
-    info = CheckpointInfo(step=7, sha256="a" * 64, size=1)
+    info = CheckpointInfo(step=7, sha256="a" * 64, size=1, chunks="a" * 64)
     lone = [record_of("stranger", info)]
     candidate = Candidate(info, tuple(lone), plausible=True)
     assert not checks.usable(candidate, lone)
@@ -530,7 +537,7 @@ def test_a_checkpoint_only_one_key_serves_is_used_once_measured_here_and_not_bef
 def test_where_keys_are_free_a_checkpoint_two_keys_serve_is_used_only_once_measured_here():
     """`Vetting.usable` alone, in an open swarm (`keys_count` false: `SwarmDirectory.keys_count` says why)."""
     checks = vetting.Vetting(None, None, ModelConfig())
-    info = CheckpointInfo(step=7, sha256="a" * 64, size=1)
+    info = CheckpointInfo(step=7, sha256="a" * 64, size=1, chunks="a" * 64)
     two = [record_of("sybil", info), record_of("another sybil", info)]
     candidate = Candidate(info, tuple(two), plausible=True)
     assert checks.usable(candidate, two) and not checks.usable(candidate, two, keys_count=False)
@@ -548,7 +555,7 @@ def test_a_checkpoint_no_host_served_in_time_is_due_for_another_measurement_once
     monkeypatch.setattr(vetting, "RETRY_AFTER_S", 0.0)
     loop = SimpleNamespace(run=lambda coro, timeout: asyncio.run(coro))
     checks = vetting.Vetting(None, loop, ModelConfig(), SpotCheck(torch.zeros(0)))
-    info = CheckpointInfo(step=7, sha256="a" * 64, size=1)
+    info = CheckpointInfo(step=7, sha256="a" * 64, size=1, chunks="a" * 64)
     assert checks.measure(0, [record_of("busy", info)]) == 0
     assert info in checks.failed and not checks.known(info)  # failed for now, due again (the delay here is 0 s)
 
@@ -605,7 +612,7 @@ def over_two_fake_replicas(answer_of, **options) -> tuple[RemoteBlocks, Host, Ho
     checkpoint measured here, under one key (so no witness is asked); `answer_of(host)` (async) is
     what a request to a replica gets. No swarm: its loop runs each call with the call's deadline,
     as `EventLoopThread.run` does."""
-    info = CheckpointInfo(step=7, sha256="a" * 64, size=1)
+    info = CheckpointInfo(step=7, sha256="a" * 64, size=1, chunks="a" * 64)
     first, second = record_of("key", info, peer_id="first"), record_of("key", info, peer_id="second")
     directory = SimpleNamespace(hosts=lambda block: [first, second], keys_count=True)
     loop = SimpleNamespace(run=lambda coro, timeout: asyncio.run(asyncio.wait_for(coro, timeout)))

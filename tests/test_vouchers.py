@@ -60,7 +60,7 @@ def voice(key: str) -> str:
 
 def host(key: str, step: int, sha: str, taken_from: tuple[str, ...] = (), peer_id: str | None = None) -> Host:
     """A serving host under key `key` announcing the checkpoint `sha` at `step`, taken from `taken_from`."""
-    info = CheckpointInfo(step=step, sha256=sha, size=1000)
+    info = CheckpointInfo(step=step, sha256=sha, size=1000, chunks=sha)
     announcement = BlockAnnouncement(peer_id=peer_id or key, state="serving", step=step, checkpoint=info,
                                      taken_from=taken_from)  # fmt: skip
     return Host(0, announcement, math.inf, owner=key.encode())

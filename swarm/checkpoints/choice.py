@@ -2,7 +2,7 @@
 
 What a host announces (a step, a size, a loss) is a claim. A checkpoint is chosen on evidence:
 1. Plausibility. An announced size above what a block of this model weighs is never downloaded.
-   Candidates (one per announced (step, sha256, size), with every host that announces it) are
+   Candidates (one per announced (step, sha256, size, chunks), with every host that announces it) are
    measured in `rank` order: those a key the swarm's ledger credits announces first (`backed`: a
    flood of fresh keys cannot push a host with checked work past the measured ones), then plausible
    steps (a step far beyond every other host's, more than twice theirs plus `STEP_LEAD`, is not),

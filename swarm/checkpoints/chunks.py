@@ -3,9 +3,10 @@ download stream fetches next (no network here; download.py runs the streams).
 
 Hosts that vouch for one checkpoint serve it at once, each stream a run of consecutive chunks.
 The receiver checks every chunk on arrival against the chunk list, so a bad chunk is traced to
-the host that sent it and fetched again elsewhere. The list is itself a claim: the first that a
-host owning its record reports is used, the hosts reporting the same one join in, and it is
-confirmed at the end by the sha256 of the whole, which the records agree on (see download.py).
+the host that sent it and fetched again elsewhere. The list is a function of the file's bytes
+(`CHUNK_BYTES` is fixed), so a record names its sha256 (`list_sha256`, `CheckpointInfo.chunks`):
+a host's list is checked against its record as it comes in, and the whole against the record's
+sha256 at the end (see download.py).
 
 `ChunkPlan` hands out the work. A stream claims a run of unclaimed chunks about 1/n of what is
 left long (n: the streams planned), so runs start long, which keeps a stream's window open on a
@@ -43,6 +44,11 @@ def chunk_hashes(data: bytes) -> bytes:
     """The chunk list of `data`: the sha256 digests of its chunks, one after the other."""
     view = memoryview(data)
     return b"".join(hashlib.sha256(view[i : i + CHUNK_BYTES]).digest() for i in range(0, len(data), CHUNK_BYTES))
+
+
+def list_sha256(hashes: bytes) -> str:
+    """The sha256 of a chunk list (`chunk_hashes`), as a record names it (`CheckpointInfo.chunks`)."""
+    return hashlib.sha256(hashes).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,26 @@
 """Downloading one checkpoint from the hosts that vouch for it, each chunk checked on arrival.
 
-The hosts of one checkpoint (the same step, sha256 and size in their records: a `Candidate` of
-choice.py) serve it together, like BitTorrent's or iroh-blobs' many-source downloads; and as there,
-no host is waited for where another suffices, since chunk hashes make any host's bytes checkable
-(issue 57: a stranger that answered its chunk list "busy" just before each timeout held every
-download that waited for all the lists):
+The hosts of one checkpoint (the same step, sha256, size and chunk list in their records: a
+`Candidate` of choice.py) serve it together, like BitTorrent's or iroh-blobs' many-source
+downloads; and as there, no host is waited for where another suffices, since chunk hashes make
+any host's bytes checkable (issue 57: a stranger that answered its chunk list "busy" just before
+each timeout held every download that waited for all the lists):
 1. Every host is asked at once for the key its record is signed with (`rpc_info`: a record
    cannot borrow another peer's id) and for its chunk list (chunks.py), and, meanwhile, for a
    first run of chunks (the size is announced, so the chunks are known before their hashes):
    the bytes flow one round trip sooner, and wait for that host's list to be checked. A host
    that has not answered both within `FIRST_BYTE_TIMEOUT_S` (busy tries included: transfer.py)
    is dropped.
-2. The list is a claim, checked at the end (5). The fetch starts with the first list that comes
-   in from a host that owns its record, and hosts that report the same list join it as their
-   lists come in (`_Lists`). A host that reports another list waits: it is asked only if the
-   list in use fails (its whole does not match, or every host of it was dropped); the waiting
-   list of the most independent hosts (distinct keys) is tried next, or else the next list to
-   come in. A host whose list has not come in is never waited for while another list fetches.
+2. A host's list is checked as it comes in against the sha256 its record names
+   (`CheckpointInfo.chunks`, in transfer.py `ask_chunk_list`): a host that reports another is
+   dropped at once, and its first run given up. So every host of a download reports the one list:
+   the fetch starts with the first that comes in from a host that owns its record, and the others
+   join as theirs come in (`_Lists`); if every host in the fetch is dropped, the hosts still to
+   answer go on from the chunks received. A host whose list has not come in is never waited for
+   while the fetch has a host. (Issue 57: a key that copied an honest record, answered first with
+   a forged list and then sent that list's chunks slowly, each within `inactivity_timeout`, led the
+   download until its deadline, the honest host's list waiting; a record that names a forged list
+   is a checkpoint of its own, another candidate.)
 3. Each host streams runs of chunks (`ChunkPlan` says which) over up to `STREAMS_PER_HOST`
    streams: one at first, the others once it has sent a chunk that verifies, so a lying host
    costs about one chunk. Every chunk is checked against the list as it arrives.
@@ -26,12 +30,8 @@ download that waited for all the lists):
    the chunks it had not sent go to the others. A stream that ends before its run (a network
    may cut one) is asked again, `STREAM_RETRIES` times per host, before its host is dropped.
 5. The whole is checked against the record's sha256 (hashed and put together as its chunks come
-   in, in order: `_Whole`).
-   If it does not match, the list was a lie of the hosts that reported it: they are dropped and
-   the next list is tried (with the chunks already received that match it). A forged list can
-   cost time, never let bad bytes through: a pass, or, if it comes in first and its hosts send
-   its chunks slowly (each within `inactivity_timeout`), as long as they keep sending, up to the
-   whole's deadline; lists are fetched one at a time (left open).
+   in, in order: `_Whole`). If it does not match, the record names the list of another file than
+   its sha256: every host that reported the list lied, and is dropped, and the download fails.
 The whole gives up (TransferError) when no host is left, or when it takes longer than the
 announced size allows at `SLOWEST_RATE_BYTES_S` (callers bound that size first). A caller may
 follow its pace (`Progress`: when its first list came in, and the bytes verified since), as
@@ -161,8 +161,8 @@ class _Options:
 
 async def _download(p2p: P2P, hosts: Sequence[Host], info: CheckpointInfo, report: Downloaded, options: _Options,
                     bar: tqdm) -> bytes:  # fmt: skip
-    """Every host asked at once; each list in turn as `_Lists` hands them out, until the whole
-    matches the record's sha256. The hosts still to answer when it does are not waited for."""
+    """Every host asked at once; the fetch goes on with the hosts as `_Lists` hands them out, until
+    the whole matches the record's sha256. The hosts still to answer when it does are not waited for."""
     lists = _Lists(p2p, info, report, options, pending=len(hosts))
     asks = [asyncio.create_task(lists.ask(host, run)) for host, run in zip(hosts, _first_runs(info.size, len(hosts)))]
     try:
@@ -176,12 +176,12 @@ async def _download(p2p: P2P, hosts: Sequence[Host], info: CheckpointInfo, repor
 
 
 async def _download_lists(lists: _Lists, bar: tqdm) -> bytes:
-    """A fetch of each list `lists` hands out, with the chunks received before that match it."""
+    """A fetch with the hosts whose list is in, and, if every one of them is dropped, another with
+    the hosts that answer later, from the chunks received; until the whole matches the record's sha256."""
     info, report = lists.info, lists.report
-    have: dict[int, _Chunk] = {}  # what the lists tried before brought, for the next one
+    have: dict[int, _Chunk] = {}  # what the fetches before brought, for the next one
     while (picked := await lists.next()) is not None:
         chunk_list, hosts = picked
-        have = {i: chunk for i, chunk in have.items() if chunk_list.matches(i, chunk.data)}
         bar.reset()
         bar.update(sum(len(chunk.data) for chunk in have.values()))
         fetch = _Fetch(lists.p2p, info, chunk_list, have, report, lists.options, bar)
@@ -193,22 +193,23 @@ async def _download_lists(lists: _Lists, bar: tqdm) -> bytes:
             return whole.data()
         if whole.complete:
             lists.refute(fetch)
-        # else every host of this list was dropped
-        have = whole.chunks()
+            break
+        have = whole.chunks()  # every host of this fetch was dropped
     reasons = "; ".join(report.dropped.values()) or "no host answered"
     raise TransferError(f"no host served the checkpoint {info.sha256[:12]} verified: {reasons}")
 
 
 class _Lists:
-    """The hosts' chunk lists as they come in, and the fetch of the list in use (the module
-    docstring's 2): a host whose list is that one joins the fetch; one with another list waits."""
+    """The hosts as their chunk lists come in, and the fetch in use (the module docstring's 2): every
+    list that passes `ask_chunk_list` is the one the record names, so a host whose list is in joins
+    the fetch in use, or, while there is none, waits for the next."""
 
     def __init__(self, p2p: P2P, info: CheckpointInfo, report: Downloaded, options: _Options, pending: int):
         self.p2p, self.info, self.report, self.options = p2p, info, report, options
         self.early: dict[str, _Opened] = {}  # each host's first run, asked along with its list, not yet read
-        self.waiting: dict[ChunkList, list[Host]] = {}  # lists in, not in use, and the hosts that report them
-        self.refuted: set[ChunkList] = set()  # lists whose whole did not match the record
-        self.fetch: _Fetch | None = None  # the fetch of the list in use
+        self.chunk_list: ChunkList | None = None  # the record's, once a host reported it
+        self.waiting: list[Host] = []  # hosts whose list is in, in no fetch yet
+        self.fetch: _Fetch | None = None  # the fetch in use
         self.pending = pending  # hosts still to answer
         self._changed = asyncio.Event()
 
@@ -225,63 +226,52 @@ class _Lists:
             chunk_list = await _chunk_list(self.p2p, host, self.info, self.report, ask_first_run)
         finally:
             self.pending -= 1
-        unread = self._place(host, chunk_list) if chunk_list is not None else None
+        if chunk_list is None:  # dropped: its first run is never read
+            unread = self.early.pop(host.peer_id, None)
+        else:
+            unread = self._place(host, chunk_list)
         self._changed.set()
         if unread is not None:
             await _discard(unread)
 
     def _place(self, host: Host, chunk_list: ChunkList) -> _Opened | None:
-        """Put `host` where its list says; its first run if it will not be read soon, to be given up."""
-        if chunk_list in self.refuted:
-            self.report.drop(host, _lied(host))
-            return self.early.pop(host.peer_id, None)
-        fetch = self.fetch if self.fetch is not None and self.fetch.open else None
-        if fetch is not None and fetch.chunk_list == chunk_list:
-            return fetch.join(host, self.early.pop(host.peer_id, None))
-        self.waiting.setdefault(chunk_list, []).append(host)
-        if fetch is None:
-            return None  # its list is tried next: its first run is read then
-        _another_list(host, self.info)
-        return self.early.pop(host.peer_id, None)
+        """`host` joins the fetch in use, or waits for the next; its first run if it will not be read,
+        to be given up."""
+        assert self.chunk_list in (None, chunk_list), "ask_chunk_list passes only the list the record names"
+        self.chunk_list = chunk_list
+        if self.fetch is not None and self.fetch.open:
+            return self.fetch.join(host, self.early.pop(host.peer_id, None))
+        self.waiting.append(host)
+        return None  # its first run is read when the next fetch starts
 
     async def next(self) -> tuple[ChunkList, list[Host]] | None:
-        """The list to try next and the hosts that report it: of the lists in, that of the most
-        independent hosts (of equals, the first in); while none is, the next to come in; None once
-        every host has answered or failed and none is left."""
+        """The list and the hosts for the next fetch: those whose list is in, or, while none is, the
+        next to answer; None once every host has answered or failed and none is left."""
         while not self.waiting:
             if not self.pending:
                 return None
             self._changed.clear()
             await self._changed.wait()
-        chunk_list = max(self.waiting, key=lambda listed: independent(self.waiting[listed]))
-        return chunk_list, self.waiting.pop(chunk_list)
+        hosts, self.waiting = self.waiting, []
+        return self.chunk_list, hosts
 
     async def start(self, fetch: _Fetch, hosts: list[Host]) -> None:
-        """`fetch` is the fetch in use, with `hosts`; the first runs of hosts waiting with other lists
-        are given up (they are read only if those lists are tried)."""
+        """`fetch` is the fetch in use, with `hosts`."""
         self.fetch = fetch
-        unread = [fetch.join(host, self.early.pop(host.peer_id, None)) for host in hosts]
-        for host in (host for waiting in self.waiting.values() for host in waiting):
-            _another_list(host, self.info)
-            unread.append(self.early.pop(host.peer_id, None))
-        for opened in unread:
-            if opened is not None:
-                await _discard(opened)
+        for host in hosts:
+            if (unread := fetch.join(host, self.early.pop(host.peer_id, None))) is not None:
+                await _discard(unread)
 
     def refute(self, fetch: _Fetch) -> None:
-        """The whole of `fetch`'s list did not match the record: every host that reports it lied."""
-        self.refuted.add(fetch.chunk_list)
-        for host in [*fetch.joined.values(), *self.waiting.pop(fetch.chunk_list, [])]:
+        """The whole of the record's list did not match its sha256: every host that reports that list lied."""
+        for host in [*fetch.joined.values(), *self.waiting]:
             self.report.drop(host, _lied(host))
+        self.waiting = []
 
 
 def _lied(host: Host) -> str:
-    return f"the checkpoint from {host.peer_id} does not match its announced sha256 (its chunk list was a lie)"
-
-
-def _another_list(host: Host, info: CheckpointInfo) -> None:
-    logger.warning("block %d: peer %s reports another chunk list for %s than the one in use; it is asked only "
-                   "if that list fails", host.block, host.peer_id, info.sha256[:12])  # fmt: skip
+    return (f"the checkpoint from {host.peer_id} does not match its announced sha256 (its record names the chunk "
+            f"list of another file)")  # fmt: skip
 
 
 def _first_runs(size: int, hosts: int) -> list[Run]:

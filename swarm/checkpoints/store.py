@@ -1,4 +1,5 @@
-"""A peer's checkpoints of its block on disk: what it saves, adopts from replicas, and serves."""
+"""A peer's checkpoints of its block on disk: what it saves, adopts from replicas, and serves,
+each with its record (`CheckpointInfo`) and its chunk list, computed once from the bytes in hand."""
 
 from __future__ import annotations
 
@@ -7,11 +8,28 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import NamedTuple
 
+from swarm.checkpoints.chunks import chunk_hashes, list_sha256
 from swarm.files import write_atomic
-from swarm.model.checkpoint import save_block
+from swarm.model.checkpoint import encode_block
 from swarm.model.denoiser import Denoiser, ModelConfig
 from swarm.p2p.records import MAX_TAKEN_FROM, CheckpointInfo
+
+
+class Described(NamedTuple):
+    """A checkpoint file's record and its chunk list (`chunk_hashes`), whose sha256 the record names."""
+
+    info: CheckpointInfo
+    chunk_list: bytes
+
+
+def describe(step: int, data: bytes) -> Described:
+    """The record of checkpoint bytes `data` stamped `step`, and their chunk list: what a host
+    announces, and what it serves to a downloader that checks the one against the other."""
+    hashes = chunk_hashes(data)
+    sha256 = hashlib.sha256(data).hexdigest()
+    return Described(CheckpointInfo(step=step, sha256=sha256, size=len(data), chunks=list_sha256(hashes)), hashes)
 
 
 class CheckpointStore:
@@ -32,7 +50,7 @@ class CheckpointStore:
         self.folder, self.config, self.block, self.swarm, self.keep = Path(folder), config, block, swarm, keep
         self.min_age_s = min_age_s
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._infos: dict[Path, CheckpointInfo] = {}
+        self._described: dict[Path, Described] = {}
         for stale in self.folder.glob(f".block_{block}_step_*.tmp"):  # a save that a crash cut short
             stale.unlink(missing_ok=True)
 
@@ -48,17 +66,18 @@ class CheckpointStore:
         return self.folder / f"block_{self.block}_step_{step}.safetensors"
 
     def save(self, denoiser: Denoiser, step: int) -> CheckpointInfo:
-        written = save_block(self.path_for(step), denoiser, self.config, self.block, step, self.swarm)
-        info = CheckpointInfo(step=step, sha256=written.sha256, size=written.size)
-        self._infos[self.path_for(step)] = info
+        data = encode_block(denoiser, self.config, self.block, step, self.swarm)
+        write_atomic(self.path_for(step), data)
+        described = self._described[self.path_for(step)] = describe(step, data)
         self._prune()
-        return info
+        return described.info
 
     def adopt(self, data: bytes, info: CheckpointInfo) -> Path:
-        """Keep a verified checkpoint that came from another peer."""
+        """Keep a verified checkpoint that came from another peer (its record named its chunk
+        list's sha256, and its bytes matched it)."""
         path = self.path_for(info.step)
         write_atomic(path, data)
-        self._infos[path] = info
+        self._described[path] = Described(info, chunk_hashes(data))
         self._prune()
         return path
 
@@ -67,14 +86,22 @@ class CheckpointStore:
         for _, old in self._files()[: -self.keep]:
             if now - old.stat().st_mtime >= self.min_age_s:  # announced a moment ago? others may be fetching it
                 old.unlink(missing_ok=True)
-                self._infos.pop(old, None)
+                self._described.pop(old, None)
+
+    def _describe(self, path: Path) -> Described:
+        """The record and chunk list of the file at `path`: kept from when this store wrote it, or
+        read once (a file it found on disk)."""
+        if path not in self._described:
+            step = int(self._pattern().match(path.name).group(1))
+            self._described[path] = describe(step, path.read_bytes())
+        return self._described[path]
 
     def info(self, path: Path) -> CheckpointInfo:
-        if path not in self._infos:
-            data = path.read_bytes()
-            step = int(self._pattern().match(path.name).group(1))
-            self._infos[path] = CheckpointInfo(step=step, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
-        return self._infos[path]
+        return self._describe(path).info
+
+    def chunk_list(self, path: Path) -> bytes:
+        """The chunk list of the file at `path` (what `rpc_chunk_list` serves), hashed once with its record."""
+        return self._describe(path).chunk_list
 
     def latest(self) -> tuple[Path, CheckpointInfo] | None:
         files = self._files()

@@ -18,8 +18,9 @@ open at once, so that a stream that just ended, still counted here a moment, nev
 next one wait as busy: enough to fill a long fat link, few enough that one caller cannot take
 a host's uplink from the rest.
 
-A downloader believes none of it: download.py checks the list against the record, every chunk
-against the list, and the whole against the record's sha256. Nor does it wait on a host without
+A downloader believes none of it: `ask_chunk_list` checks the list against the record (its size,
+and its sha256, which the record names: `CheckpointInfo.chunks`), download.py every chunk against
+the list and the whole against the record's sha256. Nor does it wait on a host without
 end: the calls that ask again while a host answers "busy" (`ask_chunk_list`, `open_run`) take one
 deadline across all their tries, so a host that answers "busy" just before each timeout costs one
 timeout, not one per try (issue 57).
@@ -31,7 +32,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -42,7 +42,7 @@ from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from hivemind.proto import runtime_pb2
 from hivemind.proto.p2pd_pb2 import RPCError
 
-from swarm.checkpoints.chunks import CHUNK_BYTES, MAX_CHUNKS, ChunkList, chunk_count, chunk_hashes
+from swarm.checkpoints.chunks import CHUNK_BYTES, MAX_CHUNKS, ChunkList, chunk_count, list_sha256
 from swarm.checkpoints.framing import FramingError, read_frame
 from swarm.checkpoints.store import CheckpointStore
 from swarm.model.denoiser import ModelConfig, build_block
@@ -73,7 +73,6 @@ HEADER_SLACK_BYTES = 256 * 1024  # a block file's safetensors header and metadat
 BUSY_RETRIES = 5  # a stream refused as busy is asked again this many times (a closed one frees its slot a moment later)
 BUSY_WAIT_S = 0.2
 BUSY_REPLY_S = 1.0  # a stream refused as busy is given this long to send its request and take the reply
-LISTS_KEPT = 4  # chunk lists a service keeps computed (a peer serves its newest checkpoints)
 REQUEST_BYTES = 1024  # the largest rpc_download request read: a DownloadRequest and its protobuf framing
 REPLY_BYTES = CHUNK_BYTES + 1024  # the largest rpc_download reply read: a chunk and its protobuf framing
 DOWNLOAD = "rpc_download"
@@ -94,7 +93,6 @@ class BlockServicer(ServicerBase):
         """`gate`: who is answered at all (members only, in a members-only swarm: swarm/p2p/gate.py)."""
         self.block, self.store, self.gate = block, store, gate
         self.limit = PerPeerLimit(DOWNLOADS_PER_PEER)
-        self._lists: OrderedDict[tuple, bytes] = OrderedDict()
         self._own_id: PeerID | None = None  # of the P2P instance it serves on
 
     async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
@@ -107,7 +105,7 @@ class BlockServicer(ServicerBase):
                 size = path.stat().st_size
                 if chunk_count(size) > MAX_CHUNKS:
                     raise LookupError(f"a checkpoint of {size} bytes is more than a chunk list can describe")
-                reply = ChunkListReply(size=size, hashes=await self._hashes(path))
+                reply = ChunkListReply(size=size, hashes=self._chunk_list_of(path))
         except Busy as error:
             reply = ChunkListReply(error=str(error), busy=True)
         except (MessageError, LookupError, OSError) as error:
@@ -189,19 +187,10 @@ class BlockServicer(ServicerBase):
             raise LookupError(f"no checkpoint of block {block} with sha256 {sha256[:12]}")
         return path
 
-    async def _hashes(self, path: Path) -> bytes:
-        """The chunk list of the file at `path`, computed once per file (in a thread: hashing a
-        large file would stall every other call this peer serves)."""
-        stat = path.stat()
-        key = (path, stat.st_mtime_ns, stat.st_size)
-        if key not in self._lists:
-            self._lists[key] = await asyncio.to_thread(self._chunk_list_of, path)
-            while len(self._lists) > LISTS_KEPT:
-                self._lists.popitem(last=False)
-        return self._lists[key]
-
     def _chunk_list_of(self, path: Path) -> bytes:
-        return chunk_hashes(path.read_bytes())
+        """The chunk list served for the file at `path`: the store's, hashed along with the record
+        it wrote or read (a lying servicer forges it: swarm/lab/attacks.py)."""
+        return self.store.chunk_list(path)
 
     async def _stream_run(self, path: Path, first: int, chunks: int) -> AsyncIterator[runtime_pb2.ExpertResponse]:
         """A header with the file's size, then chunks first..first+chunks-1 (as many as there are)."""
@@ -253,8 +242,10 @@ def max_checkpoint_bytes(config: ModelConfig) -> int:
 
 async def ask_chunk_list(p2p: P2P, host: Host, info: CheckpointInfo, timeout: float) -> ChunkList:
     """The chunk list `host` reports for the checkpoint `info`, if it describes a file of the
-    announced size; HostFailed otherwise, and if no answer but "busy" came within `timeout` (one
-    deadline for every try)."""
+    announced size and is the list the record names (its sha256 is `info.chunks`); HostFailed
+    otherwise, and if no answer but "busy" came within `timeout` (one deadline for every try).
+    A host that copies an honest record and answers first with a forged list is dropped here,
+    before its list leads a download (issue 57)."""
     stub = BlockServicer.get_stub(p2p, PeerID.from_base58(host.peer_id))
     request = runtime_pb2.ExpertRequest(metadata=ChunkListRequest(block=host.block, sha256=info.sha256).encode())
     async with _busy_deadline(host, "chunk list", timeout):
@@ -268,6 +259,8 @@ async def ask_chunk_list(p2p: P2P, host: Host, info: CheckpointInfo, timeout: fl
     if reply.size != info.size:
         more = "more" if reply.size > info.size else "fewer"
         raise HostFailed(f"peer {host.peer_id} lists {reply.size} bytes, {more} than the announced {info.size}")
+    if list_sha256(reply.hashes) != info.chunks:
+        raise HostFailed(f"peer {host.peer_id} reports a chunk list whose sha256 is not the one its record names")
     try:
         return ChunkList(reply.size, reply.hashes)
     except ValueError as error:

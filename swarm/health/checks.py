@@ -1,12 +1,13 @@
 """Whether a host serves the checkpoint its record announces: the health page's check, once per
 (peer, checkpoint), in the background.
 
-A record's checkpoint (step, sha256, size) is a claim anyone can sign with a key of their own,
+A record's checkpoint (step, sha256, size, chunks) is a claim anyone can sign with a key of their own,
 and a peer that answers `rpc_info` honestly may still announce a checkpoint it does not have.
 The page believes the claim only once it has checked it (`CheckpointChecks._check`):
 1. the announced size is at most what a block of this model weighs (`max_checkpoint_bytes`);
 2. the host reports a chunk list for that block and sha256 describing a file of the announced
-   size (`ask_chunk_list`): a host that does not hold the file refuses here;
+   size, the list whose sha256 the record names (`ask_chunk_list`): a host that does not hold the
+   file refuses here;
 3. a checkpoint of at most `whole_bytes` (16 MiB by default; a block of the default model weighs
    about 10 MB) is downloaded whole through the bounded, verified download (every chunk against
    the list, the whole against the sha256, and it loads as this block of this model at the

@@ -17,6 +17,8 @@ with the project's own code, or with a few lines around hivemind.
   - `GiantReplies`: checkpoint streams whose reply announces a gigabyte and keeps coming;
   - `CorruptChunks`: a host of an honest checkpoint that changes a byte of every chunk it sends,
     with the honest chunk list or one forged to match what it sends;
+  - `ForgedListThenTrickle`: a key announcing another host's checkpoint that answers its chunk list
+    first, with a forged one, then sends that list's chunks just within the caller's patience (issue 57);
   - `WrongAnswers`: remote denoising that answers for the checkpoint it claims, wrongly;
   - `HonestThenWrong`: the same, once it has answered a few requests honestly (checks that stop
     after a replica's first answers miss it);
@@ -45,7 +47,7 @@ import dataclasses
 import functools
 import itertools
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import msgpack
@@ -53,10 +55,10 @@ import torch
 from hivemind.p2p import P2P, P2PContext
 from hivemind.proto import runtime_pb2
 
-from swarm.checkpoints.chunks import CHUNK_BYTES, HASH_BYTES, chunk_count, chunk_hashes
+from swarm.checkpoints.chunks import CHUNK_BYTES, HASH_BYTES, chunk_count, chunk_hashes, list_sha256
 from swarm.checkpoints.spot_check import SpotCheck
 from swarm.checkpoints.store import CheckpointStore
-from swarm.checkpoints.transfer import FIRST_BYTE_TIMEOUT_S, BlockServicer
+from swarm.checkpoints.transfer import FIRST_BYTE_TIMEOUT_S, INACTIVITY_TIMEOUT_S, BlockServicer
 from swarm.lab.hosting import InProcessNode
 from swarm.model.checkpoint import save_block
 from swarm.model.data import Corpus, Windows, load_corpus
@@ -309,19 +311,26 @@ class BusyJustInTime(Impersonating, BlockServicer):
 class TricklingDownloads(Impersonating, BlockServicer):
     """Lists a file of `size` bytes (a huge one by default) for any checkpoint it is asked for, and
     answers every download with its header and then a chunk's reply, one byte per `every_s`.
-    `asked` counts the chunk lists and download streams it was asked for."""
+    The list it reports is `hashes` (another host's, copied: anyone may ask a host for its list),
+    all zeros by default; a record names its sha256 (`chunks`) for the list to pass, so that what a
+    downloader meets is the trickle. `asked` counts the chunk lists and download streams it was asked for."""
 
     imitates = BlockServicer
 
-    def __init__(self, block: int, every_s: float = 1.0, size: int = 2**33):
+    def __init__(self, block: int, every_s: float = 1.0, size: int = 2**33, hashes: bytes | None = None):
         super().__init__(block, store=None)
         self.every_s, self.size = every_s, size
+        self.hashes = bytes(HASH_BYTES * chunk_count(size)) if hashes is None else hashes
         self.asked = 0
+
+    @property
+    def chunks(self) -> str:
+        """The sha256 of the list it reports: what its record names (`CheckpointInfo.chunks`)."""
+        return list_sha256(self.hashes)
 
     async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         self.asked += 1
-        hashes = bytes(HASH_BYTES * chunk_count(self.size))
-        return runtime_pb2.ExpertResponse(metadata=ChunkListReply(size=self.size, hashes=hashes).encode())
+        return runtime_pb2.ExpertResponse(metadata=ChunkListReply(size=self.size, hashes=self.hashes).encode())
 
     async def _send_replies(self, request: runtime_pb2.ExpertRequest, context: P2PContext, writer: asyncio.StreamWriter) -> None:
         self.asked += 1
@@ -362,8 +371,9 @@ class GiantReplies(Impersonating, BlockServicer):
 class CorruptChunks(Impersonating, BlockServicer):
     """Serves the checkpoints in its store (honest ones, which its record may vouch for) with the
     first byte of every chunk flipped. Its chunk list is the honest one, or with `forge_list` the
-    list of the bytes it sends, so that each chunk matches the list it gave: then only the other
-    hosts' lists and the sha256 of the whole give it away."""
+    list of the bytes it sends, so that each chunk matches the list it gave: then the sha256 of the
+    list its record names gives it away (`CheckpointInfo.chunks`), or, under a record that names the
+    forged list, the sha256 of the whole."""
 
     imitates = BlockServicer
 
@@ -382,6 +392,25 @@ class CorruptChunks(Impersonating, BlockServicer):
         data = bytearray(path.read_bytes())
         data[::CHUNK_BYTES] = bytes(b ^ 0xFF for b in data[::CHUNK_BYTES])  # what _chunk sends
         return chunk_hashes(bytes(data))
+
+
+class ForgedListThenTrickle(CorruptChunks):
+    """Issue 57's forged first list. Under a key of its own it announces an honest host's checkpoint
+    (the honest record, copied: it owns its record, so it passes the owner check), answers its chunk
+    list at once with a forged one (`CorruptChunks` with `forge_list`: each chunk it sends matches
+    it), and sends each stream's chunks one per `every_s`, by default just within the caller's
+    inactivity timeout: a download that follows its list is held until its deadline, and the sha256
+    of the whole refuses the result only then. `sent` counts the chunks it sent."""
+
+    def __init__(self, block: int, store: CheckpointStore, every_s: float = INACTIVITY_TIMEOUT_S - 1.0):
+        super().__init__(block, store, forge_list=True)
+        self.every_s = every_s
+
+    async def _stream_run(self, path: Path, first: int, chunks: int) -> AsyncIterator[runtime_pb2.ExpertResponse]:
+        async with contextlib.aclosing(super()._stream_run(path, first, chunks)) as replies:
+            async for reply in replies:  # the header at once, then a wait before each chunk is read
+                yield reply
+                await asyncio.sleep(self.every_s)
 
 
 class WrongAnswers(Impersonating, DenoiseServicer):

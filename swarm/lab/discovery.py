@@ -23,9 +23,9 @@ import contextvars
 import logging
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Iterator, Sequence
 
 from hivemind import DHT
 from hivemind.dht.node import DHTNode
@@ -160,7 +160,7 @@ class AnnouncingNode:
 
 def placeholder_announcement(dht: DHT, name: str, step: int = 0) -> BlockAnnouncement:
     """A serving peer's announcement, of the size a real one has (with a checkpoint)."""
-    checkpoint = CheckpointInfo(step=step, sha256="0" * 64, size=1 << 20)
+    checkpoint = CheckpointInfo(step=step, sha256="0" * 64, size=1 << 20, chunks="0" * 64)
     return BlockAnnouncement(peer_id=str(dht.peer_id), state="serving", step=step, checkpoint=checkpoint,
                              loss=1.0, throughput=1.0, version="lab", public_name=name)  # fmt: skip
 
@@ -188,7 +188,7 @@ class AnnouncingSwarm:
         self._stopping = threading.Event()
         self._announcer: threading.Thread | None = None
 
-    def __enter__(self) -> "AnnouncingSwarm":
+    def __enter__(self) -> AnnouncingSwarm:
         return self
 
     def __exit__(self, *exc) -> None:

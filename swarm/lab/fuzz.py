@@ -193,8 +193,9 @@ def record_samples(config: ModelConfig, keys: _Swarm) -> dict[str, tuple[str, Ba
     """A valid instance of every DHT record, under the DHT key it is stored at."""
     certificate = issue(keys.creator, SWARM, "fuzzer", keys.member.get_public_key(), 1.0)
     proof = prove(keys.member, certificate, "12D3KooWfuzz")
+    checkpoint = CheckpointInfo(step=9, sha256=SHA, size=1000, chunks=SHA)
     announcement = BlockAnnouncement(peer_id="12D3KooWfuzz", state="serving", step=9, membership=proof, work_nonce=1,
-                                     checkpoint=CheckpointInfo(step=9, sha256=SHA, size=1000), loss=2.5)  # fmt: skip
+                                     checkpoint=checkpoint, loss=2.5)  # fmt: skip
     contribution = Contribution(subject=owner_fingerprint(b"other"), peer_id="12D3KooWother", payloads=3, uptime_s=60)
     attestation = sign(keys.member, SWARM, "12D3KooWfuzz", [contribution], int(time.time()), proof=proof)
     model = ModelRecord(config=config.to_dict(), config_hash=config.hash(), identity_work=CHEAP_WORK)

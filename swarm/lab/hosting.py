@@ -12,14 +12,13 @@ a host of a `NetLab`. Many of them fit a small machine where as many `swarm-peer
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarm.checkpoints.store import CheckpointStore
+from swarm.checkpoints.store import CheckpointStore, describe
 from swarm.checkpoints.transfer import BlockServicer
 from swarm.lab.netlab import Node
 from swarm.model.denoiser import ModelConfig
@@ -80,8 +79,9 @@ class CheckpointHost(InProcessNode):
     """A node that serves the checkpoint files of `block` in `folder` through `servicer` (called
     as `servicer(block, store)`: BlockServicer, or a lying one), and answers `rpc_info`."""
 
-    def __init__(self, folder: Path, swarm: str, block: int = 0, servicer: Callable[..., BlockServicer] = BlockServicer,
-                 initial_peers: Sequence[str] = (), where: Node | None = None, config: ModelConfig | None = None):  # fmt: skip
+    def __init__(self, folder: Path, swarm: str, block: int = 0,
+                 servicer: Callable[..., BlockServicer] = BlockServicer, initial_peers: Sequence[str] = (),
+                 where: Node | None = None, config: ModelConfig | None = None):  # fmt: skip
         super().__init__(swarm, initial_peers, where)
         self.block = block
         self.store = CheckpointStore(Path(folder), config or ModelConfig(), block, swarm, keep=FILES_KEPT)
@@ -90,7 +90,7 @@ class CheckpointHost(InProcessNode):
 
     def put(self, data: bytes, step: int) -> CheckpointInfo:
         """Keep `data` as this host's checkpoint of `step` (any bytes: a benchmark serves large ones)."""
-        info = CheckpointInfo(step=step, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+        info = describe(step, data).info
         self.store.adopt(data, info)
         return info
 

@@ -72,11 +72,18 @@ class _Record(BaseModel):
 
 
 class CheckpointInfo(_Record):
-    """A checkpoint a peer can serve: the receiver checks size and sha256 before keeping a byte."""
+    """A checkpoint a peer can serve: the receiver checks size and sha256 before keeping a byte.
+
+    `chunks` is the sha256 of the file's chunk list (swarm/checkpoints/chunks.py: a function of the
+    file's bytes, so every honest host of one file names the same). A host's chunk list is checked
+    against it as it comes in, so a key that copies an honest record cannot lead a download with a
+    forged list; a record that names a forged one is a checkpoint of its own (another candidate).
+    Required: a record without it would let a forger leave the list unchecked (issue 57)."""
 
     step: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     size: int = Field(gt=0, le=2**34)
+    chunks: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 class Ping(_Record):
