@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable
 from concurrent.futures import Future
 from types import SimpleNamespace
@@ -207,7 +208,8 @@ def test_a_replica_that_missed_a_round_is_waited_for_in_full_again_once_a_payloa
     half a deadline after it is asked: the gather ends at once, without it, but the ask goes on out of
     the trainer's way and its payload, in within the deadline, makes it punctual again, so the next
     gather waits for it and takes its payload. Judged only by what came while the gather was open, it
-    would be left out of every step."""
+    would be left out of every step; and were its ask not kept (the event loop holds a task only
+    weakly), the ask could be collected mid-flight and its replica never waited for again."""
     asker, server = two_nodes
     deadline = 2.0
     served = PayloadServicer(0, deadline)
@@ -225,6 +227,7 @@ def test_a_replica_that_missed_a_round_is_waited_for_in_full_again_once_a_payloa
 
     first = gathered(1)
     assert not first.payloads and first.seconds < deadline / 4
+    gc.collect()  # the ask past the gather is held by no one but `punctuality`: collected, it would never end
     wait_for(lambda: server.peer_id in punctuality.punctual, deadline, "the ask past the gather to bring step 1")
     assert punctuality.bytes_received > len(b"payload 1")  # the bytes of that ask are counted too
     second = gathered(2)

@@ -145,7 +145,7 @@ class Punctuality:
     def __init__(self) -> None:
         self.met = False  # a gather that asked another replica has ended
         self.punctual: set[str] = set()  # replicas whose last payload came within the deadline
-        self.trailing: set[str] = set()  # replicas whose ask goes on past the gather it began in
+        self.trailing: dict[str, asyncio.Task] = {}  # replicas whose ask goes on past the gather it began in
         self.bytes_sent = 0  # requests of those asks that got an answer
         self.bytes_received = 0  # their answers
 
@@ -157,7 +157,9 @@ class Punctuality:
         """A gather ended: those whose payload it brought are punctual (only those: replicas no longer
         asked are forgotten). An ask still running goes on (its replies to a sink of its own) until
         the deadline, as its replica's trailing ask, or is cancelled if that replica has one already
-        (so no replica's service is asked more than once beyond the gathers)."""
+        (so no replica's service is asked more than once beyond the gathers). The task is kept here:
+        the event loop holds a task only weakly, and one collected mid-flight never ends, which
+        left its replica trailing, never waited for again."""
         self.met = self.met or bool(asks)
         self.punctual = {p for p in asks if p in gathered.payloads}
         for peer_id, task in asks.items():
@@ -166,13 +168,13 @@ class Punctuality:
             if peer_id in self.trailing:
                 task.cancel()
                 continue
-            self.trailing.add(peer_id)
+            self.trailing[peer_id] = task
             sinks[peer_id] = Gathered(asked=1)
             task.add_done_callback(functools.partial(self._trailed, peer_id, sinks[peer_id]))
 
     def _trailed(self, peer_id: str, sink: Gathered, _: asyncio.Task) -> None:
         """A trailing ask ended: its bytes, and its replica punctual again if its payload came in time."""
-        self.trailing.discard(peer_id)
+        del self.trailing[peer_id]
         self.bytes_sent += sink.bytes_sent
         self.bytes_received += sink.bytes_received
         if peer_id in sink.payloads:
