@@ -56,8 +56,9 @@ DEFAULT_SCHEDULE = PeerConfig().train_config().steps  # the schedule of a peer r
 @pytest.mark.parametrize("schedule", [DEFAULT_SCHEDULE, None])
 def test_two_keys_reporting_a_step_ahead_on_every_step_move_a_lone_replica_within_its_jump_budget(tmp_path, schedule):
     """Issue 57: two free keys answer every other poll of a lone honest replica (its defaults) with "gone,
-    the newest step is the one asked plus 1000", and the others with junk in time, so that they are
-    waited for every step (swarm/sync/transport.py: a key that never delivers is heard once). Before the jump budget its step moved 1000 a step
+    the newest step is the one asked plus 1000", and the others with junk in time, so that they stay
+    waited for (swarm/sync/transport.py: a key that never delivers is heard once; a "gone" answer stands
+    until the replica's step nears the step it named). Before the jump budget its step moved 1000 a step
     and a --max-steps run ended after its first step. Now its step moves at most its allowance (a
     tenth of its schedule, 1000 at most: one late joiner's jump on the default schedule, none on a
     30-step one) plus `JUMP_SHARE` of the steps trained, in all; its last step's rate is above the

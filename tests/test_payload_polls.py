@@ -27,7 +27,7 @@ from swarm.sync.exchange import (
     applied_fingerprint,
 )
 from swarm.sync.lockstep import DeMoSync
-from swarm.sync.transport import PENDING_STEPS, PayloadServicer, Punctuality, gather
+from swarm.sync.transport import KEEP_PAYLOADS, PENDING_STEPS, PayloadServicer, Punctuality, gather
 
 
 def poll(servicer: PayloadServicer, step: int) -> str:
@@ -232,6 +232,37 @@ def test_a_replica_that_missed_a_round_is_waited_for_in_full_again_once_a_payloa
     assert punctuality.bytes_received > len(b"payload 1")  # the bytes of that ask are counted too
     second = gathered(2)
     assert second.payloads == {server.peer_id: b"payload 2"} and second.seconds >= deadline / 2
+
+
+def test_a_replica_that_answered_gone_is_not_asked_again_until_its_payloads_could_be_there(two_nodes):
+    """A replica that keeps the payloads of steps 100 to 107 answers a poll for step 90 "gone, the
+    newest is 107": it keeps nothing older than its newest `KEEP_PAYLOADS`, now or later, so no poll
+    reaches it for steps 91 to 99 (its answer stands in each gather: free keys claiming a step far
+    ahead were asked, and answered at once, every step: issue 57's jump rows), and step 100 is asked
+    for again and its payload comes. Without that memory each of those gathers asks it."""
+    asker, server = two_nodes
+    served = PayloadServicer(0, 2.0)
+    server.serve(served)
+    oldest, newest = 100, 100 + KEEP_PAYLOADS - 1
+
+    async def publish() -> None:
+        for step in range(oldest, newest + 1):
+            served.publish(step, f"payload {step}".encode(), b"fingerprint")
+
+    server.loop.run(publish(), 5.0)
+    punctuality = Punctuality()
+
+    def gathered(step: int) -> Gathered:
+        return asker.loop.run(gather(asker.p2p, 0, step, [server.peer_id], 2.0, punctuality), 5.0)
+
+    assert gathered(90).reported_steps == {server.peer_id: newest}
+    polls = served.bytes_received
+    for step in range(91, oldest):
+        skipped = gathered(step)
+        assert skipped.reported_steps == {server.peer_id: newest} and not skipped.payloads
+    assert served.bytes_received == polls, "a replica known to keep no payload of those steps was polled"
+    gathered(oldest)  # not waited for (its last answer was no payload): its ask goes on past the gather
+    wait_for(lambda: server.peer_id in punctuality.punctual, 5.0, "the poll for step 100 to bring its payload")
 
 
 def test_a_record_that_names_no_peer_id_is_left_out_of_a_gather(two_nodes):

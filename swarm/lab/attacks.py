@@ -27,7 +27,8 @@ with the project's own code, or with a few lines around hivemind.
   - `RefusedPayloads`: sync replies whose payload no replica can decode, with a fingerprint
     that says the replicas drifted apart;
   - `JumpClaims`: sync replies that say "gone, the newest step is the one asked plus 1000" to
-    every poll: with a second key doing the same, a majority ahead on every step;
+    every other poll, and junk in time to the others: with a second key doing the same, a majority
+    ahead from the first claim on;
   - `HostileReplica`: a DeMo replica that trains like an honest one and sends, each step, its
     own update (under a fingerprint of its own, which tells the others they drifted), negated,
     at the largest values allowed against it, with random signs, or NaN;

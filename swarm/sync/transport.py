@@ -24,6 +24,17 @@ for in full, as an honest replica that slow would be. What this costs an honest 
 that falls more than a deadline behind the others at once (a stall of over two deadlines) is no
 longer waited for until its payloads come in time again; it still applies theirs (kept for late
 askers), but they go on without its own, where waiting in full every step let it catch up.
+
+A replica that answered "gone, my newest step is n" keeps no payload older than its newest
+`KEEP_PAYLOADS`, now or later (its newest step only grows): with payloads d steps apart (1 for
+DeMo, a round for outer steps; read off this replica's own last two gathers), none of a step
+below n - (KEEP_PAYLOADS - 1) d. So it is not asked again while this replica's step is at least
+d below that: its last answer stands in the gather for it (its newest step, as the jump rule
+reads it, exchange.py). Free keys claiming a step far ahead were asked,
+and answered at once, every step: a round trip each, beside a lone replica's 60 ms steps
+(issue 57's jump rows: 1.55 times its seconds a step alone with 4 keys); now each is heard
+once. An honest replica restarted from an older checkpoint after saying "gone" is asked again
+only once this one reaches the step it had said.
 """
 
 from __future__ import annotations
@@ -146,8 +157,21 @@ class Punctuality:
         self.met = False  # a gather that asked another replica has ended
         self.punctual: set[str] = set()  # replicas whose last payload came within the deadline
         self.trailing: dict[str, asyncio.Task] = {}  # replicas whose ask goes on past the gather it began in
+        self.gone: dict[str, int] = {}  # replicas that answered "gone": the newest step each reported
+        self.last_step: int | None = None  # the step of this replica's last gather
         self.bytes_sent = 0  # requests of those asks that got an answer
         self.bytes_received = 0  # their answers
+
+    def known_gone(self, peer_ids: Iterable[str], step: int) -> dict[str, int]:
+        """Of `peer_ids`, those whose "gone" answer holds for `step` too (module docstring), with the
+        newest step each reported; answers that no longer hold, or of replicas no longer listed, are
+        forgotten. Until two gathers show the payloads' spacing (or where the step went back), none."""
+        spacing = step - self.last_step if self.last_step is not None and step > self.last_step else None
+        self.last_step = step
+        listed = set(peer_ids)
+        self.gone = {p: newest for p, newest in self.gone.items()
+                     if p in listed and spacing and step + KEEP_PAYLOADS * spacing <= newest}  # fmt: skip
+        return dict(self.gone)
 
     def waited_in_full(self, peer_ids: Iterable[str]) -> list[str]:
         """The replicas a gather waits for up to the deadline: all in the first gather, then the punctual ones."""
@@ -183,8 +207,9 @@ class Punctuality:
 
 async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline: float,
                  punctuality: Punctuality | None = None) -> Gathered:  # fmt: skip
-    """Ask every peer for its step payload at once; keep what arrives until every ask of a replica
-    waited for in full has ended, at most the deadline (`Punctuality`; without one, all are)."""
+    """Ask every peer for its step payload at once (but those known to keep no payload of `step`: their
+    last answer stands); keep what arrives until every ask of a replica waited for in full has
+    ended, at most the deadline (`Punctuality`; without one, all are)."""
     punctuality = punctuality if punctuality is not None else Punctuality()
     result = Gathered(asked=len(peer_ids))
     started = time.monotonic()
@@ -213,12 +238,16 @@ async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline:
             except MessageError as error:
                 logger.warning("step %d: %s sent a malformed reply (%s); left out of this step", step, peer_id, error)
                 return
+            if reply.status == "gone":
+                punctuality.gone[peer_id] = reply.newest_step
             if sink.take(peer_id, reply):
                 return
             await asyncio.sleep(RETRY_S)
 
-    asks = {peer_id: asyncio.ensure_future(ask(peer_id)) for peer_id in peer_ids}
-    waited = [asks[p] for p in punctuality.waited_in_full(peer_ids)]
+    gone = punctuality.known_gone(peer_ids, step)
+    result.reported_steps.update(gone)
+    asks = {peer_id: asyncio.ensure_future(ask(peer_id)) for peer_id in peer_ids if peer_id not in gone}
+    waited = [asks[p] for p in punctuality.waited_in_full(asks)]
     try:
         if waited:
             await asyncio.wait(waited, timeout=deadline)
