@@ -30,7 +30,8 @@ HONEST = ["--sync", "demo", "--wait-for-replicas", "3", "--max-steps", "8", "--s
 @pytest.mark.parametrize("attack", ["nan payloads", "lying replies"])
 def test_a_hostile_replica_cannot_poison_or_derail_honest_ones(tmp_path, attack):
     with tiny_swarm(tmp_path, "hostilesync", {}) as (local, _, client):
-        config = client.directory.wait_for_model(30)  # no peer was waited for: the bootstrap may not have published it yet
+        # no peer was waited for: the bootstrap may not have published it yet
+        config = client.directory.wait_for_model(30)
         with HostileNode("hostilesync", local.initial_peers) as node:
             if attack == "nan payloads":
                 windows = load_corpus(local.data).windows("train", config)
@@ -57,8 +58,9 @@ DEFAULT_SCHEDULE = PeerConfig().train_config().steps  # the schedule of a peer r
 def test_two_keys_reporting_a_step_ahead_on_every_step_move_a_lone_replica_within_its_jump_budget(tmp_path, schedule):
     """Issue 57: two free keys answer every other poll of a lone honest replica (its defaults) with "gone,
     the newest step is the one asked plus 1000", and the others with junk in time, so that they are
-    waited for every step (swarm/sync/transport.py: a key that never delivers is heard once). Before the jump budget its step moved 1000 a step
-    and a --max-steps run ended after its first step. Now its step moves at most its allowance (a
+    waited for every step (swarm/sync/transport.py: a key that never delivers is heard once). Before the jump
+    budget its step moved 1000 a step and a --max-steps run ended after its first step. Now its step moves
+    at most its allowance (a
     tenth of its schedule, 1000 at most: one late joiner's jump on the default schedule, none on a
     30-step one) plus `JUMP_SHARE` of the steps trained, in all; its last step's rate is above the
     floor; and the run trains every one of its --max-steps."""
