@@ -106,7 +106,8 @@ of its weights from the lone run's over the lone run's distance from the start w
 - jump_every_step (issue 57): the same replica beside k = 2, 4 and 8 free keys, each answering every
   other sync poll with "gone, the newest step is the one asked plus 1000" and the others with junk in
   time (`JumpClaims`: so that a gather waits for them), a majority ahead from its first claim on (a
-  "gone" answer stands until the replica's step nears the step it named: swarm/sync/transport.py). Figures at each k (`jump_every_step_<k>keys`): the steps it trained and its final
+  "gone" answer stands until the replica's step nears the step it named: swarm/sync/transport.py).
+  Figures at each k (`jump_every_step_<k>keys`): the steps it trained and its final
   step (its jumps' budget bounds the difference: swarm/sync/exchange.py), its loss over the lone
   run's (met at <= 1.05) and its seconds per step over the lone run's (met at <= 1.5, both read off
   its log's clock from its first step to its last save).
@@ -442,7 +443,8 @@ def poisoned(swarm: Swarm, block: int) -> tuple[Denoiser, dict]:
     honest = swarm.reference.denoiser_for_block(block)
     poison = degraded_block(honest, lambda denoiser: spot_check.measure(denoiser, config, block), POISON_WORSE_BY)
     return poison, {"honest_spot_check_ce": spot_check.measure(honest, config, block),
-                    "poison_spot_check_ce": spot_check.measure(poison, config, block), "uniform_ce": uniform_ce(config)}  # fmt: skip
+                    "poison_spot_check_ce": spot_check.measure(poison, config, block),
+                    "uniform_ce": uniform_ce(config)}  # fmt: skip
 
 
 def step_lie(swarm: Swarm, name: str, poison: bool) -> dict:
@@ -497,7 +499,8 @@ def sybils(swarm: Swarm, block: int, keys: int) -> dict:
     return {"block": block, "sybil_keys": keys, "sybil_records_counted": counted, "records_ignored": ignored,
             "liar_step": info.step, "poison_sha256": info.sha256[:12], "vouchers_by_checkpoint": vouchers,
             "members_only": directory.membership.members_only,
-            "identity_work_bits": directory.work.terms.bits if directory.work.terms else 0, **figures, **row}  # fmt: skip
+            "identity_work_bits": directory.work.terms.bits if directory.work.terms else 0,
+            **figures, **row}  # fmt: skip
 
 
 DEFENCES = {"members_only": ["--members-only"], "identity_work": ["--identity-work", str(SYBIL_WORK_BITS)]}
@@ -573,8 +576,10 @@ def tuned_block(swarm: Swarm, block: int, worse_by: float) -> tuple[Denoiser, di
     honest = swarm.reference.denoiser_for_block(block)
     worse = degraded_block(honest, lambda denoiser: held_out.measure(denoiser, config, block), worse_by)
     tuned = tuned_to(worse, public, config, block, beat=public.measure(honest, config, block) - 0.05)
-    figures = {"held_out_ce": {"honest": held_out.measure(honest, config, block), "tuned": held_out.measure(tuned, config, block)},
-               "public_check_ce": {"honest": public.measure(honest, config, block), "tuned": public.measure(tuned, config, block)}}  # fmt: skip
+    figures = {"held_out_ce": {"honest": held_out.measure(honest, config, block),
+                               "tuned": held_out.measure(tuned, config, block)},
+               "public_check_ce": {"honest": public.measure(honest, config, block),
+                                   "tuned": public.measure(tuned, config, block)}}  # fmt: skip
     return tuned, figures
 
 
@@ -600,7 +605,8 @@ def slightly_worse(swarm: Swarm) -> dict:
     """A copy of every block `SLIGHTLY_WORSE` nats per unit worse on held-out text (within the
     spot check's tolerance), one save ahead, each under a key of its own, served for download and
     denoising (issue 46: stamps that win on rank each time cost 3-4% overall)."""
-    config, held_out = swarm.config, SpotCheck.from_corpus(load_corpus(None), swarm.config, count=64, seed=HELD_OUT_SEED)
+    config = swarm.config
+    held_out = SpotCheck.from_corpus(load_corpus(None), config, count=64, seed=HELD_OUT_SEED)
     liars = set()
     with contextlib.ExitStack() as stack:
         for block in range(config.n_blocks):
@@ -800,7 +806,8 @@ def part_one_rows(swarm: Swarm) -> dict[str, Callable[[], dict]]:
         "honest_then_lying_beside_one_key": lambda: honest_then_lying(swarm, 0),
         "free_keys_outvote_lone_host": lambda: free_keys_outvote(swarm),
         "chunk_list_stall_beside_fast_poison": lambda: chunk_list_stall(swarm),
-        **{f"spot_check_tuned_{worse_by}": functools.partial(spot_check_tuned, swarm, worse_by) for worse_by in TUNED_GRADES},
+        **{f"spot_check_tuned_{worse_by}": functools.partial(spot_check_tuned, swarm, worse_by)
+           for worse_by in TUNED_GRADES},
         "step_inflation": lambda: step_inflation(swarm),
         "honest_weights_restamped_lying_answers": lambda: checkpoint_ahead(
             swarm, "restamped-lying", 0, swarm.reference.denoiser_for_block(0), save, answers=True),

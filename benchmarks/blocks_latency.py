@@ -136,7 +136,8 @@ def summarize(runs: dict, gen_len: int) -> dict:
                 "single_pass_seconds": single["seconds"], "single_pass_hops": single["hops"],
                 "steps_per_block": single["steps_per_block"], "autoregressive_seconds": ar["seconds"],
                 "autoregressive_hops": ar["hops"], "bytes": ar["bytes"],
-                "ratio_autoregressive_over_single_pass": run["latency"]["latency_ratio_autoregressive_over_single_pass"],
+                "ratio_autoregressive_over_single_pass":
+                    run["latency"]["latency_ratio_autoregressive_over_single_pass"],
                 "rtt_ms_median": statistics.median(rtts) if rtts else None,
                 "fetch_seconds": run["fetch"]["seconds"], "model_bytes": run["fetch"]["bytes"],
                 "fetch_spot_check_seconds": run["fetch"]["spot_check_seconds"],

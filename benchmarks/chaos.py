@@ -65,13 +65,15 @@ def run(args, workdir: Path, chaos: bool) -> dict:
         model = load_model_folder(workdir / "final")
     windows = load_corpus(None).windows("validation", model.config).fixed(VALIDATION_WINDOWS)
     quality = denoise_ce(model.denoiser_for_block, model.config, windows)
-    return {**report, "seconds_to_finish": seconds, "denoise_ce": quality["overall"], "denoise_ce_per_block": quality["per_block"]}
+    return {**report, "seconds_to_finish": seconds, "denoise_ce": quality["overall"],
+            "denoise_ce_per_block": quality["per_block"]}
 
 
 def wait_until_served(directory: SwarmDirectory, n_blocks: int, steps: int, timeout: float) -> None:
     def finished() -> bool:
         hosts = directory.all_hosts(n_blocks)
-        return all(any(h.announcement.state == "serving" and h.announcement.step >= steps for h in hs) for hs in hosts.values())
+        return all(any(h.announcement.state == "serving" and h.announcement.step >= steps for h in hs)
+                   for hs in hosts.values())
 
     wait_for(finished, timeout, f"{steps} steps per block", interval=2.0)
 

@@ -80,7 +80,8 @@ def read_every_block(client: SwarmClient, swarm: AnnouncingSwarm, region: str, r
     return time.monotonic() - began, lookups
 
 
-def visibility_trial(client: SwarmClient, swarm: AnnouncingSwarm, region: str, step: int, args, rng: random.Random) -> dict:
+def visibility_trial(client: SwarmClient, swarm: AnnouncingSwarm, region: str, step: int, args,
+                     rng: random.Random) -> dict:
     """A node (of another region, where there is one) stores a new announcement; seconds until `client` sees it."""
     writers = [n for n in swarm.nodes if n.region != region] or swarm.nodes
     writer = rng.choice(writers)
@@ -101,7 +102,8 @@ def visibility_trial(client: SwarmClient, swarm: AnnouncingSwarm, region: str, s
 
 def measure(swarm: AnnouncingSwarm, regions: list[str], size: int, args, rng: random.Random) -> dict:
     """Grow the swarm to `size` nodes, let it announce, then read it from fresh clients."""
-    for region, block in tqdm(spread(size, regions, args.blocks)[len(swarm.nodes) :], desc=f"nodes to {size}", unit="node"):
+    new_nodes = spread(size, regions, args.blocks)[len(swarm.nodes) :]
+    for region, block in tqdm(new_nodes, desc=f"nodes to {size}", unit="node"):
         swarm.add_node(region, block)
     swarm.start_announcing()
     time.sleep(args.settle * args.announce_period)  # every node announces in this time, as a running swarm does
@@ -125,7 +127,8 @@ def summarize(size: int, joins, every_block, lookups: list[dict], visibility: li
     return {
         "nodes": size,
         "lookup_round_trips": stats([x["round_trips"] for x in lookups]),
-        "lookup_round_trips_to_value": stats([x["round_trips_to_value"] for x in lookups if x["round_trips_to_value"] is not None]),
+        "lookup_round_trips_to_value":
+            stats([x["round_trips_to_value"] for x in lookups if x["round_trips_to_value"] is not None]),
         "lookup_rpcs": stats([x["rpcs"] for x in lookups]),
         "lookup_seconds": stats([x["seconds"] for x in lookups]),
         "hosts_found_min": min((x["hosts_found"] for x in lookups if x["hosts_found"] is not None), default=None),
@@ -142,7 +145,8 @@ def summarize(size: int, joins, every_block, lookups: list[dict], visibility: li
 def check_targets(largest: dict) -> dict:
     """The issue's figures, at the largest size measured: round trips until the lookup returned
     (what a client waits for), and, beside them, the hops to the first node holding the record."""
-    trips, hops, vis = largest["lookup_round_trips"], largest["lookup_round_trips_to_value"], largest["visibility_periods"]
+    trips, hops = largest["lookup_round_trips"], largest["lookup_round_trips_to_value"]
+    vis = largest["visibility_periods"]
     return {
         "nodes": largest["nodes"],
         "round_trips_median_le_2": trips["median"] <= TARGETS["round_trips_median"],
@@ -177,8 +181,10 @@ def plot(sizes: list[dict], network: dict, path: Path) -> None:
     secs.set(title="time for a client to look up", ylabel="seconds")
     secs.legend(fontsize=8)
     for s in sizes:
-        vis.scatter([s["nodes"]] * len(s["visibility"]), [v["periods"] or np.nan for v in s["visibility"]], alpha=0.5, color="C0")
-    vis.plot(nodes, [s["visibility_periods"].get("median", np.nan) for s in sizes], "C0-", label="median (dots: each trial)")
+        vis.scatter([s["nodes"]] * len(s["visibility"]), [v["periods"] or np.nan for v in s["visibility"]],
+                    alpha=0.5, color="C0")
+    vis.plot(nodes, [s["visibility_periods"].get("median", np.nan) for s in sizes], "C0-",
+             label="median (dots: each trial)")
     vis.axhline(TARGETS["visibility_periods"], color="r", ls=":", label="target")
     vis.set(title="a new announcement is seen after", ylabel="announce periods")
     vis.legend(fontsize=8)
@@ -220,13 +226,15 @@ def run_placed(args) -> tuple[dict, list[dict]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32, 64], help="DHT nodes, the swarm grows through them")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32, 64],
+                        help="DHT nodes, the swarm grows through them")
     parser.add_argument("--blocks", type=int, default=8, help="blocks the nodes host (node i hosts block i mod B)")
     parser.add_argument("--announce-period", type=float, default=10.0, help="seconds; swarm-peer's default")
     parser.add_argument("--settle", type=float, default=1.0, help="announce periods to wait after each growth")
     parser.add_argument("--clients", type=int, default=2, help="fresh clients per region at each size")
     parser.add_argument("--rounds", type=int, default=3, help="passes over every block by each client")
-    parser.add_argument("--poll", type=float, default=0.2, help="seconds between a reader's lookups for a new announcement")
+    parser.add_argument("--poll", type=float, default=0.2,
+                        help="seconds between a reader's lookups for a new announcement")
     parser.add_argument("--visibility-timeout", type=float, default=6.0, help="announce periods to wait for it")
     parser.add_argument("--regions", default=str(Path(__file__).with_name("regions.yaml")))
     parser.add_argument("--seed", type=int, default=0)

@@ -58,7 +58,8 @@ def ready(url: str, points: int, replicas: int) -> dict | None:
     peer is credited accepted payloads; else None."""
     now = state(url)
     history = now.get("loss_history", {})
-    longest = [max((len(s["points"]) for s in history.get(str(b), [])), default=0) for b in range(now.get("n_blocks", 1))]
+    longest = [max((len(s["points"]) for s in history.get(str(b), [])), default=0)
+               for b in range(now.get("n_blocks", 1))]
     enough = min(longest) >= points
     paid = sum(c["accepted_payloads"] > 0 for c in now.get("contributions", []))
     credited = paid >= now.get("n_blocks", 1) * replicas if replicas > 1 else True

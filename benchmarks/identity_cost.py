@@ -40,7 +40,8 @@ def cpu_seconds(function, *args) -> tuple[float, object]:
 
 def seconds_per_try(terms: IdentityWork, tries: int) -> float:
     fingerprint = owner_fingerprint(KEY)
-    seconds, _ = cpu_seconds(lambda: [work.work_digest(terms, SWARM, fingerprint, "12D3KooWtry", n) for n in range(tries)])  # fmt: skip
+    seconds, _ = cpu_seconds(
+        lambda: [work.work_digest(terms, SWARM, fingerprint, "12D3KooWtry", n) for n in range(tries)])
     return seconds / tries
 
 

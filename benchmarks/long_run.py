@@ -7,11 +7,13 @@ it trains the end-to-end denoiser and the autoregressive baseline at equal compu
 optimizer steps as the blocks took (their mean), the same batch size and schedule as a
 peer's, each at its kind's own learning rate (swarm/model/train.py's `default_lr`: the
 end-to-end denoiser at the blocks' rate), each in its own process, one after the other. All three are scored on
-the same validation windows: bits per byte (of the masked blocks, the exact likelihood of left-to-right writing, beside their ELBO; the teacher-forced
-cross-entropy of AR) beside gzip's, bzip2's and xz's on the same validation text (and xz's after
+the same validation windows: bits per byte (of the masked blocks, the exact likelihood of left-to-right writing,
+beside their ELBO; the teacher-forced cross-entropy of AR) beside gzip's, bzip2's and xz's on the same
+validation text (and xz's after
 reading the training text), the sample figures (real words, distinct words, word entropy,
 beside the true text's and AR's), gen_nll under the AR model as judge (beside the true
-continuation's), and samples after validation passages' openings beside their true continuations. Writes long_run.json and long_run.png (bits per byte against steps) under --out.
+continuation's), and samples after validation passages' openings beside their true continuations. Writes
+long_run.json and long_run.png (bits per byte against steps) under --out.
 
 Each peer runs `--sync none` (AdamW alone, as the baselines): with one peer per block there
 are no replicas to keep in step.
@@ -123,7 +125,7 @@ def sample_texts(models: dict, config: ModelConfig, corpus, args) -> dict:
     ("autoregressive" is a ByteTransformer, the others denoisers by block)."""
     passages = corpus.passages("validation", SAMPLES, continuation_chars=args.sample_bytes)
     prompts = [prompt for prompt, _ in passages]
-    written = {name: ar_samples(m, config, args, prompts) if name == "autoregressive" else samples(m, config, args, prompts)
+    written = {name: (ar_samples if name == "autoregressive" else samples)(m, config, args, prompts)
                for name, m in models.items()}  # fmt: skip
     return {"prompts": prompts, "true": [truth for _, truth in passages], **written}
 
@@ -137,12 +139,14 @@ def plot(result: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, label in (("blocks", "blocks, through the swarm (mean step of the fetched blocks)"),
-                        ("end_to_end", "end to end"), ("autoregressive", "autoregressive (teacher-forced)")):  # fmt: skip
+                        ("end_to_end", "end to end"),
+                        ("autoregressive", "autoregressive (teacher-forced)")):  # fmt: skip
         steps, bpb = zip(*[(point[1], point[2]) for point in result["curves"][name]])
         ax.plot(steps, bpb, marker="o", markersize=3, label=label)
     ax.set_xlabel("optimizer steps (each block, and each baseline)")
     ax.set_ylabel(f"validation bits per byte ({CURVE_WINDOWS} windows)")
-    ax.set_title(f"long run: {result['model']['n_blocks']} blocks at {result['steps_each']} steps each, baselines at equal steps")
+    ax.set_title(f"long run: {result['model']['n_blocks']} blocks at {result['steps_each']} steps each, "
+                 "baselines at equal steps")
     ax.legend(fontsize=8)
     fig.tight_layout()
     write_picture(path, fig, dpi=120)
@@ -192,7 +196,8 @@ def by_temperature(denoiser_for_block, config: ModelConfig, windows: torch.Tenso
     """The blocks' writing at each of TEMPERATURES in --reveal order: argmax repeats itself, drawing
     writes more words and less likely ones; the sample targets ask for both at once."""
     true_nll = true_continuation_nll(judge, windows, config)
-    return {str(t): sampler_row(denoiser_for_block, config, windows, judge, known, args, Sampling(t, args.reveal), true_nll)
+    return {str(t): sampler_row(denoiser_for_block, config, windows, judge, known, args, Sampling(t, args.reveal),
+                                true_nll)
             for t in TEMPERATURES}  # fmt: skip
 
 
@@ -236,7 +241,8 @@ def train_all(config: ModelConfig, workdir: Path, corpus, args) -> tuple[dict, P
     config_path.write_text(json.dumps(config.to_dict()))
     swarm = swarm_phase(args, config_path, config, workdir / "swarm", curve_windows)
     steps = round(sum(swarm["steps"]) / len(swarm["steps"]))
-    common = {"config": config.to_dict(), "train": corpus.stream("train", config.units()), "validation": corpus.stream("validation", config.units()),
+    common = {"config": config.to_dict(), "train": corpus.stream("train", config.units()),
+              "validation": corpus.stream("validation", config.units()),
               "train_config": {"steps": args.schedule_steps, "batch_size": args.batch_size, "seed": 0},
               "run_steps": steps, "threads": args.threads, "curve_every": max(1, steps // 8)}  # fmt: skip
     trained = run_jobs([{**common, "kind": "end_to_end", "name": "end-to-end", "save_to": str(workdir / "e2e")},
@@ -303,8 +309,9 @@ def main() -> None:
                 how = (f"the blocks of `python benchmarks/long_run.py --minutes {args.minutes:g} --schedule-steps "
                        f"{args.schedule_steps}`: a swarm of {config.n_blocks} swarm-peer processes, one per block, on "
                        "this machine's 2 cores")  # fmt: skip
-                save_start_model(fetched, Path(args.save_start), {"how": how, "steps": run["steps_each"], "replicas": 1,
-                                                                   "data": "built-in", "started_from": "nothing"})  # fmt: skip
+                card = {"how": how, "steps": run["steps_each"], "replicas": 1, "data": "built-in",
+                        "started_from": "nothing"}
+                save_start_model(fetched, Path(args.save_start), card)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "long_run.json", json.dumps(result, indent=2).encode())
     plot(result, out / "long_run.png")

@@ -82,7 +82,8 @@ def variant_setup(settings: dict[str, str], corpus, base: TrainConfig) -> tuple[
     return ModelConfig.from_dict({**ModelConfig().to_dict(), **fields}), train
 
 
-def train_for(config: ModelConfig, block: int, windows, train: TrainConfig, seconds: float) -> tuple[torch.nn.Module, int]:
+def train_for(config: ModelConfig, block: int, windows, train: TrainConfig,
+              seconds: float) -> tuple[torch.nn.Module, int]:
     """Block `block` trained for `seconds` of CPU time on a schedule sized to the steps that fit."""
     timing = block_trainer(config, block, windows, train)
     started = time.process_time()

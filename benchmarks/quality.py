@@ -70,7 +70,8 @@ def make_jobs(configs: dict[str, ModelConfig], corpus, args, workdir: Path) -> l
         common_here = {**common, "config": config.to_dict()}
         jobs += [{**common_here, "kind": "block", "block": b, "name": f"{family} block {b}",
                   "save_to": str(workdir / family / f"block{b}")} for b in range(config.n_blocks)]  # fmt: skip
-        jobs.append({**common_here, "kind": "end_to_end", "name": f"{family} end-to-end", "save_to": str(workdir / family / "e2e")})
+        jobs.append({**common_here, "kind": "end_to_end", "name": f"{family} end-to-end",
+                     "save_to": str(workdir / family / "e2e")})
     any_config = next(iter(configs.values()))
     jobs.append({**common, "config": any_config.to_dict(), "kind": "autoregressive", "name": "autoregressive",
                  "save_to": str(workdir / "ar")})  # fmt: skip
@@ -110,8 +111,10 @@ def evaluate_family(config: ModelConfig, workdir: Path, windows: torch.Tensor, j
     }
     if config.family == "gaussian":
         family, prefix = GaussianFamily(config), windows[:, : config.prefix_len]
-        result["path_norms"] = {name: family.path_norms(m, prefix, args.steps_per_block, torch.Generator().manual_seed(NOISE_SEED))
-                                for name, m in models.items()}  # fmt: skip
+        result["path_norms"] = {  # each model on the same noise draws: a generator of its own, seeded alike
+            name: family.path_norms(m, prefix, args.steps_per_block, torch.Generator().manual_seed(NOISE_SEED))
+            for name, m in models.items()
+        }
     return result
 
 
@@ -137,7 +140,8 @@ def summarize(configs: dict[str, ModelConfig], trained: list[dict], workdir: Pat
     ar = evaluate_autoregressive(judge, any_config, windows, known)
     ar["samples"] = text(generate_bytes(judge, windows[:SAMPLES, : any_config.prefix_len], any_config.gen_len,
                                         torch.Generator().manual_seed(0)), any_config)  # fmt: skip
-    families = {family: evaluate_family(config, workdir, windows, judge, known, args) for family, config in configs.items()}
+    families = {family: evaluate_family(config, workdir, windows, judge, known, args)
+                for family, config in configs.items()}
     ar_bpb = ar["bits_per_byte"]["overall"]
     for result in families.values():
         result["blocks_over_autoregressive"] = result["bits_per_byte"]["blocks"] / ar_bpb
@@ -189,7 +193,8 @@ def plot_curves(result: dict, configs: dict[str, ModelConfig], path: Path) -> No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=300, help="budget: optimizer steps for each block and each baseline")
+    parser.add_argument("--steps", type=int, default=300,
+                        help="budget: optimizer steps for each block and each baseline")
     parser.add_argument("--families", default=",".join(FAMILIES), help="model families to compare, comma-separated")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--windows", type=int, default=256, help="validation windows for the figures")
@@ -199,7 +204,8 @@ def main() -> None:
     parser.add_argument("--curve-points", type=int, default=6, help="validation points on each training curve")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--config", default=None, help="model config JSON (default: the built-in config)")
-    parser.add_argument("--device", default="cpu", help="where each model trains (cpu, cuda); every figure is computed on the host")
+    parser.add_argument("--device", default="cpu",
+                        help="where each model trains (cpu, cuda); every figure is computed on the host")
     parser.add_argument("--out", default="benchmarks/results/quality", help="folder for quality.json and quality.png")
     args = parser.parse_args()
     setup_logging()

@@ -63,8 +63,9 @@ def run(args, regions: dict, one_way_s, workdir: Path) -> dict:
         lab.start_delays(one_way_s)
         with LocalSwarm(workdir, swarm="regions", lab=lab) as local:
             local.start_bootstrap(refresh_period=5)
-            extra = ["--max-steps", str(args.peer_steps), "--save-every", str(args.peer_steps), "--announce-period", "3",
-                     "--serve-ar-stage", "--sync", "demo", "--sync-deadline", "5", "--batch-size", "8"]  # fmt: skip
+            extra = ["--max-steps", str(args.peer_steps), "--save-every", str(args.peer_steps),
+                     "--announce-period", "3", "--serve-ar-stage", "--sync", "demo", "--sync-deadline", "5",
+                     "--batch-size", "8"]  # fmt: skip
             started = {name: local.start_peer(name, str(block), extra) for name, (block, _) in peers.items()}
             client = f"client-{names[0]}"
             wait_for(lambda: local.serving(list(peers), host=client), args.timeout, "every peer serving", interval=3)
@@ -141,7 +142,8 @@ def compare_nat(
     wait_for(lambda: only({nat_twin}), args.timeout, "block 0 on the NATed twin alone", interval=3)
     via_nat, relay_bytes = counted(lab.nodes["bootstrap"], lambda: latency(local, args, host, workdir / "nat-relayed"))
     return {"from": args.nat_client, "direct_twin": direct_twin, "nat_twin": nat_twin, "via_direct": via_direct[0],
-            "via_nat": via_nat, "bootstrap_bytes_via_direct": via_direct[1], "bootstrap_bytes_via_nat": relay_bytes}  # fmt: skip
+            "via_nat": via_nat, "bootstrap_bytes_via_direct": via_direct[1],
+            "bootstrap_bytes_via_nat": relay_bytes}  # fmt: skip
 
 
 def counted(node: netlab.Node, measure: Callable[[], dict]) -> tuple[dict, int]:
@@ -184,8 +186,8 @@ def summarize(runs: dict, regions: dict, one_way_s) -> dict:
             "sync_round_s_by_peer": syncs,
         }
     between = [c for c in rtt_checks if "within_10_percent" in c]
-    summary = {"rtt": rtt_checks, "inter_region_rtts_within_10_percent": f"{sum(c['within_10_percent'] for c in between)} of {len(between)}",
-               "per_client_region": per_client}  # fmt: skip
+    within = f"{sum(c['within_10_percent'] for c in between)} of {len(between)}"
+    summary = {"rtt": rtt_checks, "inter_region_rtts_within_10_percent": within, "per_client_region": per_client}
     if "nat" not in runs:
         return summary
     behind_nat = [c for c in runs["from"] if regions[c].get("behind_nat")]
@@ -215,7 +217,8 @@ def summarize_nat(nat: dict, from_behind_nat: dict | None) -> dict:
             "rtt": ratio(rtt[behind], rtt[direct]),
             "download_rate": ratio(rate[behind], rate[direct]),
             "single_pass_latency": ratio(single["relayed"]["seconds"], single["direct"]["seconds"]),
-            "block_0_request_latency": ratio(single["relayed"]["seconds_per_block"]["0"], single["direct"]["seconds_per_block"]["0"]),
+            "block_0_request_latency": ratio(single["relayed"]["seconds_per_block"]["0"],
+                                             single["direct"]["seconds_per_block"]["0"]),
         },
         "bootstrap_bytes": {"while_block_0_was_direct": nat["bootstrap_bytes_via_direct"],
                             "while_block_0_was_behind_nat": nat["bootstrap_bytes_via_nat"],
@@ -230,7 +233,8 @@ def _nated_twin(result: dict | None, name: str) -> dict | None:
     if not found:
         return None
     return {"route": found[0]["route"], "rtt_ms": found[0]["rtt_ms"]["median"],
-            "through_the_relay_ms": found[0].get("relayed_rtt_ms", {}).get("median"), "download": found[0].get("download")}  # fmt: skip
+            "through_the_relay_ms": found[0].get("relayed_rtt_ms", {}).get("median"),
+            "download": found[0].get("download")}  # fmt: skip
 
 
 def plot(runs: dict, summary: dict, path: Path) -> None:

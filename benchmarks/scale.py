@@ -417,7 +417,8 @@ def measure_denoise(module: torch.nn.Module, config: ModelConfig, args) -> float
         raise SwarmError("the denoise figure is built for the masked family (the default)")
     family = family_of(config)
     prefix = torch.randint(0, config.vocab_size, (1, config.prefix_len), generator=torch.Generator().manual_seed(0))
-    tensors = [prefix, torch.full((1, config.gen_len), config.mask_id), family.schedule(args.block, args.steps_per_block)]
+    tensors = [prefix, torch.full((1, config.gen_len), config.mask_id),
+               family.schedule(args.block, args.steps_per_block)]
 
     def request() -> None:
         with torch.no_grad():
@@ -441,9 +442,11 @@ def measure_size(size: str, corpus, args, bar: tqdm) -> dict:
     stages = {"training": lambda: measure_training(trainer, args.repeats),
               "sync": lambda: {"sync": measure_sync(trainer, args.replicas, args.repeats)},
               "checkpoint": lambda: {"checkpoint": measure_checkpoint(trainer.module, config, args)},
-              "spot check": lambda: {"spot_check_s": measure_spot_check(trainer.module, config, corpus.stream("validation", config.units()), args)},
+              "spot check": lambda: {"spot_check_s": measure_spot_check(
+                  trainer.module, config, corpus.stream("validation", config.units()), args)},
               "denoise": lambda: {"denoise_s": measure_denoise(trainer.module, config, args)},
-              "memory": lambda: {mode: measure_memory(config, corpus.stream("train", config.units()), args, mode) for mode in MEMORY_MODES}}  # fmt: skip
+              "memory": lambda: {mode: measure_memory(config, corpus.stream("train", config.units()), args, mode)
+                                 for mode in MEMORY_MODES}}  # fmt: skip
     for stage, measure in stages.items():
         bar.set_postfix_str(f"{size}: {stage}")
         result.update(measure())
@@ -584,7 +587,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--through-peers", action="store_true",
                         help="download each checkpoint once through real peers on 127.0.0.1 (starts DHT nodes)")
     parser.add_argument("--data", default=None, help="the text to train on (default: the built-in corpus)")
-    parser.add_argument("--note", default=None, help="what a reader should know about this run (on the benchmarks page)")
+    parser.add_argument("--note", default=None,
+                        help="what a reader should know about this run (on the benchmarks page)")
     parser.add_argument("--out", default="benchmarks/results/scale")
     args = parser.parse_args(argv)
     if args.replicas < 2 or args.repeats < 1:

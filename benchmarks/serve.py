@@ -107,7 +107,8 @@ def main() -> None:
     parser.add_argument("--swarm", default="servebench")
     parser.add_argument("--config", default=None, help="model config JSON for the local swarm; "
                         '{"prefix_cache": true} times the cheap hop: the prefix encoded once per request, '
-                        "not at each step (no quality cost seen at 150 or 300 training steps: docs/decisions.md)")  # fmt: skip
+                        "not at each step (no quality cost seen at 150 or 300 training steps: "
+                        "docs/decisions.md)")  # fmt: skip
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps-per-block", type=int, default=1)

@@ -113,7 +113,8 @@ def main() -> None:
     figures = evaluate_denoiser(
         blocks, config, windows, args.steps_per_block, judge, known, Sampling(args.temperature, args.reveal)
     )
-    written = {order: sample_texts({"blocks": blocks}, config, corpus, argparse.Namespace(**{**vars(args), "reveal": order}))
+    written = {order: sample_texts({"blocks": blocks}, config, corpus,
+                                   argparse.Namespace(**{**vars(args), "reveal": order}))
                for order in REVEAL_ORDERS}  # fmt: skip
     result = {
         "settings": {**vars(args), "judge": judge_name(args)},

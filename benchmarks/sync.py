@@ -78,7 +78,8 @@ MODES = {
     "dense": ["--sync", "dense"],
     "demo": ["--sync", "demo", "--value-bits", "16", "--top-k", "8"],
     "demo-overlap": ["--sync", "demo-overlap", "--value-bits", "16", "--top-k", "8"],
-    "demo-overlap2": ["--sync", "demo-overlap", "--overlap-steps", "2", "--value-bits", "16", "--top-k", "8"],  # two steps late
+    # two steps late
+    "demo-overlap2": ["--sync", "demo-overlap", "--overlap-steps", "2", "--value-bits", "16", "--top-k", "8"],
     "demo-overlap3": ["--sync", "demo-overlap", "--overlap-steps", "3", "--value-bits", "16", "--top-k", "8"],
     "outer": ["--sync", "outer"],  # the peer's defaults (OuterConfig)
     "outer-overlap": ["--sync", "outer-overlap"],  # the same, each round's exchange overlapped with the next round
@@ -414,7 +415,8 @@ def scaling(table: dict, counts: list[int]) -> dict:
                 continue
             a, b = first[mode], other[mode]
             entry = {"bytes_per_step": [a["bytes_sent_per_replica_per_step"], b["bytes_sent_per_replica_per_step"]],
-                     "compute_utilisation_mean": [a["compute_utilisation_mean"], b["compute_utilisation_mean"]]}  # fmt: skip
+                     "compute_utilisation_mean": [a["compute_utilisation_mean"],
+                                                  b["compute_utilisation_mean"]]}  # fmt: skip
             if "bytes_dense_over_mode" in a and "bytes_dense_over_mode" in b:
                 entry["bytes_dense_over_mode"] = [a["bytes_dense_over_mode"], b["bytes_dense_over_mode"]]
             change.setdefault(f"{counts[0]} -> {count} replicas", {})[mode] = entry
@@ -426,7 +428,8 @@ def targets(table: dict, counts: list[int], region_replicas: int) -> dict:
     local = table.get(f"local, {counts[0]} replicas", {}).get("outer", {})
     regions = table.get(f"regions, {region_replicas} replicas", {})
     verdicts = {
-        f"outer bytes dense/outer >= {BYTE_RATIO_TARGET:.0f} ({counts[0]} replicas)": _judge(local.get("bytes_dense_over_mode"), lambda v: v >= BYTE_RATIO_TARGET),
+        f"outer bytes dense/outer >= {BYTE_RATIO_TARGET:.0f} ({counts[0]} replicas)": _judge(
+            local.get("bytes_dense_over_mode"), lambda v: v >= BYTE_RATIO_TARGET),
         f"outer validation loss / dense <= {LOSS_RATIO_TARGET} at equal steps ({counts[0]} replicas)": _judge(
             local.get("validation_loss_mode_over_dense"), lambda v: v <= LOSS_RATIO_TARGET),
     }  # fmt: skip
@@ -463,7 +466,8 @@ def plot(runs: list[dict], table: dict, path: Path) -> None:
         bars = by_bytes.bar(xs, [r["bytes_sent_per_replica_per_step"] for r in rows], width, label=group)
         for bar, row in zip(bars, rows):
             if "bytes_dense_over_mode" in row and row["bytes_dense_over_mode"] > 1.01:
-                by_bytes.annotate(f"{row['bytes_dense_over_mode']:,.0f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                by_bytes.annotate(f"{row['bytes_dense_over_mode']:,.0f}x",
+                                  (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                                   ha="center", va="bottom", fontsize=7, rotation=90)  # fmt: skip
         by_use.bar(xs, [r["compute_utilisation_min"] or 0 for r in rows], width, label=group)
     for axis in (by_bytes, by_use):

@@ -164,7 +164,8 @@ def fraction(text: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["outer", "demo", "demo-overlap"], default="outer", help="the compressed mode against dense")
+    parser.add_argument("--mode", choices=["outer", "demo", "demo-overlap"], default="outer",
+                        help="the compressed mode against dense")
     parser.add_argument(
         "--steps", type=positive, nargs="+", default=[300, 900, 1500], help="run lengths (outer: multiples of H)"
     )

@@ -47,10 +47,10 @@ internet and the compression cost nothing). "Reaches" allows REACHED_WITHIN (0.0
 rounding: dense computes the same weights in both placements, and they ended 0.0005% apart. A
 regions run that never reaches the target has no efficiency: the JSON says "not reached" and
 gives its final loss over the target instead. Each mode's final loss, its loss at --steps (equal
-steps with the target) and its bytes per replica per step stand beside it; utilisation (and the rest of sync.py's figures of each run) is kept as a
-diagnostic. The summary names the best compressed mode and whether its efficiency is at least
-EFFICIENCY_TARGET. The default modes are the ones a user chooses between: dense, DeMo's default
-mode, its best overlapped variant and the best outer variant of the 150-step runs before.
+steps with the target) and its bytes per replica per step stand beside it; utilisation (and the rest of
+sync.py's figures of each run) is kept as a diagnostic. The summary names the best compressed mode and
+whether its efficiency is at least EFFICIENCY_TARGET. The default modes are the ones a user chooses between:
+dense, DeMo's default mode, its best overlapped variant and the best outer variant of the 150-step runs before.
 
 Modes: dense has no spare variant: spare batches fill the wait for the other replicas'
 payloads, and dense exchanges none (hivemind's all-reduce; the peer refuses --spare-batch-size
@@ -218,7 +218,8 @@ def efficiency(no_delay: list[dict], regions: list[dict]) -> dict:
         "efficiency": base / took if took else None,  # 0 s: the target is the start loss, nothing was learned
         "final_loss": regions[-1]["validation_loss"],
         "final_loss_over_target": regions[-1]["validation_loss"] / target,
-        "loss_at_target_steps": next((p["validation_loss"] for p in regions if p.get("step") == no_delay[-1].get("step")), None),
+        "loss_at_target_steps": next((p["validation_loss"] for p in regions
+                                      if p.get("step") == no_delay[-1].get("step")), None),
     }
 
 
@@ -377,7 +378,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--regions-steps", type=int, help="steps of each regions run, the last ones at the "
                         "schedule's floor (default: 1.5 x --steps, a multiple of the outer steps' H)")
     parser.add_argument("--save-every", type=int, default=25,
-                        help="steps between checkpoints, the points of each curve (outer modes: the next multiple of H)")  # fmt: skip
+                        help="steps between checkpoints, the points of each curve "
+                             "(outer modes: the next multiple of H)")  # fmt: skip
     parser.add_argument("--region-batch-size", type=int, default=96, help="batch of every run (both placements): "
                         "sync.py's regions batch, a step about as long as a round trip between regions")  # fmt: skip
     parser.add_argument("--model", default="small", help="as sync.py's --model")

@@ -78,7 +78,8 @@ DOWNLOAD_TIMEOUT_S = 600.0
 # A download's two ends, their daemons and the delay line share this machine's cores, so a run
 # is slower while the hypervisor takes their time; each run records the share taken (`cpu_steal`).
 STEAL = 7
-SERVICERS = {"honest": BlockServicer, "corrupt": CorruptChunks, "forged": functools.partial(CorruptChunks, forge_list=True)}
+SERVICERS = {"honest": BlockServicer, "corrupt": CorruptChunks,
+             "forged": functools.partial(CorruptChunks, forge_list=True)}
 
 
 class Links:
@@ -99,7 +100,8 @@ class Links:
     def start_hosts(self, kinds: list[str]) -> list[CheckpointHost]:
         """Hosts of the given kinds ("honest", "corrupt", "forged") on the lab's host nodes, replacing any before."""
         self.close_hosts()
-        self.hosts = [CheckpointHost(self.folder / f"{node.namespace}-{kind}", SWARM, servicer=SERVICERS[kind], where=node)
+        self.hosts = [CheckpointHost(self.folder / f"{node.namespace}-{kind}", SWARM, servicer=SERVICERS[kind],
+                                     where=node)
                       for node, kind in zip(self.nodes, kinds)]  # fmt: skip
         return self.hosts
 
@@ -116,7 +118,8 @@ class Links:
 
     def fetch(self, payload: bytes, info: CheckpointInfo, hosts: list[CheckpointHost]) -> dict:
         """A fresh joiner downloads `payload` (held as `info`) from `hosts`: its figures."""
-        network = NetworkOptions(initial_peers=[m for h in hosts for m in h.maddrs], host_maddrs=[f"/ip4/{self.joiner.address}/tcp/0"])
+        network = NetworkOptions(initial_peers=[m for h in hosts for m in h.maddrs],
+                                 host_maddrs=[f"/ip4/{self.joiner.address}/tcp/0"])
         with contextlib.ExitStack() as stack:
             with self.joiner.inside():
                 client = stack.enter_context(SwarmClient(SWARM, network))
@@ -129,7 +132,8 @@ class Links:
                 "mbit_per_s": 8 * len(payload) / (ended - started) / 1e6,
                 "transfer_mbit_per_s": 8 * len(payload) / (ended - timings["header"]) / 1e6,
                 "served_mb": [got.served.get(h.peer_id, 0) / 1e6 for h in hosts],
-                "dropped": {i: got.dropped[h.peer_id] for i, h in enumerate(hosts) if h.peer_id in got.dropped}}  # fmt: skip
+                "dropped": {i: got.dropped[h.peer_id]
+                            for i, h in enumerate(hosts) if h.peer_id in got.dropped}}  # fmt: skip
 
 
     def plain_tcp(self, payload: bytes) -> dict:
@@ -165,8 +169,9 @@ class Links:
             sender.join(DOWNLOAD_TIMEOUT_S)
         if failed or received != len(payload):
             raise SwarmError(f"plain TCP through the lab moved {received} of {len(payload)} bytes: {failed}")
-        return {"bytes": received, "hosts": 1, "seconds": ended - started, "mbit_per_s": 8 * received / (ended - started) / 1e6,
-                "transfer_mbit_per_s": 8 * received / (ended - started) / 1e6}  # fmt: skip
+        rate = 8 * received / (ended - started) / 1e6
+        return {"bytes": received, "hosts": 1, "seconds": ended - started, "mbit_per_s": rate,
+                "transfer_mbit_per_s": rate}
 
 
 @contextlib.contextmanager
@@ -185,7 +190,8 @@ def payload(megabytes: float, seed: int) -> bytes:
 
 def cpu_times() -> list[int]:
     """This machine's CPU time so far, by kind (/proc/stat's first line)."""
-    return [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]  # guest time is in user's
+    # guest time is in user's
+    return [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
 
 
 def alternating(measures: dict[str, Callable[[], dict]], repeats: int) -> dict[str, dict]:
@@ -200,11 +206,12 @@ def alternating(measures: dict[str, Callable[[], dict]], repeats: int) -> dict[s
             spent = [after - then for after, then in zip(cpu_times(), before)]
             run = runs[name][-1]
             run["cpu_steal"] = spent[STEAL] / max(1, sum(spent))
-            logger.info("%s, run %d: %.2f s, %.1f Mbit/s, CPU stolen %.0f%%", name, i + 1, run["seconds"], run["mbit_per_s"],
-                        100 * run["cpu_steal"])  # fmt: skip
+            logger.info("%s, run %d: %.2f s, %.1f Mbit/s, CPU stolen %.0f%%", name, i + 1, run["seconds"],
+                        run["mbit_per_s"], 100 * run["cpu_steal"])  # fmt: skip
     figures = ("seconds", "mbit_per_s", "transfer_mbit_per_s", "cpu_steal")
-    return {name: {**{k: statistics.median(r[k] for r in rs) for k in figures}, "bytes": rs[0]["bytes"], "hosts": rs[0]["hosts"],
-                   "runs": rs} for name, rs in runs.items()}  # fmt: skip
+    return {name: {**{k: statistics.median(r[k] for r in rs) for k in figures}, "bytes": rs[0]["bytes"],
+                   "hosts": rs[0]["hosts"], "runs": rs}
+            for name, rs in runs.items()}  # fmt: skip
 
 
 def repeated(measure, repeats: int, what: str) -> dict:
@@ -225,9 +232,11 @@ def quarters(args, folder: Path, sizes: dict) -> dict:
         for name, size_mb in (("default", sizes["default"]), ("large", down * args.seconds / 8)):
             data = payload(size_mb, seed=1)
             info = lab.hold(data)
-            result[f"four_hosts_{name}"] = with_cap(repeated(lambda: lab.fetch(data, info, hosts), args.repeats, f"4 hosts, {name}"), down)
+            fetch = functools.partial(lab.fetch, data, info, hosts)
+            result[f"four_hosts_{name}"] = with_cap(repeated(fetch, args.repeats, f"4 hosts, {name}"), down)
             if name == "default":  # the baseline: what one of them gives alone
-                result["one_host_default"] = with_cap(repeated(lambda: lab.fetch(data, info, hosts[:1]), 1, "1 host, default"), down)
+                fetch_one = functools.partial(lab.fetch, data, info, hosts[:1])
+                result["one_host_default"] = with_cap(repeated(fetch_one, 1, "1 host, default"), down)
     return {"downlink_mbit": down, "host_uplink_mbit": down / 4, "rtt_ms": args.home_rtt_ms, **result}
 
 
@@ -241,16 +250,18 @@ def long_fat(args, folder: Path, sizes: dict) -> dict:
         for name, size_mb in (("default", sizes["default"]), ("large", cap * args.seconds / 8)):
             data = payload(size_mb, seed=2)
             info = lab.hold(data)
-            runs = alternating({f"one_host_{name}": lambda: lab.fetch(data, info, hosts),
-                                f"plain_tcp_{name}": lambda: lab.plain_tcp(data)}, args.repeats)  # fmt: skip
+            runs = alternating({f"one_host_{name}": functools.partial(lab.fetch, data, info, hosts),
+                                f"plain_tcp_{name}": functools.partial(lab.plain_tcp, data)}, args.repeats)  # fmt: skip
             result.update({key: with_cap(figures, cap) for key, figures in runs.items()})
-            result[f"one_host_{name}_over_plain_tcp"] = runs[f"one_host_{name}"]["mbit_per_s"] / runs[f"plain_tcp_{name}"]["mbit_per_s"]
+            result[f"one_host_{name}_over_plain_tcp"] = (runs[f"one_host_{name}"]["mbit_per_s"]
+                                                         / runs[f"plain_tcp_{name}"]["mbit_per_s"])
         for other in args.compare_congestion:
             lab.lab.set_congestion(other)
             hosts = lab.start_hosts(["honest"])
             info = lab.hold(data)
             what = f"long fat link, large, {other}"
-            result[f"one_host_large_{other}"] = with_cap(repeated(functools.partial(lab.fetch, data, info, hosts), args.repeats, what), cap)
+            fetch = functools.partial(lab.fetch, data, info, hosts)
+            result[f"one_host_large_{other}"] = with_cap(repeated(fetch, args.repeats, what), cap)
     return {"link_mbit": cap, "rtt_ms": args.fat_rtt_ms, "congestion": args.congestion, **result}
 
 
@@ -286,14 +297,16 @@ def targets(result: dict) -> dict:
     q, f, c = result.get("quarters"), result.get("long_fat"), result.get("corrupt")
     checks = {}
     if q:
-        checks["four_quarter_hosts_over_cap"] = {"value": q["four_hosts_large"]["over_cap"], "target": f">= {TARGET_OVER_CAP}",
-                                                 "holds": q["four_hosts_large"]["over_cap"] >= TARGET_OVER_CAP}  # fmt: skip
+        over_cap = q["four_hosts_large"]["over_cap"]
+        checks["four_quarter_hosts_over_cap"] = {"value": over_cap, "target": f">= {TARGET_OVER_CAP}",
+                                                 "holds": over_cap >= TARGET_OVER_CAP}
     if f:
         checks["long_fat_link_over_cap"] = {"value": f["one_host_large"]["over_cap"], "target": f">= {TARGET_OVER_CAP}",
                                             "holds": f["one_host_large"]["over_cap"] >= TARGET_OVER_CAP}  # fmt: skip
     if c:
         holds = c["corrupt_over_clean"] <= TARGET_CORRUPT_OVER_CLEAN and c["corrupt_host_dropped_every_run"]
-        checks["corrupt_over_clean"] = {"value": c["corrupt_over_clean"], "target": f"<= {TARGET_CORRUPT_OVER_CLEAN}, corrupt host dropped",
+        checks["corrupt_over_clean"] = {"value": c["corrupt_over_clean"],
+                                        "target": f"<= {TARGET_CORRUPT_OVER_CLEAN}, corrupt host dropped",
                                         "holds": holds}  # fmt: skip
     return checks
 
@@ -319,7 +332,7 @@ def plot(result: dict, path: Path) -> None:
     rates.legend(fontsize=8)
     if "corrupt" in result:
         runs = result["corrupt"]["runs"]
-        for i, (kind, rs) in enumerate(runs.items()):
+        for i, rs in enumerate(runs.values()):
             times.scatter([i] * len(rs), [r["seconds"] for r in rs])
         times.set(title="4 hosts, one of them lying: download seconds", xticks=range(len(runs)), ylabel="seconds")
         times.set_xticklabels([f"{k}\n{result['corrupt']['median_seconds'][k]:.1f} s" for k in runs])
@@ -330,7 +343,8 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
-    parser.add_argument("--downlink", type=float, default=20.0, help="the joiner's downlink, Mbit/s (quarters, corrupt)")
+    parser.add_argument("--downlink", type=float, default=20.0,
+                        help="the joiner's downlink, Mbit/s (quarters, corrupt)")
     parser.add_argument("--home-rtt-ms", type=float, default=100.0, help="round trip joiner-hosts (quarters, corrupt)")
     parser.add_argument("--fat-mbit", type=float, default=100.0, help="link of the long-fat scenario, Mbit/s")
     parser.add_argument("--fat-rtt-ms", type=float, default=80.0)

@@ -65,7 +65,8 @@ PAYLOAD_MODES = ", ".join(payload_modes())
               "for the exchange, a staler update).")
 @click.option("--spare-batch-size", type=click.IntRange(min=0), default=PEER.spare_batch_size, show_default=True,
               help=f"{PAYLOAD_MODES}: while the other replicas' payloads are not all in, compute spare batches of "
-              "this many windows instead of waiting; the next step averages them in (0: wait idle). At most --batch-size.")
+              "this many windows instead of waiting; the next step averages them in (0: wait idle). "
+              "At most --batch-size.")
 @click.option("--wait-for-replicas", type=click.IntRange(min=1), default=PEER.wait_for_replicas, show_default=True,
               help="Start training once this many replicas of the block (itself included) are up; "
               "averaging groups hold up to this many.")

@@ -135,8 +135,8 @@ class Swarm(Writer):
     """A client of a swarm (a context manager): writes through its peers, fetches its model.
 
     `data`: the swarm's training text (None: the built-in corpus), whose held-out windows measure a
-    checkpoint before its answers are used (in an open swarm, every one); `eval_text`: a text file or folder of the user's own whose
-    windows join that measurement; `run_blocks`: blocks this client must be sure of, which it runs
+    checkpoint before its answers are used (in an open swarm, every one); `eval_text`: a text file or folder of
+    the user's own whose windows join that measurement; `run_blocks`: blocks this client must be sure of, which it runs
     itself from their checkpoint's verified file instead of asking any host (each costs one download
     and the block's steps for every span, here: swarm/serving/cross_check.py)."""
 
@@ -182,7 +182,8 @@ class Swarm(Writer):
         from swarm.checkpoints.assemble import assemble
         from swarm.checkpoints.choice import SpotCheck
 
-        assemble(self.client, self.config, Path(out), SpotCheck.from_source(self.data, self.config, eval_text=self.eval_text))
+        spot_check = SpotCheck.from_source(self.data, self.config, eval_text=self.eval_text)
+        assemble(self.client, self.config, Path(out), spot_check)
         return load(out)
 
 

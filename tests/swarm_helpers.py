@@ -18,8 +18,8 @@ from swarm.p2p.network import NetworkOptions
 from swarm.p2p.records import CheckpointInfo
 from swarm.waiting import wait_for
 
-__all__ = ["FAST_PEER", "HOSTS_SWARM", "client_of", "logs_end", "one_tests_peers", "poisoned_host", "tiny_swarm", "wait_for",
-           "write_tiny_setup"]  # fmt: skip
+__all__ = ["FAST_PEER", "HOSTS_SWARM", "client_of", "logs_end", "one_tests_peers", "poisoned_host", "tiny_swarm",
+           "wait_for", "write_tiny_setup"]  # fmt: skip
 
 HOSTS_SWARM = "transfer"  # the swarm of the checkpoint hosts that the `start` fixture (conftest.py) starts
 
@@ -93,5 +93,6 @@ def client_of(*nodes: CheckpointHost) -> SwarmClient:
 def logs_end(started: dict[str, Started], lines: int = 15) -> str:
     """The last `lines` lines of each started process's log, for a failure message: a wait that
     times out in CI leaves nothing else behind to say which peer stalled, and where."""
-    return "\n".join(f"--- {name}:\n" + "\n".join(handle.log().splitlines()[-lines:]) for name, handle in started.items())
+    return "\n".join(f"--- {name}:\n" + "\n".join(handle.log().splitlines()[-lines:])
+                     for name, handle in started.items())
 

@@ -61,7 +61,8 @@ def test_a_loaded_model_writes_what_continue_text_writes(tiny_folder):
 
 
 def test_a_join_line_is_read_as_the_bootstrap_prints_it():
-    line = "--swarm s --creator " + "a" * 32 + " --initial-peers /ip4/1.2.3.4/tcp/1/p2p/A --initial-peers /ip4/5.6.7.8/tcp/2/p2p/B"
+    line = ("--swarm s --creator " + "a" * 32
+            + " --initial-peers /ip4/1.2.3.4/tcp/1/p2p/A --initial-peers /ip4/5.6.7.8/tcp/2/p2p/B")
     assert JoinLine.parse(line) == JoinLine("s", ["/ip4/1.2.3.4/tcp/1/p2p/A", "/ip4/5.6.7.8/tcp/2/p2p/B"], "a" * 32)
     for bad in ["--swarm s", "--swarm s --initial-peers", "--port 1 --initial-peers /ip4/1.2.3.4/tcp/1/p2p/A"]:
         with pytest.raises(SwarmError):
@@ -73,8 +74,8 @@ def test_the_readme_writes_and_fetches_through_a_swarm_as_written(tmp_path, monk
         join = f"--swarm apitest --initial-peers {local.initial_peers[0]}"
         code = PLACEHOLDER_JOIN.sub(repr(join), readme_python()[len(folder_lines(readme_python())) :])
         monkeypatch.chdir(tmp_path)
-        exec(compile(code.replace("swarm.connect(", f"swarm.connect(data={local.data!r}, join_line="), "README.md", "exec"),
-             {"swarm": swarm})  # fmt: skip
+        code = code.replace("swarm.connect(", f"swarm.connect(data={local.data!r}, join_line=")
+        exec(compile(code, "README.md", "exec"), {"swarm": swarm})
         fetched = load_model_folder(tmp_path / "my-model")
         written = capsys.readouterr().out.rstrip("\n")
         here = b"".join(continue_text(local_runner(fetched.denoiser_for_block, fetched.config), fetched.config,

@@ -97,7 +97,7 @@ def test_a_checkpoint_whose_loss_is_not_a_number_loses_to_a_lone_honest_host(
 ):
     honest, liar = start("honest"), start("liar")
     good = honest.put(encode_block(trained_block, tiny_config, 0, 10, HOSTS_SWARM), 10)
-    bad = liar.put(encode_block(overflowing_block(tiny_config, 0), tiny_config, 0, 11, HOSTS_SWARM), 11)  # one save ahead
+    bad = liar.put(encode_block(overflowing_block(tiny_config, 0), tiny_config, 0, 11, HOSTS_SWARM), 11)  # a save ahead
     spot_check = SpotCheck(tiny_windows.fixed(8))
     with client_of(honest, liar) as client:
         choice = client.run(choose_checkpoint(client.p2p, [liar.host(bad), honest.host(good)], tiny_config, 0,
@@ -143,7 +143,8 @@ def test_a_degraded_checkpoint_many_keys_vouch_for_loses_to_a_lone_honest_host(s
     losses = {m.candidate.checkpoint.step: m.loss for m in choice.measured}
     assert list(losses) == [11, 10], losses  # the Sybils' checkpoint ranks first; both are measured
     assert losses[11] >= losses[10] + worse_by and losses[11] < uniform_ce(tiny_config), losses
-    assert believable(choice.measured[:1], spot_check.tolerance, uniform_ce(tiny_config)), losses  # alone, it would pass
+    # alone, it would pass
+    assert believable(choice.measured[:1], spot_check.tolerance, uniform_ce(tiny_config)), losses
     assert choice.checkpoint == good, losses
 
 
@@ -168,7 +169,8 @@ def test_free_keys_each_serving_another_degraded_checkpoint_cannot_keep_a_lone_h
     honest, sybils = start("honest"), [start(f"sybil{i}") for i in range(3)]
     good = honest.put(encode_block(trained.module, tiny_config, 0, honest_step, HOSTS_SWARM), honest_step)
     hosts = [sybil.host(sybil.put(encode_block(poison, tiny_config, 0, step, HOSTS_SWARM), step))
-             for sybil, poison, step in zip(sybils, poisons, sybil_steps, strict=True)] + [honest.host(good)]  # fmt: skip
+             for sybil, poison, step in zip(sybils, poisons, sybil_steps, strict=True)]
+    hosts += [honest.host(good)]
     ranked = [c.checkpoint for c in rank(hosts, tiny_config)]
     assert len(set(ranked)) == 4 and ranked[-1] == good, ranked  # three distinct checkpoints rank before the honest one
     with client_of(honest, *sybils) as client:
@@ -181,6 +183,7 @@ def test_free_keys_each_serving_another_degraded_checkpoint_cannot_keep_a_lone_h
     assert choice.checkpoint == good, choice.measured
     assert [m.candidate.checkpoint for m in choice.measured] == ranked, choice.measured  # every candidate measured
     sybils_measured = choice.measured[:3]
-    assert believable(sybils_measured, spot_check.tolerance, uniform_ce(tiny_config)) == sybils_measured  # alone, each would pass
+    # alone, each would pass
+    assert believable(sybils_measured, spot_check.tolerance, uniform_ce(tiny_config)) == sybils_measured
     assert all(m.loss >= choice.loss + 5 * spot_check.tolerance for m in sybils_measured), choice.measured
     assert len(where_keys_count.measured) == MEASURED_WHERE_KEYS_COUNT  # where keys cost something: the top 3 only

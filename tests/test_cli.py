@@ -28,7 +28,8 @@ def test_train_writes_block_checkpoints_and_an_assembled_model_with_its_steps(tr
     """The model folder's manifest says each block's steps as swarm-fetch's does (so swarm-demo --start
     takes it), and a baseline's its own."""
     assert sorted(p.name for p in (trained / "checkpoints").iterdir()) == ["block_0.safetensors", "block_1.safetensors"]
-    assert {p.name for p in (trained / "model").iterdir()} == {"config.json", "model.safetensors", "manifest.json", "README.md"}
+    assert {p.name for p in (trained / "model").iterdir()} == {"config.json", "model.safetensors", "manifest.json",
+                                                               "README.md"}
     manifest = json.loads((trained / "model" / "manifest.json").read_text())
     assert manifest == {"blocks": {"0": {"step": 15}, "1": {"step": 15}}}
     assert json.loads((trained / "judge" / "manifest.json").read_text()) == {"steps": 15}

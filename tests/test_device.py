@@ -230,7 +230,8 @@ class InputsSeen(torch.nn.Module):
         raise self.Seen
 
 
-@pytest.mark.parametrize("figure", [block_denoise_ce, block_elbo_bits, block_bits])  # the spot check's, the bound's, the likelihood's
+# the spot check's, the bound's, the likelihood's
+@pytest.mark.parametrize("figure", [block_denoise_ce, block_elbo_bits, block_bits])
 @pytest.mark.parametrize("family", ["masked", "gaussian"])
 def test_scoring_hands_the_block_its_windows_and_noise_on_the_blocks_device(tiny_config, tiny_windows, family, figure):
     """The windows and the draws are made on the CPU (the same on every device); a block on a GPU

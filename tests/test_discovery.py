@@ -15,8 +15,8 @@ def test_round_trips_follow_the_chain_of_calls_not_their_number():
     side_by_side = LookupTrace(0.3, [FindCall(0.0, 0.1, True), FindCall(0.0, 0.2, True), FindCall(0.0, 0.3, True)])
     assert (side_by_side.rpcs, side_by_side.round_trips) == (3, 1)
     # a worker sends its next call when its previous one is answered: a chain of three
-    chained = LookupTrace(0.5, [FindCall(0.0, 0.1, True, found_value=True), FindCall(0.1, 0.3, True), FindCall(0.0, 0.05, True),
-                                FindCall(0.3, 0.5, False)])  # fmt: skip
+    chained = LookupTrace(0.5, [FindCall(0.0, 0.1, True, found_value=True), FindCall(0.1, 0.3, True),
+                                FindCall(0.0, 0.05, True), FindCall(0.3, 0.5, False)])  # fmt: skip
     assert chained.round_trips == 3
     assert chained.round_trips_to_value == 1
     # a call still in flight when the lookup returned is not waited for
@@ -38,11 +38,15 @@ def test_a_client_finds_every_host_and_its_lookups_are_traced():
         with swarm.client("local") as client:
             for block in (0, 1):
                 owners = {n.directory.owner_subkey for n in swarm.nodes if n.block == block}
-                wait_for(lambda: {h.owner for h in client.directory.hosts(block)} == owners, 30, f"both hosts of block {block}")
+                def found(block: int = block, owners: set = owners) -> bool:
+                    return {h.owner for h in client.directory.hosts(block)} == owners
+
+                wait_for(found, 30, f"both hosts of block {block}")
                 trace = last_lookup(client.dht, block_key(SWARM, block))
                 assert trace is not None and 1 <= trace.round_trips <= trace.rpcs
                 assert trace.round_trips_to_value is not None and trace.seconds > 0
             writer = swarm.nodes[0]
             swarm.announce(writer, step=7)
             wait_for(lambda: any(h.owner == writer.directory.owner_subkey and h.announcement.step == 7
-                                 for h in client.directory.hosts(writer.block)), 30, "the new announcement")  # fmt: skip
+                                 for h in client.directory.hosts(writer.block)),
+                     30, "the new announcement")  # fmt: skip

@@ -173,7 +173,8 @@ def test_a_dht_that_stops_answering_kills_neither_a_peer_nor_the_bootstrap(tmp_p
                     process.resume()
             assert peer.process.poll() is None and bootstrap.process.poll() is None
             before = wait_for(lambda: [h.announcement.step for h in client.directory.hosts(0)
-                                       if h.announcement.public_name == "lone"], 30, "the peer's record again")[0]  # fmt: skip
+                                       if h.announcement.public_name == "lone"],
+                              30, "the peer's record again")[0]  # fmt: skip
             wait_for(lambda: any(h.announcement.public_name == "lone" and h.announcement.step > before + 5
                                  for h in client.directory.hosts(0)), 60, "the peer to train on")  # fmt: skip
 
@@ -230,8 +231,9 @@ def test_a_peer_behind_nat_that_no_relay_will_take_says_so_and_announces_nothing
     with LocalSwarm(tmp_path, swarm="norelay", config_path=config_path, data=corpus_path) as local:
         local.start_bootstrap(refresh_period=2, extra=["--no-relay"])  # the only initial peer relays for nobody
         with local.client() as client:
-            stranded = subprocess.run(local.peer_args("stranded", "0", ["--reachability", "relayed", "--announce-period", "1"]),
-                                      check=False, capture_output=True, text=True, timeout=120, cwd=local.workdir)  # fmt: skip
+            args = local.peer_args("stranded", "0", ["--reachability", "relayed", "--announce-period", "1"])
+            stranded = subprocess.run(args, check=False, capture_output=True, text=True, timeout=120,
+                                      cwd=local.workdir)
             assert_one_line_error(stranded, "cannot be reached", "no relay")
             assert not client.directory.hosts(0)
 

@@ -30,7 +30,8 @@ HONEST = ["--sync", "demo", "--wait-for-replicas", "3", "--max-steps", "8", "--s
 @pytest.mark.parametrize("attack", ["nan payloads", "lying replies"])
 def test_a_hostile_replica_cannot_poison_or_derail_honest_ones(tmp_path, attack):
     with tiny_swarm(tmp_path, "hostilesync", {}) as (local, _, client):
-        config = client.directory.wait_for_model(30)  # no peer was waited for: the bootstrap may not have published it yet
+        # no peer was waited for: the bootstrap may not have published it yet
+        config = client.directory.wait_for_model(30)
         with HostileNode("hostilesync", local.initial_peers) as node:
             if attack == "nan payloads":
                 windows = load_corpus(local.data).windows("train", config)

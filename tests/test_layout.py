@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = ROOT / "swarm"
 
 # each part of the library, and the parts it may import (besides itself and the shared base)
-BASE = {"swarm", "swarm.errors", "swarm.waiting", "swarm.files", "swarm.__main__"}  # __main__: `python -m swarm` lists the commands
+# __main__: `python -m swarm` lists the commands
+BASE = {"swarm", "swarm.errors", "swarm.waiting", "swarm.files", "swarm.__main__"}
 MAY_IMPORT = {
     "model": set(),
     "p2p": {"model"},
@@ -47,7 +48,8 @@ def imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             if node.module == "swarm":  # `from swarm import lab`: a room; `import __version__`: the base
-                found |= {f"swarm.{a.name}" for a in node.names if (LIBRARY / a.name).exists() or (LIBRARY / f"{a.name}.py").exists()}
+                found |= {f"swarm.{a.name}" for a in node.names
+                          if (LIBRARY / a.name).exists() or (LIBRARY / f"{a.name}.py").exists()}
     return found
 
 
@@ -112,7 +114,8 @@ def test_setup_installs_every_package_and_the_programs_under_their_own_names():
     """pyproject.toml lists its packages (the programs' names differ from their folders, which package
     discovery cannot give): every package of swarm/ is there, and no generic top-level name is installed."""
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    library = {".".join(p.relative_to(ROOT).parts) for p in [LIBRARY, *LIBRARY.iterdir()] if (p / "__init__.py").exists()}
+    library = {".".join(p.relative_to(ROOT).parts) for p in [LIBRARY, *LIBRARY.iterdir()]
+               if (p / "__init__.py").exists()}
     assert set(setuptools["packages"]) == library | set(INSTALLED_PROGRAMS)
     assert setuptools["package-dir"] == INSTALLED_PROGRAMS
 

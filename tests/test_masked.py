@@ -141,11 +141,13 @@ def test_sampling_settings_out_of_bounds_are_refused_here_and_on_the_wire(bad):
 
 @pytest.mark.parametrize("family", ["masked", "gaussian"])
 def test_the_bound_of_a_model_that_knows_the_answer_is_near_zero(family, tiny_config):
-    config = ModelConfig(**{**tiny_config.to_dict(), "family": family})
     """What is left is the gaussian prior term (|T[y]|^2 / 2 sigma_max^2, about 0.1 bit here)."""
+    config = ModelConfig(**{**tiny_config.to_dict(), "family": family})
     windows = torch.randint(0, 256, (64, config.seq_len), generator=torch.Generator().manual_seed(1))  # one batch
     knower = Recorder(config, answer=None)
-    knower.forward = lambda prefix, state, level: nn.functional.one_hot(windows[:, config.prefix_len :], 256).float() * 60.0
+    knower.forward = lambda prefix, state, level: (
+        nn.functional.one_hot(windows[:, config.prefix_len :], 256).float() * 60.0
+    )
     assert elbo_bits_per_byte(lambda b: knower, config, windows)["overall"] < 0.2
 
 
@@ -183,7 +185,8 @@ def test_stratified_rates_spread_a_batch_evenly_over_the_slice_and_keep_each_rat
     gaps = rates.sort().values.diff()
     assert torch.allclose(gaps, torch.full_like(gaps, (hi - lo) / 64), atol=1e-5)  # one rate in each 64th
     assert rates.min() > lo - 1e-6 and rates.max() <= hi + 1e-6
-    firsts = torch.stack([family.sample(8, 1, torch.Generator().manual_seed(s), stratified=True)[0] for s in range(4000)])
+    firsts = torch.stack([family.sample(8, 1, torch.Generator().manual_seed(s), stratified=True)[0]
+                          for s in range(4000)])
     assert abs(float(firsts.mean()) - (lo + hi) / 2) < 0.01 * (hi - lo) * 3  # each rate alone: uniform on the slice
     independent = family.sample(64, 1, torch.Generator().manual_seed(0))
     assert independent.sort().values.diff().std() > 3 * gaps.std()  # independent draws bunch up

@@ -7,8 +7,8 @@ it; a NATed DeMo replica stays bit-identical to a public one, and a NATed replic
 parameters with a public one (hivemind's averager, in client mode). Behind a symmetric NAT (a
 random port per connection, which defeats hole punching), the harder case: the dial-back needs
 no hole. The cone NAT (ports kept) is the regions benchmark's home region (benchmarks/regions.py),
-which reaches and serves through it; it left the suite to keep the suite's time down. Teardown leaves no namespace (nor the iptables rules inside them) and
-no process.
+which reaches and serves through it; it left the suite to keep the suite's time down. Teardown leaves no
+namespace (nor the iptables rules inside them) and no process.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def test_peers_behind_a_symmetric_nat_host_serve_and_sync_through_a_relay(tmp_pa
                 for name in ("public0", "public1"):  # from now on, the NATed peers serve every block
                     local.stop(started[name])
                 wait_for(lambda: {"public0", "public1"}.isdisjoint(
-                    n for n, h in announcements(client).items() if h.announcement.state != "leaving"), 30, "public replicas gone")  # fmt: skip
+                    n for n, h in announcements(client).items() if h.announcement.state != "leaving"),
+                    30, "public replicas gone")  # fmt: skip
                 fetched = local.run("swarm-fetch", "--out", str(tmp_path / "fetched"), "--data", corpus_path,
                                     timeout=180, host="client")  # fmt: skip
                 assert fetched.returncode == 0, fetched.stderr[-3000:]

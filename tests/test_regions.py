@@ -56,7 +56,8 @@ def test_a_lab_sets_the_tcp_congestion_control_of_nodes_made_before_and_after():
         before = lab.add_node("before")
         lab.set_congestion(other)
         after = lab.add_node("after")
-        chosen = {node.namespace: netlab.sh(*node.exec_prefix(), "sysctl", "-n", "net.ipv4.tcp_congestion_control").stdout.strip()
+        chosen = {node.namespace: netlab.sh(*node.exec_prefix(), "sysctl", "-n",
+                                            "net.ipv4.tcp_congestion_control").stdout.strip()
                   for node in (before, after)}  # fmt: skip
         with pytest.raises(SwarmError, match="no TCP congestion control"):
             lab.set_congestion("no-such-algorithm")

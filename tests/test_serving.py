@@ -33,7 +33,7 @@ def served(tmp_path_factory):
     """Block 0 on peer a; block 1 on b1 and on b2, which starts from b1's checkpoint (same weights)."""
     with tiny_swarm(tmp_path_factory.mktemp("serve"), SWARM, {"a": "0", "b1": "1"}) as (local, peers, client):
         peers["b2"] = local.start_peer("b2", "1", FAST_PEER)
-        wait_for(lambda: len([h for h in client.directory.hosts(1) if h.announcement.state == "serving"]) == 2, 60, "b2")
+        wait_for(lambda: sum(h.announcement.state == "serving" for h in client.directory.hosts(1)) == 2, 60, "b2")
         fetched = local.run("swarm-fetch", "--out", "model")
         assert fetched.returncode == 0, fetched.stderr
         yield local, peers, client, load_model_folder(local.workdir / "model")
@@ -71,7 +71,8 @@ def test_distributed_generation_equals_local_generation(served):
 
     expected = b"".join(continue_text(local_runner(model.denoiser_for_block, model.config), model.config,
                                       b"The quick brown", 20, steps_per_block=2, seed=9))
-    written = expected.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")  # stdout read as text
+    # stdout read as text
+    written = expected.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
     for sure_of in ([], ["--run-block", "1"]):  # block 1 asked of its hosts, or run here
         result = local_swarm.run("swarm-generate", "--max-bytes", "20", "--steps-per-block", "2", "--seed", "9",
                                  "--data", local_swarm.data, *sure_of, "The quick brown")  # fmt: skip

@@ -63,7 +63,8 @@ def test_joining_replica_starts_from_host_checkpoint_then_survives_crashes(swarm
     directory = swarm.directory
     joiner = swarm.start_peer("c", "0", FAST_PEER)
     def c_announcements():  # "joining" entries carry no progress yet; the first one after is checked
-        return [h for h in directory.hosts(0) if h.announcement.public_name == "c" and h.announcement.state != "joining"]
+        return [h for h in directory.hosts(0)
+                if h.announcement.public_name == "c" and h.announcement.state != "joining"]
 
     c_hosts = wait_for(c_announcements, 60, "c announced after joining")
     assert c_hosts[0].announcement.step == 6  # it starts from the host's step 6, not from 0
@@ -109,8 +110,8 @@ def test_peer_refuses_bad_options_with_one_line(swarm, tmp_path):
     cases = [
         (["--swarm", "has.dot", "--initial-peers", *swarm.initial_peers], "no dots"),
         (["--swarm", SWARM, "--initial-peers", "not-a-multiaddr"], "not a multiaddr"),
-        (["--swarm", SWARM, "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmSoLnSGccFuZQJzRadHn95W2CrSFmZuTdDWP8HXaHca9z"],
-         "could not join"),
+        (["--swarm", SWARM, "--initial-peers",
+          "/ip4/127.0.0.1/tcp/1/p2p/QmSoLnSGccFuZQJzRadHn95W2CrSFmZuTdDWP8HXaHca9z"], "could not join"),
         ([*peer_args[: peer_args.index("--block")], "--block", "7", *peer_args[peer_args.index("--block") + 2 :]],
          "out of range"),
     ]

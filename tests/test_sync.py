@@ -136,7 +136,8 @@ def test_a_killed_replica_does_not_stop_the_others(lent_swarm, sync, steps):
     assert r1.state == "training"  # killed while the survivor still had steps to take with it
     # a step waits at most the deadline (DeMo) or twice it (dense) for the dead replica
     final = wait_for(lambda: [h.announcement for h in directory.hosts(0) if h.announcement.state == "serving"
-                              and h.announcement.public_name == "r1"], 120, "the survivor to finish its steps")[0]  # fmt: skip
+                              and h.announcement.public_name == "r1"],
+                     120, "the survivor to finish its steps")[0]  # fmt: skip
     assert survivor.process.poll() is None  # still up, serving
     # the steps after the kill had nobody to exchange with: they trained alone, and are not counted as exchanged
     assert final.step == steps and final.sync_steps < steps, final

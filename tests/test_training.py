@@ -121,7 +121,8 @@ def test_checkpointed_layers_run_once_outside_training(tiny_config, tiny_windows
 
 
 def test_swarm_peer_low_memory_checkpoints_the_trainers_activations(monkeypatch):
-    """--low-memory is off unless given, and given, activation checkpointing is on in the config the peer's trainer is built from."""
+    """--low-memory is off unless given, and given, activation checkpointing is on in the config the peer's
+    trainer is built from."""
     import peers.main
 
     given = []

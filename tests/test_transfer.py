@@ -14,7 +14,6 @@ import random
 
 import hivemind
 import pytest
-from swarm_helpers import client_of
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
@@ -22,6 +21,7 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.p2p import P2P
 from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
+from swarm_helpers import client_of
 
 from swarm.checkpoints.chunks import CHUNK_BYTES, MAX_COPIES, ChunkList, ChunkPlan, Run, chunk_hashes, list_sha256
 from swarm.checkpoints.download import STREAM_RETRIES, _Whole, download, download_verified
@@ -49,7 +49,8 @@ PAYLOAD = random.Random(0).randbytes(24 * CHUNK_BYTES)  # a run of 2 chunks for 
 def fetch(nodes: list[CheckpointHost], info: CheckpointInfo, **options):
     """The payload downloaded from `nodes`, all announcing `info`."""
     with client_of(*nodes) as client:
-        return client.run(download(client.p2p, [node.host(info) for node in nodes], show_progress=False, **options), 120)
+        hosts = [node.host(info) for node in nodes]
+        return client.run(download(client.p2p, hosts, show_progress=False, **options), 120)
 
 
 def messages(caplog) -> str:
@@ -82,7 +83,8 @@ def test_a_host_serving_corrupt_chunks_is_named_dropped_and_the_rest_comes_from_
     info = [node.put(PAYLOAD, 5) for node in (corrupt, *honest)][0]
     got = fetch([corrupt, *honest], info)
     assert got.data == PAYLOAD
-    assert "sent chunk" in got.dropped[corrupt.peer_id] and "does not match" in got.dropped[corrupt.peer_id], got.dropped
+    reason = got.dropped[corrupt.peer_id]
+    assert "sent chunk" in reason and "does not match" in reason, got.dropped
     assert corrupt.peer_id in messages(caplog)  # named where the operator looks
     assert set(got.served) == {node.peer_id for node in honest}
     assert corrupt.servicer.sent <= 2  # one run of its first stream: the others waited for a chunk that verifies
@@ -95,7 +97,8 @@ def test_a_reply_announced_longer_than_a_chunk_is_not_read_and_its_host_is_dropp
     got = fetch([giant, honest], info, inactivity_timeout=5)
     assert got.data == PAYLOAD and got.served == {honest.peer_id: len(PAYLOAD)}
     reason = got.dropped.get(giant.peer_id, "not dropped")
-    assert f"announced a message of {2**30} bytes" in reason, reason  # before reading it: not a timeout, nor after 16 MiB
+    # before reading it: not a timeout, nor after 16 MiB
+    assert f"announced a message of {2**30} bytes" in reason, reason
 
 
 def test_a_download_request_announced_longer_than_a_request_is_not_read(start):
@@ -126,7 +129,8 @@ def test_a_stream_counts_against_its_callers_limit_from_the_moment_it_opens(star
 
         async def silent_then_asked() -> DownloadHeader:
             handle = BlockServicer._get_handle_name(None, DOWNLOAD)
-            silent = [await client.p2p.call_binary_stream_handler(node.dht.peer_id, handle) for _ in range(DOWNLOADS_PER_PEER)]
+            silent = [await client.p2p.call_binary_stream_handler(node.dht.peer_id, handle)
+                      for _ in range(DOWNLOADS_PER_PEER)]
             try:
                 async with asyncio.timeout(10):  # until the host has taken every silent stream (in any order)
                     while sum(node.servicer.limit.in_flight.values()) < DOWNLOADS_PER_PEER:
@@ -188,7 +192,8 @@ def test_chunks_put_together_in_any_order_give_the_file_and_give_each_chunk_back
     for index in (3, 0, 5, 1):
         whole.add(index, chunk[index], f"peer{index % 2}")
     assert not whole.complete
-    assert {i: c.data for i, c in whole.chunks().items()} == {i: chunk[i] for i in (0, 1, 3, 5)}  # what a next list starts from
+    # what a next list starts from
+    assert {i: c.data for i, c in whole.chunks().items()} == {i: chunk[i] for i in (0, 1, 3, 5)}
     for index in (4, 2):
         whole.add(index, chunk[index], "peer2")
     assert whole.complete and whole.data() == data
@@ -203,7 +208,8 @@ def test_a_first_run_can_be_assigned_and_a_stream_never_steals_from_its_own_host
     assert (plan.claim("a").next, plan.runs["a"].end) == (0, 3)  # the unclaimed chunks around it
     assert [(r.next, r.end) for r in (plan.claim("b"), plan.claim("c"))] == [(3, 4), (6, 7)]
     assert plan.claim("d").next == 7
-    assert plan.claim("e", own={"a", "b", "c", "d", "early"}) is None  # nothing unclaimed, and never from its own host's
+    # nothing unclaimed, and never from its own host's
+    assert plan.claim("e", own={"a", "b", "c", "d", "early"}) is None
     assert plan.claim("e") is not None  # an idle stream steals from another host's
 
 
@@ -337,7 +343,8 @@ def test_a_checkpoint_of_another_block_or_model_is_refused_though_its_hash_match
     wrong = {"block": encode_block(build_block(tiny_config, 1), tiny_config, 1, 5),
              "model": encode_block(build_block(other_model, 0), other_model, 0, 5)}  # fmt: skip
     nodes = [start(name) for name in wrong]
-    hosts = [node.host(node.put(data, 5)) for node, data in zip(nodes, wrong.values())]  # records tell the truth about these bytes
+    # records tell the truth about these bytes
+    hosts = [node.host(node.put(data, 5)) for node, data in zip(nodes, wrong.values())]
     with client_of(*nodes) as client:
         with pytest.raises(SwarmError, match="no replica"):
             client.run(fetch_verified(client.p2p, hosts, tiny_config, 0), 60)

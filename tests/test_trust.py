@@ -208,7 +208,8 @@ def test_sybil_keys_serving_a_degraded_block_beside_a_lone_honest_host_are_measu
     store = CheckpointStore(tmp_path, config, 0, SWARM, keep=3)
     vouched, *ahead = sybils = [store.save(poison, honest.step + saves) for saves in (1, 2, 3)]
     alone = Measured(Candidate(vouched, (), plausible=True), b"", record_of("sybil", vouched), loss(poison))
-    assert believable([alone], runner.spot_check.tolerance, uniform_ce(runner.config)), alone  # nothing about it alone gives it away
+    # nothing about it alone gives it away
+    assert believable([alone], runner.spot_check.tolerance, uniform_ce(runner.config)), alone
     assert alone.loss >= loss(model.denoiser_for_block(0)) + worse_by, alone
     with contextlib.ExitStack() as stack:
         for info, keys in [(vouched, 3), *((info, 1) for info in ahead)]:
@@ -341,7 +342,9 @@ def test_a_liar_gets_no_lie_through_while_its_only_fellow_replica_is_banned(swar
     assert runner.replicas.banned_until[liar_host.peer_id] == math.inf
 
 
-def test_honest_weights_restamped_by_a_stranger_that_answers_wrongly_are_witnessed_by_their_honest_host(swarm, tmp_path):
+def test_honest_weights_restamped_by_a_stranger_that_answers_wrongly_are_witnessed_by_their_honest_host(
+    swarm, tmp_path
+):
     """Issue 46: a stranger serves lone host a's block 0 weights bit for bit, stamped a few steps
     behind a's (the lower stamp is the one the client asks first), and answers requests wrongly.
     The two files differ (the step is in their metadata) but their weights do not: one checkpoint,
@@ -359,7 +362,8 @@ def test_honest_weights_restamped_by_a_stranger_that_answers_wrongly_are_witness
         text = b"".join(continue_text(runner, config, b"Swarms of", 40, steps_per_block=2, seed=9))
         node.leave(0)
     assert text == honest_text(model, b"Swarms of", 40, seed=9)
-    assert runner.replicas.banned_until[node.peer_id] == math.inf, runner.checks  # shown wrong by the client's own computation
+    # shown wrong by the client's own computation
+    assert runner.replicas.banned_until[node.peer_id] == math.inf, runner.checks
     assert runner.checks.disagreements >= 1, runner.checks
 
 
@@ -452,7 +456,8 @@ def test_a_joiner_takes_a_better_block_stamped_far_ahead_but_not_its_step(swarm,
         wait_for(lambda: node.peer_id in {h.peer_id for h in client.directory.hosts(0)}, 30, "the stranger's record")
         joiner = local.start_peer("inflation-joiner", "0", FAST_PEER)
         try:
-            found = wait_for(lambda: [h for h in client.directory.hosts(0) if h.announcement.public_name == "inflation-joiner"
+            found = wait_for(lambda: [h for h in client.directory.hosts(0)
+                                      if h.announcement.public_name == "inflation-joiner"
                                       and h.announcement.state != "joining"], 90, "the joiner")[0]  # fmt: skip
         finally:
             local.stop(joiner)

@@ -16,9 +16,11 @@ def quality(folder: Folder) -> list[str]:
                  percent(ar.num("distinct_words")), DASH, DASH, DASH, DASH])  # fmt: skip
     first = families[families.names()[0]]["figures"]["blocks"]
     rows.append(["true continuation", DASH, percent(first.num("true_real_words")),
-                 percent(first.num("true_distinct_words")), fixed(first.num("true_nll")), DASH, DASH, DASH])  # fmt: skip
+                 percent(first.num("true_distinct_words")), fixed(first.num("true_nll")),
+                 DASH, DASH, DASH])  # fmt: skip
     ratios = [f"{family}: blocks over end-to-end {times(part.num('blocks_over_end_to_end'))}, blocks over "
-              f"autoregressive {times(part.num('blocks_over_autoregressive'))}" for family, part in families.items()]  # fmt: skip
+              f"autoregressive {times(part.num('blocks_over_autoregressive'))}"
+              for family, part in families.items()]  # fmt: skip
     costs = (f"One block's trainer against the end-to-end one's: peak memory "
              f"{times(q.num('peak_memory_ratio_block_over_end_to_end'))}, step time "
              f"{times(q.num('step_time_ratio_block_over_end_to_end'))}. Parameters: "
@@ -31,8 +33,9 @@ def quality(folder: Folder) -> list[str]:
     return section(
         "Trains each family's blocks (each as many steps as the end-to-end model) and end-to-end model, and the "
         "autoregressive baseline, on the built-in corpus, each in its own process, and scores them on the same "
-        f"validation windows: bits per byte ({diffusion_likelihood(families, first)}, the autoregressive model's teacher-forced "
-        "cross-entropy), the share of whole written words that are words of the training text, and in nats per "
+        f"validation windows: bits per byte ({diffusion_likelihood(families, first)}, the autoregressive model's "
+        "teacher-forced cross-entropy), the share of whole written words that are words of the training text, "
+        "and in nats per "
         "byte `gen_nll` (the autoregressive judge's NLL of the written bytes), `chain_ce` and `denoise_ce`. The "
         "gaussian chain's path norms are where the chain hands each block its span over where training put "
         "it (1.0 = on the training path). Needs `pip install -e '.[bench]'`.",
@@ -52,8 +55,8 @@ def quality(folder: Folder) -> list[str]:
 def quality_row(label: str, figures: Node, path_norms: Node | None, name: str) -> list[str]:
     norms = DASH if path_norms is None else " ".join(f"{v:.2f}" for v in path_norms[name].data)
     return [label, fixed(figures["bits_per_byte"].num("overall")), percent(figures.get("real_words")),
-            percent(figures.get("distinct_words")), fixed(figures.get("gen_nll")), fixed(figures.num("chain_ce")), fixed(figures["denoise_ce"].num("overall")),
-            norms]  # fmt: skip
+            percent(figures.get("distinct_words")), fixed(figures.get("gen_nll")), fixed(figures.num("chain_ce")),
+            fixed(figures["denoise_ce"].num("overall")), norms]  # fmt: skip
 
 
 COMPRESSORS = {"gzip": "`gzip -9`", "bzip2": "`bzip2 -9`", "xz": "`xz -9e`",
@@ -65,7 +68,8 @@ def compressors_line(r: Node) -> str:
     if r.get("compressors") is None:
         return ""
     figures = ", ".join(f"{COMPRESSORS.get(name, name)} {fixed(value)}" for name, value in r["compressors"].items())
-    return f"General-purpose compressors on the same validation text, in bits per byte (computed by the run): {figures}."
+    return ("General-purpose compressors on the same validation text, in bits per byte (computed by the run): "
+            f"{figures}.")
 
 
 def lr_sweep(folder: Folder) -> list[str]:
@@ -146,7 +150,8 @@ def start_model(folder: Folder) -> list[str]:
             + ([times(row.num("gen_nll_over_true"))] if judged else [])
             for order, row in r["by_reveal"].items()]  # fmt: skip
     rows.append(["true continuation", percent(f.num("true_real_words")), percent(f.num("true_distinct_words"))]
-                + ([fixed(f.num("true_word_entropy"), 2)] if entropy else []) + (["1.000x"] if judged else []))  # fmt: skip
+                + ([fixed(f.num("true_word_entropy"), 2)] if entropy else [])
+                + (["1.000x"] if judged else []))  # fmt: skip
     steps = "" if not judged or judge.get("steps") is None else f" of {plain(judge['steps'])} steps"
     judge_line = (f"The judge: the {judge['kind']} model{steps} given as `--judge`; `gen_nll` is its NLL of the "
                   "writing over the true continuation's." if judged
@@ -217,7 +222,8 @@ def peer_needs(r: Node) -> str:
     if block is None:
         return ""
     line = (f"One block: {block.num('parameters'):,} parameters, a checkpoint of {size(block.num('checkpoint_bytes'))} "
-            f"(float32, as peers save and send it); the shipped start model {size(block.num('shipped_bytes'))} (bfloat16).")  # fmt: skip
+            f"(float32, as peers save and send it); the shipped start model {size(block.num('shipped_bytes'))} "
+            "(bfloat16).")  # fmt: skip
     if peers is not None:
         per_step = peers.num("training_seconds") / r["made_by"].num("steps")
         line += (f" In the run that trained it, {plain(peers['count'])} peers shared this machine's 2 cores: at most "
@@ -243,7 +249,8 @@ def start_model_samples(r: Node) -> list[str]:
         return samples(Node(texts, r.file), "What they wrote after the first prompt, by reveal order:")
     order = r["settings"]["reveal"]
     rows = [[code(prompt), code(text), code(truth)]
-            for prompt, text, truth in zip(written["prompts"].data, written[order].data, written["true"].data)]  # fmt: skip
+            for prompt, text, truth in zip(written["prompts"].data, written[order].data,
+                                           written["true"].data)]  # fmt: skip
     caption = f"What they wrote (`{order}` order) after the opening of validation passages, beside the true text:"
     return [caption, ""] + table(["prompt", "written", "true continuation"], rows)
 
@@ -292,7 +299,8 @@ def autoregressive_temperature_table(r: Node) -> list[str]:
     if "autoregressive_by_temperature" not in r.data:
         return []
     rows = [[temperature, percent(row.num("real_words")), times(row.num("distinct_over_true")),
-             times(row.num("entropy_over_true"))] for temperature, row in r["autoregressive_by_temperature"].items()]  # fmt: skip
+             times(row.num("entropy_over_true"))]
+            for temperature, row in r["autoregressive_by_temperature"].items()]  # fmt: skip
     caption = ("The autoregressive baseline's own writing at the same temperatures (drawn one unit at a time; no "
                "judge, which would be itself):")
     return [caption, ""] + table(["temperature", "real words", "distinct / true", "entropy / true"], rows)

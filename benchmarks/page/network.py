@@ -12,8 +12,9 @@ def serve(folder: Folder) -> list[str]:
     rows = []
     for length, run in s["lengths"].items():
         single, ar = run["single_pass"], run["autoregressive"]
-        rows.append([length, fixed(single.num("median_seconds")), plain(single["hops"]), fixed(ar.num("median_seconds")),
-                     plain(ar["hops"]), times(run.num("latency_ratio_autoregressive_over_single_pass"))])  # fmt: skip
+        rows.append([length, fixed(single.num("median_seconds")), plain(single["hops"]),
+                     fixed(ar.num("median_seconds")), plain(ar["hops"]),
+                     times(run.num("latency_ratio_autoregressive_over_single_pass"))])  # fmt: skip
     defences = s["defences"]
     checked = (f"Cross-checking replicas cost {fixed(defences.num('extra_requests_per_request'))} extra requests per "
                f"request and {percent(defences.num('cross_check_seconds_over_request_seconds'))} of the request time, "
@@ -80,8 +81,10 @@ def regions(folder: Folder) -> list[str]:
         "latency` from a client in every region; a host of block 0 then joins behind a home router (NAT) beside "
         "its twin without NAT, and the client compares them with every other host of block 0 stopped.",
         command("regions.py", {}, root=True), settings(r["config"]),
-        f"Round trips between regions within 10% of the configured ones: {plain(summary['inter_region_rtts_within_10_percent'])}.",
-        table(["client region", "single-pass s", "bytes", "slowest download / cap", "autoregressive / single-pass"], rows),
+        "Round trips between regions within 10% of the configured ones: "
+        f"{plain(summary['inter_region_rtts_within_10_percent'])}.",
+        table(["client region", "single-pass s", "bytes", "slowest download / cap", "autoregressive / single-pass"],
+              rows),
         nat(summary["nat"]), folder.pictures(),
     )  # fmt: skip
 
@@ -118,7 +121,8 @@ def blocks_latency(folder: Folder) -> list[str]:
     r = folder.json("blocks_latency.json")
     summary, config = r["summary"], r["config"]
     rows = [[plain(place), plain(b), fixed(row.num("rtt_ms_median"), 1), fixed(row.num("single_pass_seconds"), 2),
-             plain(row["single_pass_hops"]), fixed(row.num("autoregressive_seconds"), 1), plain(row["autoregressive_hops"]),
+             plain(row["single_pass_hops"]), fixed(row.num("autoregressive_seconds"), 1),
+             plain(row["autoregressive_hops"]),
              times(row.num("ratio_autoregressive_over_single_pass")), fixed(row.num("fetch_seconds"), 1),
              size(row.num("model_bytes"))]
             for place, per_b in summary["places"].items() for b, row in per_b.items()]  # fmt: skip
@@ -126,8 +130,9 @@ def blocks_latency(folder: Folder) -> list[str]:
               "autoregressive / single-pass", "swarm-fetch s", "model"]  # fmt: skip
     return section(
         "The default model's layers split into B blocks, each B its own swarm: the bootstrap and one peer per block in "
-        f"{plain(config['peer_region'])}, a client in {plain(config['client_region'])} (emulated regions as above), and "
-        "again on 127.0.0.1 where `loopback` rows are shown. From the client: `swarm-bench latency --autoregressive` "
+        f"{plain(config['peer_region'])}, a client in {plain(config['client_region'])} (emulated regions as above), "
+        "and again on 127.0.0.1 where `loopback` rows are shown. From the client: "
+        "`swarm-bench latency --autoregressive` "
         "(single-pass generation at the steps per block given, B requests a span, against the autoregressive pipeline "
         "with B stages, B requests a byte) and the wall time of `swarm-fetch` assembling the model (its start, "
         "downloads and spot checks included).",
@@ -147,7 +152,8 @@ def discovery(folder: Folder) -> list[str]:
              fixed(s["lookup_round_trips"].num("median"), 0), fixed(s["lookup_round_trips"].num("p95"), 0),
              fixed(s["lookup_round_trips"].num("max"), 0), fixed(s["lookup_seconds"].num("median"), 2),
              fixed(s["every_block_seconds"].num("median"), 2), fixed(s["visibility_periods"].num("median"), 2),
-             fixed(s["visibility_periods"].num("max"), 2), fixed(s.num("hosts_found_min"), 2)] for s in d["sizes"]]  # fmt: skip
+             fixed(s["visibility_periods"].num("max"), 2), fixed(s.num("hosts_found_min"), 2)]
+            for s in d["sizes"]]  # fmt: skip
     header = ["nodes", "find RPCs median", "p95", "round trips median", "p95", "max", "one block s", "every block s",
               "seen after (periods) median", "max", "share of hosts found (min)"]  # fmt: skip
     network = d["network"]

@@ -242,7 +242,8 @@ def time_to_loss_run(folder: Folder, title: str) -> list[str]:
         rows.append([mode, fixed(m.num("target_loss")), fixed(m.num("no_delay_seconds"), 1), took,
                      fixed(m.num("efficiency")), at_steps, fixed(final), times(m.num("final_loss_over_target")),
                      size(regions["run"].num("bytes_sent_per_replica_per_step")),
-                     fixed(regions["run"].num("compute_utilisation_min")), fixed(regions["run"].num("step_seconds"))])  # fmt: skip
+                     fixed(regions["run"].num("compute_utilisation_min")),
+                     fixed(regions["run"].num("step_seconds"))])  # fmt: skip
     best = s["best_mode"]
     if best:
         headline = (f"Best mode: `{best}`, efficiency {fixed(s.num('best_efficiency'))}; at least {s.num('target')}: "

@@ -74,13 +74,15 @@ def attack_fetches(part: Node) -> list[str]:
                       plain(generation["cross_check"]["banned"]) if generation else DASH,
                       *honest_peers(attack), yes(attack.get("met"))])  # fmt: skip
     crashed = f"Honest peers crashed: {plain(part['honest_peers_crashed'])}."
-    header = ["part 1", f"fetched {figure} / clean", "fetched steps", "joiner's step", "generation used clean checkpoints",
-              "generation = local", "banned", "honest peak RSS / clean", "honest peers up", "met"]  # fmt: skip
+    header = ["part 1", f"fetched {figure} / clean", "fetched steps", "joiner's step",
+              "generation used clean checkpoints", "generation = local", "banned", "honest peak RSS / clean",
+              "honest peers up", "met"]  # fmt: skip
     return table(header, lines) + [crashed, ""]
 
 
 def attack_training(part: Node) -> list[str]:
-    rows = [[plain(run["attack"]), plain(run["value_bits"]), plain(run["honest_replicas"]), fixed(run.num("validation_loss")),
+    rows = [[plain(run["attack"]), plain(run["value_bits"]), plain(run["honest_replicas"]),
+             fixed(run.num("validation_loss")),
              times(run.get("honest_loss_over_clean")), plain(run.get("final_steps")), plain(run.get("merged")),
              honest_peers(run)[0], plain(run["honest_crashed"]), yes(run["hung"]), yes(run.get("met"))]
             for _, run in part.items() if isinstance(run, Node)]  # fmt: skip
@@ -102,7 +104,8 @@ def attack_two_replicas(part: Node) -> list[str]:
 def spot_check_noise(folder: Folder) -> list[str]:
     r = folder.json("spot_check_noise.json")
     rows = [[plain(count), fixed(row.num("mean_difference")), fixed(row.num("se_difference")),
-             fixed(row["se_difference_by_source"].num("train")), fixed(row["se_difference_by_source"].num("validation")),
+             fixed(row["se_difference_by_source"].num("train")),
+             fixed(row["se_difference_by_source"].num("validation")),
              fixed(row.num("se_score")), fixed(row.num("seconds_per_measure"), 2)]
             for count, row in r["windows_per_source"].items()]  # fmt: skip
     return section(
@@ -137,7 +140,8 @@ def identity_cost(folder: Folder) -> list[str]:
         f"{fixed(c.num('small_solve_mean_tries'), 1)}, expected {plain(c['small_solve_expected_tries'])}).",
         f"A reader spends {fixed(reader.num('new_record_seconds'), 4)} s on a record it has not judged (one try) and "
         f"{fixed(reader.num('judged_record_seconds'), 6)} s on one it has; one read amid "
-        f"{plain(reader['flood_records'])} new records with bad nonces checked {plain(reader['flood_records_checked'])} "
+        f"{plain(reader['flood_records'])} new records with bad nonces checked "
+        f"{plain(reader['flood_records_checked'])} "
         f"of them, in {fixed(reader.num('flood_read_seconds'), 3)} s.",
         f"At the recommended price, {plain(at['bits'])} bits: an honest joiner pays "
         f"{fixed(at.num('honest_joiner_core_seconds'), 0)} s of one core, once per key and peer id; "

@@ -15,8 +15,9 @@ What a host announces (a step, a size, a loss) is a claim. A checkpoint is chose
    bar), no worse than a uniform guess, and not far worse than the loss its hosts announce.
 3. Evidence, not stamps (`by_evidence`). Kept candidates whose decoded weights are bit for bit the
    same are one checkpoint, whatever steps their files are stamped with: their hosts vouch together,
-   and its step is the lowest stamp (where keys count: the stamp most keys announce, ties the lowest). Checkpoints are then ordered by
-   the loss measured here: those within `NOISE` of the best (the best unsuspicious one) first, then
+   and its step is the lowest stamp (where keys count: the stamp most keys announce, ties the lowest).
+   Checkpoints are then ordered by the loss measured here: those within `NOISE` of the best (the best
+   unsuspicious one) first, then
    more independent vouchers where keys cost something, then the lower loss. A claimed step earns
    nothing: a newer checkpoint wins only by measuring better. Suspicious ones (spot_check.py
    `suspicion`: far better on held-out text than on training text) come last, and are logged.

@@ -59,7 +59,8 @@ class ChunkList:
     hashes: bytes
 
     def __post_init__(self) -> None:
-        if self.size <= 0 or chunk_count(self.size) > MAX_CHUNKS or len(self.hashes) != HASH_BYTES * chunk_count(self.size):
+        if (self.size <= 0 or chunk_count(self.size) > MAX_CHUNKS
+                or len(self.hashes) != HASH_BYTES * chunk_count(self.size)):
             raise ValueError(f"a chunk list of {len(self.hashes)} bytes does not describe a file of {self.size} bytes")
 
     @property

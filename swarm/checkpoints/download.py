@@ -136,7 +136,8 @@ async def download(
     fetch = _Options(timings if timings is not None else {}, inactivity_timeout, progress or Progress())
     try:
         async with asyncio.timeout(FIRST_BYTE_TIMEOUT_S + info.size / SLOWEST_RATE_BYTES_S):
-            with tqdm(total=info.size, unit="B", unit_scale=True, desc=f"block {hosts[0].block}", disable=not show_progress) as bar:
+            with tqdm(total=info.size, unit="B", unit_scale=True, desc=f"block {hosts[0].block}",
+                      disable=not show_progress) as bar:
                 report.data = await _download(p2p, hosts, info, report, fetch, bar)
     except TimeoutError:
         raise TransferError(f"the download of {info.sha256[:12]} from {len(hosts)} host(s) timed out") from None
@@ -291,7 +292,8 @@ async def _chunk_list(p2p: P2P, host: Host, info: CheckpointInfo, report: Downlo
     await ensure_direct(p2p, host.peer_id)  # a host behind NAT dials us back: a relay cuts streams at 128 KiB
     ask_first_run()
     answers = await asyncio.gather(check_owner(p2p, host, FIRST_BYTE_TIMEOUT_S),
-                                   ask_chunk_list(p2p, host, info, FIRST_BYTE_TIMEOUT_S), return_exceptions=True)  # fmt: skip
+                                   ask_chunk_list(p2p, host, info, FIRST_BYTE_TIMEOUT_S),
+                                   return_exceptions=True)  # fmt: skip
     for error in answers:
         if isinstance(error, TransferError):
             report.drop(host, str(error))
@@ -383,7 +385,8 @@ class _Fetch:
 
     def __init__(self, p2p: P2P, info: CheckpointInfo, chunk_list: ChunkList, have: dict[int, _Chunk],
                  report: Downloaded, options: _Options, bar: tqdm):  # fmt: skip
-        self.p2p, self.info, self.chunk_list, self.report, self.options, self.bar = p2p, info, chunk_list, report, options, bar
+        self.p2p, self.info, self.chunk_list = p2p, info, chunk_list
+        self.report, self.options, self.bar = report, options, bar
         self.whole = _Whole(chunk_list)
         for index, chunk in sorted(have.items()):
             self.whole.add(index, chunk.data, chunk.source)
@@ -491,7 +494,8 @@ class _Fetch:
                 except StopAsyncIteration:
                     raise _EndedEarly(f"peer {host.peer_id} sent {received} of the {asked} bytes asked") from None
                 except TimeoutError:
-                    raise HostFailed(f"peer {host.peer_id} sent nothing for {self.options.inactivity_timeout:.0f}s") from None
+                    silent_s = self.options.inactivity_timeout
+                    raise HostFailed(f"peer {host.peer_id} sent nothing for {silent_s:.0f}s") from None
                 if len(chunk) != self.chunk_list.length(index):  # a reply is a chunk
                     raise HostFailed(f"peer {host.peer_id} sent {len(chunk)} bytes for chunk {index} "
                                      f"of {self.chunk_list.length(index)}")  # fmt: skip
@@ -503,7 +507,9 @@ class _Fetch:
 
     def _accept(self, host: Host, key: Hashable, index: int, chunk: bytes) -> None:
         if not self.chunk_list.matches(index, chunk):
-            raise HostFailed(f"peer {host.peer_id} sent chunk {index}, which does not match its sha256 in the chunk list")
+            raise HostFailed(
+                f"peer {host.peer_id} sent chunk {index}, which does not match its sha256 in the chunk list"
+            )
         if index not in self.whole:
             self.whole.add(index, chunk, host.peer_id)
             self.options.progress.verified += len(chunk)
@@ -566,10 +572,14 @@ async def download_verified(
     the block); TransferError or SwarmError otherwise."""
     info = _one_checkpoint(hosts)
     if info.size > max_checkpoint_bytes(config):
-        raise TransferError(f"peer {hosts[0].peer_id} announces {info.size} bytes, more than a block of this model weighs")
+        raise TransferError(
+            f"peer {hosts[0].peer_id} announces {info.size} bytes, more than a block of this model weighs"
+        )
     downloaded = await download(p2p, hosts, show_progress, progress=progress)
     denoiser, step = decode_block(downloaded.data, config, block)  # right model, right block, tensors that load
     if step != info.step:
-        raise TransferError(f"the checkpoint from {sorted(downloaded.served)} holds step {step}, its record says {info.step}")
+        raise TransferError(
+            f"the checkpoint from {sorted(downloaded.served)} holds step {step}, its record says {info.step}"
+        )
     return downloaded, denoiser
 

@@ -61,7 +61,8 @@ from swarm.p2p.records import CheckpointInfo
 logger = logging.getLogger(__name__)
 
 STREAMS_PER_HOST = 8  # chunk streams a downloader reads from one host at once
-# chunk streams (and list requests) one peer may have open here at once: room for those just ended, still counted a moment
+# chunk streams (and list requests) one peer may have open here at once: room for those just ended, still counted
+# a moment
 DOWNLOADS_PER_PEER = 2 * STREAMS_PER_HOST
 FIRST_BYTE_TIMEOUT_S = 15.0
 INACTIVITY_TIMEOUT_S = 15.0  # a stream that sends nothing for this long is given up, whatever its size
@@ -95,7 +96,9 @@ class BlockServicer(ServicerBase):
         self.limit = PerPeerLimit(DOWNLOADS_PER_PEER)
         self._own_id: PeerID | None = None  # of the P2P instance it serves on
 
-    async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+    async def rpc_chunk_list(
+        self, request: runtime_pb2.ExpertRequest, context: P2PContext
+    ) -> runtime_pb2.ExpertResponse:
         if not await self.gate.admits(context.remote_id):
             return runtime_pb2.ExpertResponse(metadata=ChunkListReply(error=NOT_A_MEMBER).encode())
         try:
@@ -120,7 +123,9 @@ class BlockServicer(ServicerBase):
         self._own_id = p2p.peer_id
         await p2p.add_binary_stream_handler(self._get_handle_name(namespace, DOWNLOAD), self._serve_download, balanced)
 
-    async def _serve_download(self, stream: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve_download(
+        self, stream: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         """One `rpc_download` stream, counted against its caller's limit from the moment it opens
         (a caller that opens streams and sends nothing holds slots too); past the limit it is
         answered busy at once; a caller the gate refuses is answered with that refusal."""
@@ -135,7 +140,9 @@ class BlockServicer(ServicerBase):
             except Busy as error:
                 await _refuse(reader, writer, DownloadHeader(error=str(error), busy=True))
 
-    async def _serve_stream(self, context: P2PContext, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve_stream(
+        self, context: P2PContext, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         """Its request and the end-of-stream mark after it (taken only if each announces at most
         `REQUEST_BYTES` and comes in time: a stream closed with bytes unread is reset, and a reset
         can overtake the last replies), then the replies of `_download`, each sent in time, until
@@ -161,7 +168,9 @@ class BlockServicer(ServicerBase):
             if isinstance(ended[1], Exception):
                 logger.debug("a download stream to %s ended: %s", context.remote_id, ended[1])
 
-    async def _send_replies(self, request: runtime_pb2.ExpertRequest, context: P2PContext, writer: asyncio.StreamWriter) -> None:
+    async def _send_replies(
+        self, request: runtime_pb2.ExpertRequest, context: P2PContext, writer: asyncio.StreamWriter
+    ) -> None:
         """The replies of `_download`, each sent within `READER_PATIENCE_S` (a caller that reads
         nothing for that long is given up; the download's generator is closed here, so its slot
         and file are let go at once)."""
@@ -310,7 +319,8 @@ async def open_run(p2p: P2P, host: Host, request: DownloadRequest, size: int, ti
 async def download_replies(p2p: P2P, peer_id: str, request: DownloadRequest) -> DownloadReplies:
     """Open an `rpc_download` stream to `peer_id` with `request` (as hivemind's client would:
     the request, then its end-of-stream mark): its replies' bytes, as they come (`DownloadReplies`)."""
-    _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), BlockServicer._get_handle_name(None, DOWNLOAD))
+    handle = BlockServicer._get_handle_name(None, DOWNLOAD)
+    _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), handle)
     try:
         await P2P.send_protobuf(runtime_pb2.ExpertRequest(metadata=request.encode()), writer)
         await P2P.send_protobuf(P2P.END_OF_STREAM, writer)

@@ -19,7 +19,8 @@ from swarm.cli.options import checked_text_source, member_options, swarm_client,
 @click.option("--model-timeout", type=click.FloatRange(min=0), default=15.0, show_default=True,
               help="Seconds to wait for the swarm's model record (its creator's) before giving up.")
 @click.option("--data", default=None, callback=checked_text_source,
-              help="The swarm's training text (default: the built-in corpus): its held-out windows spot-check each block.")
+              help="The swarm's training text (default: the built-in corpus): its held-out windows spot-check "
+              "each block.")
 @click.option("--eval-text", default=None, callback=checked_text_source,
               help="A text file or folder of your own whose windows join the spot check: no host can have tuned a "
                    "block to it.")  # fmt: skip

@@ -49,8 +49,8 @@ def status_command(as_json, contributions, csv_path, model_timeout, **kwargs):
         click.echo(json.dumps({"swarm": client.swarm, "config_hash": config.hash(), "hosts": rows}, indent=2))
         return
     click.echo(f"swarm {client.swarm}: {config.n_blocks} blocks, config {config.hash()[:12]}")
-    click.echo(f"{'block':>5}  {'peer':<14} {'name':<16} {'state':<9} {'step':>7} {'loss':>7} {'ckpt age':>9} {'drift':>8} "
-               f"{'reached':<8}")
+    click.echo(f"{'block':>5}  {'peer':<14} {'name':<16} {'state':<9} {'step':>7} {'loss':>7} {'ckpt age':>9} "
+               f"{'drift':>8} {'reached':<8}")
     for row in rows:
         age = f"{row['checkpoint_age_s']:.0f}s" if row["checkpoint_age_s"] is not None else "-"
         loss = f"{row['loss']:.3f}" if row["loss"] is not None else "-"

@@ -50,13 +50,16 @@ def parse_block_choice(value: str, config: ModelConfig) -> list[int]:
 @click.option("--kind", type=click.Choice(["blocks", "end-to-end", "autoregressive"]), default="blocks",
               show_default=True, help="The blocks one by one (what a swarm trains), or a baseline: the same model "
               "end to end, or an autoregressive transformer.")
-@click.option("--block", "block_choice", default="all", show_default=True, help="'all', or one block index to train alone.")
+@click.option("--block", "block_choice", default="all", show_default=True,
+              help="'all', or one block index to train alone.")
 @click.option("--checkpoint-dir", default="checkpoints", show_default=True, help="Where block checkpoints go.")
-@click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True, help="Steps per block (or per baseline).")
+@click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True,
+              help="Steps per block (or per baseline).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
               help="Windows of text per training step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
-              help=f"Peak learning rate (default: {DENOISER_LR} for a denoiser, {AUTOREGRESSIVE_LR} for autoregressive).")
+              help=f"Peak learning rate (default: {DENOISER_LR} for a denoiser, {AUTOREGRESSIVE_LR} for "
+              "autoregressive).")
 @click.option("--data", default=None, callback=checked_text_source,
               help="Text file, folder or dataset name (default: built-in Wikipedia corpus).")
 @click.option("--config", "config_path", default=None, help="Model config JSON (default: the built-in config).")

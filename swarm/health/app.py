@@ -18,9 +18,9 @@ import json
 import logging
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from aiohttp import web
 

@@ -9,9 +9,10 @@ are optional (`.ci/browser-setup` installs the browser, the `test` extra Playwri
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 CHROMIUM = "/usr/bin/chromium"
 # headless on a machine with no display, no GPU, no network but 127.0.0.1, running as root

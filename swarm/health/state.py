@@ -106,7 +106,8 @@ class SwarmMonitor:
     """
 
     def __init__(self, directory: SwarmDirectory, p2p: P2P, run: Callable[[Awaitable, float], Any],
-                 config: ModelConfig, ping_timeout: float = PING_TIMEOUT_S, whole_bytes: int = WHOLE_BYTES):  # fmt: skip
+                 config: ModelConfig, ping_timeout: float = PING_TIMEOUT_S,
+                 whole_bytes: int = WHOLE_BYTES):  # fmt: skip
         self.directory, self.p2p, self.run, self.config = directory, p2p, run, config
         self.ping_timeout = ping_timeout
         self.history = LossHistory()

@@ -329,15 +329,20 @@ class TricklingDownloads(Impersonating, BlockServicer):
         """The sha256 of the list it reports: what its record names (`CheckpointInfo.chunks`)."""
         return list_sha256(self.hashes)
 
-    async def rpc_chunk_list(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+    async def rpc_chunk_list(
+        self, request: runtime_pb2.ExpertRequest, context: P2PContext
+    ) -> runtime_pb2.ExpertResponse:
         self.asked += 1
         return runtime_pb2.ExpertResponse(metadata=ChunkListReply(size=self.size, hashes=self.hashes).encode())
 
-    async def _send_replies(self, request: runtime_pb2.ExpertRequest, context: P2PContext, writer: asyncio.StreamWriter) -> None:
+    async def _send_replies(
+        self, request: runtime_pb2.ExpertRequest, context: P2PContext, writer: asyncio.StreamWriter
+    ) -> None:
         self.asked += 1
         await P2P.send_protobuf(runtime_pb2.ExpertResponse(metadata=DownloadHeader(size=self.size).encode()), writer)
         chunk = runtime_pb2.ExpertResponse(metadata=bytes(CHUNK_BYTES)).SerializeToString()
-        writer.write(P2P.MESSAGE_MARKER + len(chunk).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))  # a chunk's reply, a byte at a time
+        # a chunk's reply, a byte at a time
+        writer.write(P2P.MESSAGE_MARKER + len(chunk).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
         for byte in chunk:
             await asyncio.sleep(self.every_s)
             writer.write(bytes([byte]))
@@ -545,7 +550,8 @@ class HostileReplica(Impersonating, PayloadServicer):
         hosts = await loop.run_in_executor(None, self.node.directory.hosts, self.block)
         others = [h.peer_id for h in hosts if h.peer_id != self.node.peer_id]
         gathered = await gather(self.node.p2p, self.block, step, others, self.deadline)
-        honest = [(peer_id, decode_payload(data, self.optimizer)) for peer_id, data in sorted(gathered.payloads.items())]
+        honest = [(peer_id, decode_payload(data, self.optimizer))
+                  for peer_id, data in sorted(gathered.payloads.items())]
         await loop.run_in_executor(None, self.optimizer.apply, [*honest, (self.node.peer_id, own)], self.node.peer_id)
 
     def _own_payload(self, step: int) -> dict:

@@ -104,7 +104,8 @@ class ChaosMonkey:
                 next_kill = time.monotonic() + self.config.kill_every_s
             time.sleep(1.0)
         if self._fetches_finished() < self.config.min_fetches:
-            logger.warning("the chaos period ends with %d of %d fetches finished", self._fetches_finished(), self.config.min_fetches)  # fmt: skip
+            logger.warning("the chaos period ends with %d of %d fetches finished", self._fetches_finished(),
+                           self.config.min_fetches)
         self._stop_fetching.set()
         fetches.join(FETCH_TIMEOUT_S + 10)
         return self.figures

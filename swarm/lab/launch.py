@@ -127,7 +127,8 @@ class LocalSwarm:
         """Start the bootstrap node (creating the swarm), keep the join line it prints
         (`--swarm S --creator F --initial-peers ...`) and return its initial peers."""
         args = [command_path("swarm-bootstrap"), "--swarm", self.swarm, "--new-swarm",
-                "--identity", str(self.workdir / "bootstrap.id"), "--refresh-period", str(refresh_period), *extra]  # fmt: skip
+                "--identity", str(self.workdir / "bootstrap.id"), "--refresh-period", str(refresh_period),
+                *extra]  # fmt: skip
         if self.config_path:
             args += ["--config", self.config_path]
         handle = self._spawn("bootstrap", args, stdout=subprocess.PIPE)
@@ -166,7 +167,8 @@ class LocalSwarm:
         return self.workdir / name
 
     def peer_args(self, name: str, block: str = "auto", extra: list[str] = ()) -> list[str]:
-        args = [command_path("swarm-peer"), *self.join_args, "--block", block, "--public-name", name, "--checkpoint-dir", str(self.checkpoint_dir(name))]  # fmt: skip
+        args = [command_path("swarm-peer"), *self.join_args, "--block", block, "--public-name", name,
+                "--checkpoint-dir", str(self.checkpoint_dir(name))]  # fmt: skip
         if self.data:
             args += ["--data", self.data]
         return args + list(extra)

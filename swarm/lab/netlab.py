@@ -178,7 +178,8 @@ class NetLab:
         gateway = behind.namespace if behind else self.router
         network = f"{HOME_SUBNET}.{self._homes(behind) + 1}" if behind else f"{self.subnet}.{index}"
         sh("ip", "netns", "add", namespace)
-        sh("ip", "link", "add", router_link, "netns", gateway, "type", "veth", "peer", "name", "eth0", "netns", namespace)  # fmt: skip
+        sh("ip", "link", "add", router_link, "netns", gateway, "type", "veth",
+           "peer", "name", "eth0", "netns", namespace)  # fmt: skip
         node = Node(namespace, f"{network}.2", router_link, region, behind.namespace if behind else None)
         for args in (["addr", "add", f"{network}.1/24", "dev", router_link], ["link", "set", router_link, "up"]):
             sh("ip", "netns", "exec", gateway, "ip", *args)

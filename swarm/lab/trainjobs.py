@@ -61,11 +61,13 @@ def bits_per_byte_now(trainer: Trainer, kind: str, block: int | None, windows: t
     """The trainer's module's bits per byte on fixed windows, the figure its final score gives
     (swarm/model/evaluate.py): a denoiser's (for a block, its own share), the teacher-forced
     cross-entropy of the autoregressive model on the same target units, per byte of their text."""
-    module = trainer.module if trainer.device.type == "cpu" else copy.deepcopy(trainer.module).cpu()  # figured on the host
+    # figured on the host
+    module = trainer.module if trainer.device.type == "cpu" else copy.deepcopy(trainer.module).cpu()
     module.eval()
     config = module.config
     if kind == "autoregressive":  # the G units after each prefix, as its final figure
-        return judge_nll(module, windows, windows[:, config.prefix_len :], config) * units_per_byte(windows, config) / math.log(2)
+        nats = judge_nll(module, windows, windows[:, config.prefix_len :], config)
+        return nats * units_per_byte(windows, config) / math.log(2)
     if block is None:
         return bits_per_byte(lambda _: module, config, windows)["overall"]
     return block_bits(module, config, block, windows)

@@ -15,7 +15,8 @@ from swarm import __version__
 from swarm.model.denoiser import ModelConfig
 
 KIND_WORDS = {
-    "blocks": "a DiffusionBlocks model: {n_blocks} blocks of {layers} layers, each denoising its own slice of the noise",
+    "blocks": "a DiffusionBlocks model: {n_blocks} blocks of {layers} layers, "
+    "each denoising its own slice of the noise",
     "end_to_end": "the end-to-end baseline: one denoiser of all {n_layers} layers, trained over all noise levels",
     "autoregressive": "the autoregressive baseline: a causal transformer of {n_layers} layers",
 }

@@ -91,7 +91,7 @@ def _hub_documents(name: str) -> datasets.Dataset:
     _quiet_datasets()
     try:
         ds = datasets.load_dataset(name, split="train")
-    except Exception as error:
+    except Exception as error:  # a missing name, no network, a bad cache: datasets raises many types
         raise SwarmError(f"cannot load dataset {name!r}: {_describe(error)}") from None
     if "text" not in ds.column_names:
         raise SwarmError(f"dataset {name!r} has no 'text' column (columns: {ds.column_names})")
@@ -195,12 +195,14 @@ class Corpus:
         """One split's UTF-8 text, documents joined by a blank line: what the compressors read."""
         return (self.train if split == "train" else self.validation).numpy().tobytes()
 
-    def passages(self, split: str, count: int, prompt_chars: int = 80, continuation_chars: int = 160) -> list[tuple[str, str]]:
+    def passages(self, split: str, count: int, prompt_chars: int = 80,
+                 continuation_chars: int = 160) -> list[tuple[str, str]]:
         """`count` (prompt, true continuation) pairs: the opening of as many documents of a split,
         drawn with a fixed seed, each cut after a word near `prompt_chars` characters: samples
         whose truth is known, to print beside what a model writes after the same prompt."""
         documents = self.train_documents if split == "train" else self.validation_documents
-        long_enough = [text for text in documents["text"] if text and len(text) >= 2 * (prompt_chars + continuation_chars)]
+        shortest = 2 * (prompt_chars + continuation_chars)
+        long_enough = [text for text in documents["text"] if text and len(text) >= shortest]
         pairs = []
         for text in random.Random(PASSAGE_SEED).sample(long_enough, min(count, len(long_enough))):
             cut = text.rfind(" ", 0, prompt_chars) if " " in text[:prompt_chars] else prompt_chars

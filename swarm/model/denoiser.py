@@ -484,7 +484,10 @@ class Denoiser(nn.Module):
                 x = layer(x, cond, past=past)
             return self.logits(x)
         x = torch.cat([self.embed_prefix(prefix), x], dim=1)
-        plain_rows, mask = (self.config.prefix_len, self._prefix_mask(x.device)) if self.config.prefix_cache else (0, None)  # fmt: skip
+        if self.config.prefix_cache:
+            plain_rows, mask = self.config.prefix_len, self._prefix_mask(x.device)
+        else:
+            plain_rows, mask = 0, None
         for layer in self.layers:
             x = layer(x, cond, plain_rows, mask)
         return self.logits(x[:, self.config.prefix_len :])

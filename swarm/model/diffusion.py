@@ -208,7 +208,8 @@ class GaussianFamily:
 
     @torch.no_grad()
     def generate_span(self, run_block: BlockRunner, prefix: torch.Tensor, steps_per_block: int,
-                      generator: torch.Generator, sampling: Sampling = Sampling()) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                      generator: torch.Generator,
+                      sampling: Sampling = Sampling()) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """One pass through the B blocks: G bytes for each prefix (N, P). Returns (bytes, final logits).
 
         The start noise and the byte choice come from `generator`, here, wherever the blocks run.

@@ -42,7 +42,8 @@ class Family(Protocol):
                   seed: int, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]: ...  # fmt: skip
 
     def generate_span(self, run_block: BlockRunner, prefix: torch.Tensor, steps_per_block: int,
-                      generator: torch.Generator, sampling: Sampling = Sampling()) -> tuple[torch.Tensor, torch.Tensor]: ...  # fmt: skip
+                      generator: torch.Generator,
+                      sampling: Sampling = Sampling()) -> tuple[torch.Tensor, torch.Tensor]: ...  # fmt: skip
 
     def check_state(self, state: torch.Tensor, n: int) -> None: ...
 
@@ -63,7 +64,8 @@ def local_runner(denoiser_for_block: DenoiserForBlock, config: ModelConfig) -> B
     b's slice: block b itself, or the end-to-end model for every b."""
     family = family_of(config)
 
-    def run(block: int, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor, seed: int, sampling: Sampling):
+    def run(block: int, prefix: torch.Tensor, state: torch.Tensor, schedule: torch.Tensor, seed: int,
+            sampling: Sampling):
         return family.run_steps(denoiser_for_block(block), prefix, state, schedule, seed, sampling)
 
     return run

@@ -39,7 +39,7 @@ def continue_text(
     prompt: bytes | str,
     max_bytes: int,
     steps_per_block: int = STEPS_PER_BLOCK,
-    sampling: Sampling = Sampling(),  # noqa: B008 (a frozen dataclass: one shared default is safe)
+    sampling: Sampling = Sampling(),  # a frozen dataclass: one shared default is safe
     seed: int = 0,
 ) -> Iterator[bytes]:
     """Yield the continuation of `prompt` span by span (the bytes of G units per pass, the last one

@@ -292,7 +292,8 @@ class MaskedFamily:
 
     @torch.no_grad()
     def generate_span(self, run_block: BlockRunner, prefix: torch.Tensor, steps_per_block: int,
-                      generator: torch.Generator, sampling: Sampling = Sampling()) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                      generator: torch.Generator,
+                      sampling: Sampling = Sampling()) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """One pass through the B blocks: G bytes for each prefix (N, P), from all hidden to none.
 
         Returns (bytes, logits each byte was drawn from; zeros for a block whose runner returned

@@ -9,8 +9,9 @@ runs each on a swarm peer, with the same signature.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal, get_args
+from typing import Literal, get_args
 
 import torch
 
@@ -59,9 +60,11 @@ class Sampling:
 
 
 # (block, prefix, state, schedule, seed, sampling) -> (state after the block's steps, logits)
-BlockRunner = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, int, Sampling], tuple[torch.Tensor, torch.Tensor]]
+BlockRunner = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, int, Sampling],
+                       tuple[torch.Tensor, torch.Tensor]]
 # (denoiser, prefix, state, schedule, seed, sampling) -> (state, logits): one family's block steps
-BlockSteps = Callable[[Denoiser, torch.Tensor, torch.Tensor, torch.Tensor, int, Sampling], tuple[torch.Tensor, torch.Tensor]]
+BlockSteps = Callable[[Denoiser, torch.Tensor, torch.Tensor, torch.Tensor, int, Sampling],
+                      tuple[torch.Tensor, torch.Tensor]]
 
 
 def pick_bytes(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:

@@ -26,9 +26,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Protocol
 
 import torch
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import string
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

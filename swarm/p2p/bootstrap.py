@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
@@ -67,7 +67,8 @@ def run_bootstrap(config: BootstrapConfig, on_ready: Callable[[str], None]) -> N
         signal.signal(sig, lambda *_: stopping.set())
     loop = p2p = None
     try:
-        loop, p2p = serve_reachability(dht)  # joining peers ask it to dial them back; its daemon relays for those behind NAT
+        # joining peers ask it to dial them back; its daemon relays for those behind NAT
+        loop, p2p = serve_reachability(dht)
         units = config.new_swarm.units() if config.new_swarm else None
         if isinstance(units, TokenUnits):  # the creator hands its tokenizer to the first peers
             loop.run(TokenizerServicer(units).add_p2p_handlers(p2p), PROBE_TIMEOUT_S)

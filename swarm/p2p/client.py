@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Awaitable
+from collections.abc import Awaitable
+from typing import Any
 
 from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm.errors import SwarmError
+from swarm.model.denoiser import ModelConfig
 from swarm.p2p.directory import SwarmDirectory
 from swarm.p2p.info import InfoServicer
 from swarm.p2p.ledger import Witness
 from swarm.p2p.members import Credentials
 from swarm.p2p.messages import PeerInfo
-from swarm.model.denoiser import ModelConfig
 from swarm.p2p.network import EventLoopThread, NetworkOptions, start_dht, stop_child
 from swarm.p2p.tokenizer import swarm_peer_ids, units_from_swarm
 
@@ -35,7 +36,7 @@ class SwarmClient:
         self.swarm, self.creator, self.credentials = swarm, creator, credentials
         self.network = dataclasses.replace(network, client_mode=True)
 
-    def __enter__(self) -> "SwarmClient":
+    def __enter__(self) -> SwarmClient:
         key = self.credentials.key if self.credentials else None
         self.dht = start_dht(self.swarm, self.network, key)
         try:

@@ -171,8 +171,9 @@ class SwarmDirectory:
                 raise SwarmError(f"{len(terms)} keys wrote the model record of members-only swarm {self.swarm!r}: "
                                  "join with the --creator that swarm-bootstrap printed")  # fmt: skip
             if self.creator is None and len(set(work_terms.values())) > 1:
-                raise SwarmError(f"{len(work_terms)} keys wrote the model record of swarm {self.swarm!r} with different "
-                                 "prices of an identity: join with the --creator that swarm-bootstrap printed")  # fmt: skip
+                raise SwarmError(f"{len(work_terms)} keys wrote the model record of swarm {self.swarm!r} with "
+                                 "different prices of an identity: join with the --creator that swarm-bootstrap "
+                                 "printed")  # fmt: skip
             creator = self.creator or next(iter(configs))
             self._take_terms(*terms[creator])
             self._take_work_terms(work_terms[creator])
@@ -181,8 +182,8 @@ class SwarmDirectory:
     def _take_terms(self, creator_subkey: bytes, members_only: bool) -> None:
         """The creator's terms into `membership`, and in a members-only swarm its revocations."""
         if members_only and not self.membership.members_only:
-            logger.info("swarm %r is members-only: records and requests of keys without a valid certificate are ignored",
-                        self.swarm)  # fmt: skip
+            logger.info("swarm %r is members-only: records and requests of keys without a valid certificate "
+                        "are ignored", self.swarm)  # fmt: skip
         self.membership.set_terms(creator_subkey, members_only)
         if members_only:
             try:
@@ -284,7 +285,8 @@ class SwarmDirectory:
             return future.result(self.call_timeout)
         except Exception as error:  # a timeout, or the DHT process gone
             future.cancel()
-            raise DHTUnavailable(f"{what} on the DHT failed ({type(error).__name__}) within {self.call_timeout:.0f}s") from None
+            raise DHTUnavailable(f"{what} on the DHT failed ({type(error).__name__}) "
+                                 f"within {self.call_timeout:.0f}s") from None
 
     def hosts(self, block: int) -> list[Host]:
         """Live, well-formed entries for a block (a record that does not parse is skipped)."""

@@ -11,7 +11,7 @@ The handler keeps the name it had when it lived in the checkpoint service
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2

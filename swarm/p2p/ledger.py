@@ -78,7 +78,8 @@ def sign(key: RSAPrivateKey, swarm: str, peer_id: str, contributions: list[Contr
          lifetime_s: int = LIFETIME_S, proof: MemberProof | None = None) -> Attestation:  # fmt: skip
     """`key`'s attestation of `contributions`, issued at `issued` (unix seconds) by its peer `peer_id`."""
     unsigned = Attestation(peer_id=peer_id, issued=issued, expires=issued + lifetime_s,
-                           contributions=tuple(contributions[:MAX_SUBJECTS]), membership=proof, signature="A")  # fmt: skip
+                           contributions=tuple(contributions[:MAX_SUBJECTS]), membership=proof,
+                           signature="A")  # fmt: skip
     return unsigned.model_copy(update={"signature": key.sign(signed_bytes(swarm, unsigned)).decode()})
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import Iterator, Protocol
+from collections.abc import Iterator
+from typing import Protocol
 
 from hivemind.p2p import P2PContext, PeerID
 

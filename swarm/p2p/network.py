@@ -12,11 +12,12 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
 import psutil
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -54,7 +55,8 @@ def parse_maddrs(values: Sequence[str], option: str, need_peer_id: bool = False)
         try:
             maddr = Multiaddr(value)
         except Exception:  # multiaddr raises several types on bad text
-            raise SwarmError(f"{option}: {value!r} is not a multiaddr (e.g. /ip4/1.2.3.4/tcp/31337/p2p/12D3Koo...)") from None
+            raise SwarmError(f"{option}: {value!r} is not a multiaddr "
+                             "(e.g. /ip4/1.2.3.4/tcp/31337/p2p/12D3Koo...)") from None
         if need_peer_id and "/p2p/" not in str(maddr):
             raise SwarmError(f"{option}: {value!r} has no /p2p/<peer id> part")
         parsed.append(str(maddr))
@@ -76,7 +78,7 @@ class NetworkOptions:
     start_timeout: float = DHT_START_TIMEOUT_S
     dht_timeout: float = DHT_CALL_TIMEOUT_S  # seconds one DHT get or store may take
 
-    def checked(self) -> "NetworkOptions":
+    def checked(self) -> NetworkOptions:
         self.initial_peers = parse_maddrs(self.initial_peers, "--initial-peers", need_peer_id=True)
         self.host_maddrs = parse_maddrs(self.host_maddrs, "--host-maddrs")
         self.announce_maddrs = parse_maddrs(self.announce_maddrs, "--announce-maddrs")
@@ -135,7 +137,7 @@ def start_dht(swarm: str, options: NetworkOptions, private_key: RSAPrivateKey | 
             with daemon_flags():
                 dht.run_in_background(await_ready=True, timeout=max(1.0, deadline - time.monotonic()))
             return dht
-        except Exception as error:
+        except Exception as error:  # whatever the daemon or its start raised: stop it, then try again or give up
             _stop(dht)
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             if UNREACHED_INITIAL_PEERS not in reason or time.monotonic() + JOIN_RETRY_S >= deadline:
@@ -148,9 +150,11 @@ def start_dht(swarm: str, options: NetworkOptions, private_key: RSAPrivateKey | 
 def _new_dht(options: NetworkOptions, private_key: RSAPrivateKey | None, swarm: str) -> DHT:
     """A DHT node, not started, with BlockSwarm's validators and the options' relays."""
     validators = [RSASignatureValidator(private_key), SwarmRecordValidator(swarm)]
-    relays = {"client_mode": options.client_mode, "use_relay": options.use_relay, "use_auto_relay": options.use_auto_relay}
+    relays = {"client_mode": options.client_mode, "use_relay": options.use_relay,
+              "use_auto_relay": options.use_auto_relay}
     if options.relayed:  # behind NAT: the initial peers as its relays (reachability.py)
-        relays.update(client_mode=True, use_auto_relay=True, trusted_relays=options.initial_peers, force_reachability="private")
+        relays.update(client_mode=True, use_auto_relay=True, trusted_relays=options.initial_peers,
+                      force_reachability="private")
     return DHT(
         initial_peers=options.initial_peers or None,
         start=False,

@@ -80,7 +80,8 @@ class ReachabilityServicer(ServicerBase):
         self.limit = PerPeerLimit(1)
         self._dialing: dict[PeerID, asyncio.Task] = {}  # held here: the loop keeps only weak references to tasks
 
-    async def rpc_dial_back(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+    async def rpc_dial_back(self, request: runtime_pb2.ExpertRequest,
+                            context: P2PContext) -> runtime_pb2.ExpertResponse:
         try:
             asked = DialBackRequest.decode(request.metadata)
             with self.limit.admit(context):
@@ -212,7 +213,7 @@ async def _probe(options: NetworkOptions) -> Reachability:
     try:
         p2p = await P2P.create(initial_peers=options.initial_peers, host_maddrs=options.host_maddrs,
                                dht_mode="client", use_relay=False, auto_nat=False, nat_port_map=False)  # fmt: skip
-    except Exception as error:
+    except Exception as error:  # the daemon fails in many ways; each means the same to the user: one line
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise SwarmError(f"could not reach the initial peers {options.initial_peers}: {reason}") from None
     try:

@@ -155,7 +155,8 @@ class BlockAnnouncement(_Record):
     # round trips to a few peers of this block and its neighbours (a tuple keeps the record hashable;
     # lax only so that a list read back from msgpack is taken: each Ping is strict)
     pings: tuple[Ping, ...] = Field(default=(), max_length=MAX_PINGS, strict=False)
-    reached: Reached = "direct"  # "relayed": behind NAT, through circuit relays (a claim: callers measure, reachability.py)
+    # "relayed": behind NAT, through circuit relays (a claim: callers measure, reachability.py)
+    reached: Reached = "direct"
     membership: MemberProof | None = None  # in a members-only swarm: the certificate of the key that signed this record
     # where the creator prices identities: the nonce of this key's and this peer id's work (swarm/p2p/work.py)
     work_nonce: int | None = Field(default=None, ge=0, lt=2**63)

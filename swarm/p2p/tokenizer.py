@@ -12,7 +12,7 @@ cache) asks nobody.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.proto import runtime_pb2
@@ -36,7 +36,8 @@ class TokenizerServicer(ServicerBase):
     def __init__(self, units: TokenUnits):
         self.units = units
 
-    async def rpc_tokenizer(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+    async def rpc_tokenizer(self, request: runtime_pb2.ExpertRequest,
+                            context: P2PContext) -> runtime_pb2.ExpertResponse:
         try:
             asked = TokenizerRequest.decode(request.metadata).sha256
         except MessageError as error:
@@ -81,5 +82,6 @@ def units_from_swarm(config: ModelConfig, loop: EventLoopThread, p2p: P2P, peer_
             add_tokenizer(data, config.tokenizer)
             return config.units()
         except Exception as error:  # a stranger's answer: any failure just moves on to the next peer
-            logger.warning("tokenizer from %s refused: %s", peer_id, str(error).splitlines()[0] if str(error) else error)
+            logger.warning("tokenizer from %s refused: %s", peer_id,
+                           str(error).splitlines()[0] if str(error) else error)
     raise SwarmError(f"no peer of the swarm served this model's tokenizer ({config.tokenizer[:12]}...)")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from swarm.p2p.directory import DHTUnavailable, SwarmDirectory
 from swarm.p2p.ledger import Witness, publish

@@ -45,11 +45,13 @@ class PeerConfig:
     overlap_steps: int = 1  # demo-overlap: how many steps late each step's gathered set is applied
     spare_batch_size: int = 0  # windows per spare batch computed while waiting for other replicas (0: wait idle)
     wait_for_replicas: int = 1  # start once this many replicas (itself included) are seen; also the group size
-    average_every: int = 100  # merge with the other replicas' checkpoints every this many steps (0: never; reconcile.py)
+    # merge with the other replicas' checkpoints every this many steps (0: never; reconcile.py)
+    average_every: int = 100
     expect_config_hash: str | None = None  # refuse a swarm whose model config hash differs (a prefix will do)
     creator: str | None = None  # fingerprint of the swarm creator's key: the only model record believed
     member_key: str | None = None  # members-only swarms: the key file the certificate names (signs its records)
-    certificate: str | None = None  # members-only swarms: the creator's certificate for that key (swarm-bootstrap invite)
+    # members-only swarms: the creator's certificate for that key (swarm-bootstrap invite)
+    certificate: str | None = None
     record_key: str | None = None  # the key file its records are signed with, made on first use (None: new each run)
     de_mo: DeMoConfig = field(default_factory=DeMoConfig)  # the DeMo optimizer's settings (--sync demo, demo-overlap)
     outer: OuterConfig = field(default_factory=OuterConfig)  # the outer step's settings (--sync outer, outer-overlap)
@@ -59,8 +61,8 @@ class PeerConfig:
     def train_config(self) -> TrainConfig:
         """The trainer's settings this peer was given (its schedule spans --schedule-steps, else
         --max-steps, else a long run; past its end the rate stays at the floor)."""
-        return TrainConfig(steps=self.schedule_steps or self.max_steps or 100_000, batch_size=self.batch_size, lr=self.lr,
-                           checkpoint_activations=self.low_memory)  # fmt: skip
+        return TrainConfig(steps=self.schedule_steps or self.max_steps or 100_000, batch_size=self.batch_size,
+                           lr=self.lr, checkpoint_activations=self.low_memory)  # fmt: skip
 
     def checked(self) -> PeerConfig:
         """This config, or a SwarmError naming the first option that is out of bounds."""
@@ -72,7 +74,8 @@ class PeerConfig:
         if self.average_every < 0:
             raise SwarmError("--average-every must be 0 (never) or a number of steps")
         if self.reachability not in REACHABILITY_CHOICES:
-            raise SwarmError(f"--reachability must be one of {', '.join(REACHABILITY_CHOICES)}, not {self.reachability!r}")
+            raise SwarmError(f"--reachability must be one of {', '.join(REACHABILITY_CHOICES)}, "
+                             f"not {self.reachability!r}")
         checked_device(self.device)
         if (self.member_key is None) != (self.certificate is None):
             raise SwarmError("--member-key and --certificate go together: the key, and the certificate that names it")

@@ -301,14 +301,14 @@ class Peer:
         with any key that asks, so `--sync dense` is not offered there)."""
         swarm = self.config.swarm
         if membership is None:
-            raise SwarmError(f"swarm {swarm!r} is members-only: join with --member-key and --certificate "
-                             "(its creator issues them: swarm-bootstrap keygen, then swarm-bootstrap invite)")  # fmt: skip
+            raise SwarmError(f"swarm {swarm!r} is members-only: join with --member-key and --certificate (its "
+                             "creator issues them: swarm-bootstrap keygen, then swarm-bootstrap invite)")  # fmt: skip
         refused = directory.membership.refusal(membership, peer_id)
         if refused:
             raise SwarmError(f"swarm {swarm!r} is members-only and refuses this peer's certificate: {refused}")
         if MODES[self.config.sync].averages_gradients:
-            raise SwarmError(f"--sync {self.config.sync} trusts every groupmate (hivemind's averager) and cannot "
-                             f"check that they are members: members-only swarm {swarm!r} does not offer it")  # fmt: skip
+            raise SwarmError(f"--sync {self.config.sync} trusts every groupmate (hivemind's averager) and cannot check "
+                             f"that they are members: members-only swarm {swarm!r} does not offer it")  # fmt: skip
 
     def _take_block(self, entered: Entered) -> Claimed:
         """Choose a block and announce it as taken; from then on a thread keeps announcing it."""

@@ -24,8 +24,8 @@ from hivemind.proto import runtime_pb2
 
 from swarm.model.autoregressive import ByteTransformer
 from swarm.model.denoiser import ModelConfig
-from swarm.model.steps import pick_bytes
 from swarm.model.generate import prefix_tensor
+from swarm.model.steps import pick_bytes
 from swarm.p2p.messages import StageRequest, error_reply, refusal
 from swarm.p2p.network import EventLoopThread
 from swarm.serving.wire import MAX_BATCH, RequestError
@@ -73,7 +73,7 @@ class StageServicer(ServicerBase):
                 raise RequestError(f"this peer serves stage {self.stage} with one input tensor")
             x = deserialize_torch_tensor(request.tensors[0])
             check_stage_input(self.model.config, self.stage, x)
-        except Exception as error:
+        except Exception as error:  # a stranger's malformed request, whatever the library raised: refused, not fatal
             return error_reply(error)
         out = await asyncio.get_running_loop().run_in_executor(None, self._run, x)
         return runtime_pb2.ExpertResponse(tensors=[serialize_torch_tensor(out)])
@@ -92,7 +92,8 @@ def untrained_stage(config: ModelConfig, block: int) -> list[ServicerBase]:
 
 async def call_stage(p2p: P2P, peer_id: str, stage: int, x: torch.Tensor, timeout: float) -> torch.Tensor:
     stub = StageServicer.get_stub(p2p, PeerID.from_base58(peer_id))
-    request = runtime_pb2.ExpertRequest(metadata=StageRequest(stage=stage).encode(), tensors=[serialize_torch_tensor(x)])
+    request = runtime_pb2.ExpertRequest(metadata=StageRequest(stage=stage).encode(),
+                                        tensors=[serialize_torch_tensor(x)])
     response = await stub.rpc_stage(request, timeout=timeout)
     if (error := refusal(response)) is not None:
         raise RuntimeError(f"stage {stage} refused: {error}")

@@ -209,7 +209,7 @@ class RemoteBlocks:
             self.checks.extra_requests += 1
             try:
                 answers[witness.peer_id] = self._ask(witness, request)
-            except Exception as error:
+            except Exception as error:  # a stranger's failure of any kind: banned as a witness, not fatal
                 self.replicas.ban(witness, f"failed as a witness ({error})")
 
     def _apply(self, block: int, chosen: Chosen, verdict: Verdict) -> None:
@@ -273,7 +273,7 @@ class RemoteBlocks:
         started = time.perf_counter()
         try:
             answer = await asyncio.wait_for(self._denoise(host, request), self.request_timeout)
-        except Exception as error:
+        except Exception as error:  # a host's failure of any kind is its answer, judged by the caller
             answer = error
         return answer, time.perf_counter() - started
 

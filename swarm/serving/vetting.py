@@ -2,8 +2,8 @@
 
 A checkpoint is *agreed on* when two or more independent voices (distinct keys, a host that took
 it from one key alone being that key's: `swarm.checkpoints.measure.vouchers_among`) announce it and
-answer: every answer one of them gives can then be confirmed by another's (cross_check.py). Agreement counts only where keys cost
-something (a members-only swarm, or one that prices an identity with work); in an open swarm
+answer: every answer one of them gives can then be confirmed by another's (cross_check.py). Agreement counts
+only where keys cost something (a members-only swarm, or one that prices an identity with work); in an open swarm
 at the defaults every checkpoint is measured (`SwarmDirectory.keys_count` says why). A checkpoint
 with a single key behind it is used only once this client has *measured* it: downloaded it through the verified download
 and spot-checked it beside the block's other candidates, as swarm-fetch does
@@ -104,7 +104,8 @@ class Vetting:
         try:
             measured = self.loop.run(coro, MEASURE_TIMEOUT_S + 30)
         except TimeoutError:  # the deadline is the measurement's own; this is a last resort
-            logger.warning("block %d: measuring %d checkpoint(s) ran past %.0fs", block, len(candidates), MEASURE_TIMEOUT_S)
+            logger.warning("block %d: measuring %d checkpoint(s) ran past %.0fs", block, len(candidates),
+                           MEASURE_TIMEOUT_S)
             measured = []
         earlier = [m for m in self.passed.values() if m.host.block == block]
         passed = believable(measured + earlier, spot_check.tolerance, uniform_ce(self.config))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import time
-from typing import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import torch
 from hivemind import DHT
@@ -51,7 +51,9 @@ class _CountingRunner(AllReduceRunner):
         async for message in super()._generate_input_for_peer(peer_index):  # our parts, to their reducers
             yield self._count(message)
 
-    async def _accumulate_parts_streaming(self, stream, sender_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
+    async def _accumulate_parts_streaming(
+        self, stream, sender_index: int
+    ) -> AsyncIterator[averaging_pb2.AveragingData]:
         async for message in super()._accumulate_parts_streaming(stream, sender_index):  # averages, sent back
             yield self._count(message)
 

@@ -53,8 +53,9 @@ for a slower replica's compute) and the part after it (waiting for the network).
 
 With a `spare_batch` callback (the peer hands one for `swarm-peer --spare-batch-size N`) a
 trainer does not sit idle while a gather it needs is still running: it computes the gradients
-of spare batches of N windows, which its next step averages in (swarm/model/train.py). A replica faster than the others, or one whose
-exchange is slower than a step, then trains on more windows per step instead of waiting. The
+of spare batches of N windows, which its next step averages in (swarm/model/train.py). A
+replica faster than the others, or one whose exchange is slower than a step, then trains on
+more windows per step instead of waiting. The
 weights still change only by the gathered sets, so replicas that gather the same sets stay
 identical (on a shared machine the spare batches slow the other replicas, which can make a
 payload miss the deadline: benchmarks/sync.py's outer-overlap-spare run once did). The
@@ -71,11 +72,11 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from swarm.model.train import Trainer
 from swarm.p2p.ledger import Witness
@@ -210,7 +211,8 @@ class Exchange:
         self.wait_seconds += waited_to - waited_from
         if self.trace:
             self.trace({"event": "wait", "step": round_.step, "seconds": waited_to - waited_from, "t": waited_to,
-                        "spare_seconds": waited_from - spare_from if windows else 0.0, "spare_windows": windows})  # fmt: skip
+                        "spare_seconds": waited_from - spare_from if windows else 0.0,
+                        "spare_windows": windows})  # fmt: skip
         self._count(round_, gathered)
         return gathered
 
@@ -273,12 +275,16 @@ class Exchange:
         fingerprint of a refused payload says nothing: anyone can send one)."""
         theirs = [gathered.fingerprints[p] for p in accepted if p in gathered.fingerprints]
         if any(f != round_.fingerprint for f in theirs) and not self.drifted:
-            logger.info("step %d: another replica applied other payloads than we did: the next merge will reconcile them", round_.step)
+            logger.info(
+                "step %d: another replica applied other payloads than we did: the next merge will reconcile them",
+                round_.step,
+            )
             self.drifted = True
 
     def applied_set(self, round_: Round, peer_ids: list[str], how: str = "") -> None:
-        """The round's update was made of the payloads of `peer_ids` (and `how`, `finish`'s): this replica's fingerprint,
-        and one more round exchanged if another replica's payload was among them; each of theirs
+        """The round's update was made of the payloads of `peer_ids` (and `how`, `finish`'s): this
+        replica's fingerprint, and one more round exchanged if another replica's payload was among
+        them; each of theirs
         is credited to its sender in the ledger."""
         self.applied = applied_fingerprint(round_.step, peer_ids, how)
         others = [peer_id for peer_id in peer_ids if peer_id != self.own_id]

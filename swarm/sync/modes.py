@@ -8,8 +8,8 @@ once. What each strategy does is in its own module (strategy.py lists them).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from torch import nn
 
