@@ -13,8 +13,8 @@ minutes (issue 47 found DeMo's sign step stalling here first):
 - --mode demo-overlap: the peers' own `--sync demo-overlap` strategy (`DeMoOverlapSync`: each
   step's set applied a step late, the replica's own update taken ahead meanwhile), and what is
   still in flight applied at the end, as a peer does before it saves;
-each replica in a thread of its own, the payloads passed in this process
-(swarm/sync/in_process.py) instead of over P2P, as a peer does.
+each replica in a thread of its own, its strategy built as a peer builds it (swarm/sync/modes.py),
+the payloads passed in this process (swarm/sync/in_process.py) instead of over P2P.
 Replicas are `replica_trainer`s of block --block of the small model of benchmarks/sync.py,
 batches drawn from streams named as peers' are; each length is a fresh run with its own cosine
 schedule, scored on sync.py's validation windows. Prints JSON and writes <mode>_gap.json and
@@ -51,13 +51,11 @@ from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import block_denoise_ce
 from swarm.model.train import TrainConfig, Trainer, trainable
 from swarm.peer.life import replica_trainer
-from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer
+from swarm.sync.decoupled_momentum import DeMoConfig
 from swarm.sync.exchange import Exchange
 from swarm.sync.in_process import LocalBoard
-from swarm.sync.lockstep import DeMoSync
-from swarm.sync.outer import OuterSync
-from swarm.sync.overlap import DeMoOverlapSync
-from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer
+from swarm.sync.modes import MODES, SyncInputs
+from swarm.sync.pseudo_gradient import OuterConfig
 from swarm.sync.strategy import SyncStrategy, train_step
 
 logger = logging.getLogger("benchmarks.sync_gap")
@@ -69,31 +67,65 @@ def peer_ids(args: argparse.Namespace) -> list[str]:
     return [f"replica{i}" for i in range(args.replicas)]
 
 
-def replicas(config: ModelConfig, args: argparse.Namespace, windows: Windows, steps: int) -> list[Trainer]:
-    train = TrainConfig(steps=steps, batch_size=args.batch_size)
+def replicas(
+    config: ModelConfig, args: argparse.Namespace, windows: Windows, steps: int, **schedule: float
+) -> list[Trainer]:
+    """--replicas replicas of block --block from the same start weights, each drawing its own batches of
+    --batch-size; `steps` is the schedule's length, `schedule` any other TrainConfig setting."""
+    train = TrainConfig(steps=steps, batch_size=args.batch_size, **schedule)
     return [replica_trainer(config, args.block, windows, train, peer_id) for peer_id in peer_ids(args)]
 
 
 def dense(trainers: list[Trainer], steps: int, what: str) -> None:
-    """Every step: each replica's gradient, their mean into every replica, each one's AdamW step."""
+    """`steps` dense steps (`dense_step`), with a progress bar."""
     for _ in tqdm(range(steps), desc=what, unit="step", mininterval=5.0):
-        open_steps = [trainer.compute_gradients() for trainer in trainers]
-        with torch.no_grad():
-            for params in zip(*(trainable(t.module) for t in trainers)):  # as DenseSync averages them
-                mean = torch.stack([p.grad if p.grad is not None else torch.zeros_like(p) for p in params]).mean(dim=0)
-                for p in params:
-                    p.grad.copy_(mean)
-        for trainer, open_step in zip(trainers, open_steps):
-            trainer.optimizer_step()
-            trainer.end_step(open_step)
+        dense_step(trainers)
 
 
-def strategy(mode: str, trainer: Trainer, exchange: Exchange, args: argparse.Namespace) -> SyncStrategy:
-    """The peer's strategy of `mode` for one replica, with the sync settings of `args`."""
-    if mode == "outer":
-        return OuterSync(OuterOptimizer(trainer.module, outer_settings(args), trainer.config.lr), exchange)
-    demo = DeMoSync if mode == "demo" else DeMoOverlapSync
-    return demo(DeMoOptimizer(trainer.module, demo_settings(args), trainer.config.lr), exchange)
+def dense_step(trainers: list[Trainer]) -> None:
+    """One step: each replica's gradient, their mean into every replica, each one's AdamW step."""
+    open_steps = [trainer.compute_gradients() for trainer in trainers]
+    with torch.no_grad():
+        for params in zip(*(trainable(t.module) for t in trainers)):  # as DenseSync averages them
+            mean = torch.stack([p.grad if p.grad is not None else torch.zeros_like(p) for p in params]).mean(dim=0)
+            for p in params:
+                p.grad.copy_(mean)
+    for trainer, open_step in zip(trainers, open_steps):
+        trainer.optimizer_step()
+        trainer.end_step(open_step)
+
+
+def strategies(
+    mode: str, trainers: list[Trainer], ids: list[str], de_mo: DeMoConfig, outer: OuterConfig
+) -> list[SyncStrategy]:
+    """The peer's strategy of `mode` for each replica, built as the peer builds it (swarm/sync/modes.py),
+    each replica's exchange passing payloads in this process (a `LocalBoard`) to all the others."""
+    board = LocalBoard(GATHER_DEADLINE_S)
+    syncs = []
+    for trainer, own in zip(trainers, ids):
+        exchange = Exchange(board.transport(own), own, lambda own=own: [p for p in ids if p != own])
+        given = SyncInputs(trainer.module, trainer.config.lr, de_mo, outer, overlap_steps=1,
+                           timeout=GATHER_DEADLINE_S, exchange=exchange)  # fmt: skip
+        syncs.append(MODES[mode].build(given))
+    return syncs
+
+
+def lockstep(trainers: list[Trainer], syncs: list[SyncStrategy], steps: int, bar: tqdm, settle: bool = False) -> None:
+    """`steps` training steps of every replica with its strategy, each replica in a thread of its own
+    (a strategy's update waits for the others' payloads of its step, so they go in step); `bar`
+    counts replica 0's steps. With `settle`, what is still in flight is applied at the end, as a
+    peer does before it saves."""
+
+    def run(index: int) -> None:
+        for _ in range(steps):
+            train_step(trainers[index], syncs[index])
+            bar.update(int(index == 0))
+        if settle:
+            syncs[index].settle(trainers[index])
+
+    with ThreadPoolExecutor(len(trainers)) as pool:
+        for running in [pool.submit(run, index) for index in range(len(trainers))]:
+            running.result()
 
 
 OUTER_OPTIONS = ("outer_lr", "outer_top_k", "outer_error_decay")  # OuterConfig's settings this takes
@@ -111,20 +143,9 @@ def demo_settings(args: argparse.Namespace) -> DeMoConfig:
 def compressed(trainers: list[Trainer], ids: list[str], steps: int, args: argparse.Namespace, what: str) -> float:
     """The strategy of --mode on every replica, each in a thread of its own, the payloads passed
     in this process; the payload bytes per step of one replica (replica 0's, one copy)."""
-    board = LocalBoard(GATHER_DEADLINE_S)
-    syncs = [strategy(args.mode, t, Exchange(board.transport(own), own, lambda own=own: [p for p in ids if p != own]),
-                      args) for t, own in zip(trainers, ids)]  # fmt: skip
+    syncs = strategies(args.mode, trainers, ids, demo_settings(args), outer_settings(args))
     with tqdm(total=steps, desc=what, unit="step", mininterval=5.0) as bar:
-
-        def run(index: int) -> None:
-            for _ in range(steps):
-                train_step(trainers[index], syncs[index])
-                bar.update(int(index == 0))
-            syncs[index].settle(trainers[index])  # what is still in flight, as a peer before it saves
-
-        with ThreadPoolExecutor(len(trainers)) as pool:
-            for running in [pool.submit(run, index) for index in range(len(trainers))]:
-                running.result()
+        lockstep(trainers, syncs, steps, bar, settle=True)
     return syncs[0].bytes_sent / (len(trainers) - 1) / steps
 
 

@@ -21,6 +21,7 @@ SECTIONS: dict[str, tuple[str, Renderer]] = {  # results folder: its section's h
     "demo_gap": ("DeMo's loss gap", replicas.demo_gap),
     "demo-overlap_gap": ("demo-overlap's loss gap", replicas.demo_overlap_gap),
     "outer_rounds": ("Outer steps round by round", replicas.outer_rounds),
+    "replica_scaling": ("What a new replica buys", replicas.replica_scaling),
     "scale": ("Cost as a block grows", replicas.scale),
     "time_to_loss": ("Time to a loss across regions", replicas.time_to_loss),
     "transfer": ("Checkpoint transfer", network.transfer),

@@ -1,5 +1,5 @@
 """Keeping replicas in step: the sync modes side by side, the outer mode's and DeMo's loss gaps, the outer mode
-round by round, time to a loss across regions, and what a block costs as it grows."""
+round by round, what a new replica buys, time to a loss across regions, and what a block costs as it grows."""
 
 from __future__ import annotations
 
@@ -195,6 +195,55 @@ def outer_rounds_run(folder: Folder, title: str) -> list[str]:
         table(header, rows),
         folder.pictures(),
     )  # fmt: skip
+
+
+def replica_scaling(folder: Folder) -> list[str]:
+    return with_later_runs(
+        folder,
+        replica_scaling_run,
+        "What a new replica buys: R replicas of one block (the small model of `sync.py`, the same batch per "
+        "replica, so R replicas take R times the windows a step) run in one process, in lockstep, with no "
+        "network, and the steps they take to a fixed target loss are counted: steps, not seconds, because the "
+        "replicas share this machine's cores. `dense` averages the replicas' gradients exactly every step; "
+        "`demo` and `outer` are the peers' strategies at their defaults. The target is the validation loss one "
+        "dense replica (plain AdamW) reaches after the run's `target_steps`; every run is scored every "
+        "`eval_every` steps on replica 0 and stops at the first score at or below it. Speedup: the mode's steps "
+        "with one replica over its steps with R, beside the ideal R; \"< x\" where R replicas did not reach the "
+        "target in `max_steps` (the speedup is below one replica's steps over `max_steps`), \"> x\" where the "
+        "mode's one replica did not (above `max_steps` over R's steps). Over dense's one replica: dense's one "
+        "replica's steps over these.",
+    )
+
+
+REPLICA_SCALING_OPTIONS = ("modes", "replicas", "target_steps", "max_steps", "batch_size", "block", "eval_every",
+                           "min_lr_fraction")  # fmt: skip
+
+
+def replica_scaling_run(folder: Folder, title: str) -> list[str]:
+    """replica_scaling.json of benchmarks/replica_scaling.py: a row per mode and replica count."""
+    r = folder.json("replica_scaling.json")
+    config, target = r["config"], r["target"]
+    rows = []
+    for mode, m in r["modes"].items():
+        for row in m["speedups"]:
+            steps = plain(row["steps_to_target"]) if row["reached"] else f"not in {plain(config['max_steps'])}"
+            below, above = row.num("speedup_below"), row.num("speedup_above")
+            speedup = fixed(row.num("speedup"), 2) if row["speedup"] is not None else DASH
+            if below is not None or above is not None:
+                speedup = f"< {fixed(below, 2)}" if below is not None else f"> {fixed(above, 2)}"
+            rows.append([mode, plain(row["replicas"]), steps, speedup, plain(row["ideal"]),
+                         fixed(row.num("over_dense_one_replica"), 2)])  # fmt: skip
+    aim = (f"Target: {fixed(target.num('validation_loss'))}, the validation loss of one {plain(target['mode'])} "
+           f"replica after {plain(target['steps'])} steps.")  # fmt: skip
+    header = ["mode", "replicas R", "steps to the target", "speedup", "ideal", "over dense's one replica"]
+    return heading(title) + parts(
+        command("replica_scaling.py", {k: config[k] for k in REPLICA_SCALING_OPTIONS}),
+        settings(config, set(REPLICA_SCALING_OPTIONS)),
+        aim,
+        plain(r.get("note") or ""),
+        table(header, rows),
+        folder.pictures(),
+    )
 
 
 TIME_TO_LOSS_OPTIONS = ("modes", "replicas", "steps", "regions_steps", "save_every")
