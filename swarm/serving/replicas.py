@@ -11,8 +11,13 @@ back: `swarm.p2p.reachability.ensure_direct`). The choice is kept while its host
 so that a generation reads the directory only when a host fails.
 
 A peer that fails (a timeout, a refusal, a ping unanswered) or is outvoted (where keys count) is
-banned for `ban_seconds`, and pinged again before it is next asked; one shown to lie by the client's
-own computation, for good. A later, shorter ban never ends a longer one. A record whose peer does not
+banned for `ban_seconds`, twice that at its next failure, and so on up to `MAX_BAN_S`, and pinged
+again before it is next asked; one shown to lie by the client's own computation, for good. A later,
+shorter ban never ends a longer one. The ban doubles because a failure is what a stranger chooses:
+a key that answers pings fast and lets every request time out was chosen again each minute and
+cost a request its whole deadline each time (issue 57); now it costs a timeout per doubling, about
+six in its first hour. An honest host that fails now and then is asked less often, never banned
+for good. A record whose peer does not
 answer a ping (it left; its record outlives it) is no voice for `heard_all` until it answers again.
 
 Witnesses (cross_check.py says what they are for) are found here anew for each request, among the
@@ -50,6 +55,8 @@ from swarm.serving.vetting import Vetting
 
 logger = logging.getLogger(__name__)
 
+MAX_BAN_S = 3600.0  # the longest ban for a while: a peer that keeps failing is asked once an hour
+
 
 @dataclass(frozen=True)
 class Chosen:
@@ -77,6 +84,7 @@ class Replicas:
     unreachable: set[tuple[str, bytes]] = field(default_factory=set)  # whose last ping here went unanswered
     recheck: set[tuple[str, bytes]] = field(default_factory=set)  # failed a request since their last ping
     banned_until: dict[str, float] = field(default_factory=dict)  # peer id: monotonic time (inf: for good)
+    failures: dict[str, int] = field(default_factory=dict)  # peer id: the bans for a while it earned here
     chosen: dict[int, Chosen] = field(default_factory=dict)  # per block, while its host is not banned
 
     def choose(self, block: int) -> Chosen:
@@ -159,9 +167,13 @@ class Replicas:
         return [h for h in chosen.announcing if key_of(h) != key_of(chosen.host) and not self.banned(h.peer_id)]
 
     def ban(self, host: Host, why: str, seconds: float | None = None) -> None:
-        """Ask `host`'s peer nothing for `seconds` (`ban_seconds` by default), or longer if it is
-        banned longer already: a failure after a proven lie must not end the lie's ban."""
-        seconds = self.ban_seconds if seconds is None else seconds
+        """Ask `host`'s peer nothing for `seconds` (by default `ban_seconds`, doubled for each ban it
+        earned before, at most `MAX_BAN_S`), or longer if it is banned longer already: a failure
+        after a proven lie must not end the lie's ban."""
+        if seconds is None:
+            earned = self.failures.get(host.peer_id, 0)
+            self.failures[host.peer_id] = earned + 1
+            seconds = min(MAX_BAN_S, self.ban_seconds * 2.0 ** min(earned, 32))
         logger.warning("block %d on %s %s; banning it for %s", host.block, host.peer_id, why,
                        f"{seconds:.0f}s" if math.isfinite(seconds) else "good")  # fmt: skip
         until = time.monotonic() + seconds
