@@ -105,8 +105,9 @@ and its loss is within 1.03x of the lone run's (neither frozen nor moved); besid
 of its weights from the lone run's over the lone run's distance from the start weights.
 - jump_every_step (issue 57): the same replica beside k = 2, 4 and 8 free keys, each answering every
   other sync poll with "gone, the newest step is the one asked plus 1000" and the others with junk in
-  time (`JumpClaims`: so that a gather waits for them), a majority ahead from its first claim on (a
-  "gone" answer stands until the replica's step nears the step it named: swarm/sync/transport.py).
+  time (`JumpClaims`; the junk is refused, and from then on no gather waits for them), a majority
+  ahead from its first claim on (a "gone" answer stands until the replica's step nears the step it
+  named: swarm/sync/transport.py).
   Figures at each k (`jump_every_step_<k>keys`): the steps it trained and its final
   step (its jumps' budget bounds the difference: swarm/sync/exchange.py), its loss over the lone
   run's (met at <= 1.05) and its seconds per step over the lone run's (met at <= 1.5, both read off

@@ -46,8 +46,8 @@ def test_a_hostile_replica_cannot_poison_or_derail_honest_ones(tmp_path, attack)
         assert all(torch.isfinite(t).all() for t in r1.values())
         assert all(torch.equal(r1[k], r2[k]) for k in r1)  # both applied exactly the honest payloads
         assert all(peer.process.poll() is None for peer in honest)  # still up, serving
-        if attack == "nan payloads":
-            assert honest[0].log().count("refused the step") >= 8
+        if attack == "nan payloads":  # refused; from then on not waited for (a payload that comes is still read)
+            assert "refused the step" in honest[0].log()
 
 
 JUMP_RUN = 30  # steps the lone replica trains beside keys that claim a step ahead

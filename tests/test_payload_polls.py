@@ -136,8 +136,11 @@ def test_a_joiner_that_spent_its_budget_rejoins_from_what_its_training_earned():
 
 
 def test_a_refused_payload_says_nothing_about_drift():
-    """A stranger whose payload is refused cannot mark the replicas as drifted with its fingerprint."""
-    exchange = Exchange(transport=None, own_id="me", replica_ids=list)
+    """A stranger whose payload is refused cannot mark the replicas as drifted with its fingerprint;
+    the transport hears which payloads were refused (and waits no more for their senders)."""
+    judged = []
+    exchange = Exchange(transport=SimpleNamespace(judged=lambda *both: judged.append(both)), own_id="me",
+                        replica_ids=list)  # fmt: skip
     round_ = Round(step=5, own=b"mine", fingerprint=b"same", gathering=None)
     gathered = Gathered(asked=2, payloads={"honest": b"ok", "liar": b"bad"},
                         fingerprints={"honest": b"same", "liar": b"other"})  # fmt: skip
@@ -148,7 +151,7 @@ def test_a_refused_payload_says_nothing_about_drift():
         return data
 
     assert [p for p, _ in exchange.in_order(round_, gathered, decode)] == ["honest", "me"]
-    assert not exchange.drifted
+    assert not exchange.drifted and judged == [(["honest"], ["liar"])]
     gathered.payloads["liar"] = b"fits now"
     exchange.in_order(round_, gathered, decode)
     assert exchange.drifted  # an accepted payload's fingerprint counts
@@ -159,7 +162,8 @@ def test_finishing_a_round_applies_its_set_in_order_records_it_and_follows_a_maj
     peer-id order (own included), applied, recorded as applied, and a majority ahead followed."""
     gathering = Future()
     gathering.set_result(Gathered(asked=3, payloads={"b": b"2", "a": b"1"}, reported_steps={"c": 60, "d": 60}))
-    exchange = Exchange(transport=SimpleNamespace(deadline=1.0), own_id="me", replica_ids=list)
+    exchange = Exchange(transport=SimpleNamespace(deadline=1.0, judged=lambda *_: None), own_id="me",
+                        replica_ids=list)  # fmt: skip
     seen = []
 
     def apply(decoded: list[tuple[str, str]]) -> list[str]:
@@ -189,7 +193,8 @@ def test_demo_replicas_that_step_the_same_set_at_different_rates_fingerprint_it_
         own = encode_payload(optimizer.make_payload(lr), 16)  # no gradients yet: no parameter, a valid payload
         gathering = Future()
         gathering.set_result(Gathered(asked=1))
-        exchange = Exchange(transport=SimpleNamespace(deadline=1.0), own_id="me", replica_ids=list)
+        exchange = Exchange(transport=SimpleNamespace(deadline=1.0, judged=lambda *_: None), own_id="me",
+                        replica_ids=list)  # fmt: skip
         sync = DeMoSync(optimizer, exchange)
         sync.apply(Round(step=5, own=own, fingerprint=b"started", gathering=gathering), 5)
         applied.append(exchange.applied)
@@ -232,6 +237,37 @@ def test_a_replica_that_missed_a_round_is_waited_for_in_full_again_once_a_payloa
     assert punctuality.bytes_received > len(b"payload 1")  # the bytes of that ask are counted too
     second = gathered(2)
     assert second.payloads == {server.peer_id: b"payload 2"} and second.seconds >= deadline / 2
+
+
+def test_a_replica_whose_payload_was_refused_is_not_made_punctual_again_by_payloads_never_judged(two_nodes):
+    """A key whose payload came in time but was refused when decoded (junk bytes just before each
+    deadline, issue 57) is waited for no more: its asks go on past each gather, and a payload they
+    bring in time is never decoded, so it must not make the key punctual again, or every other
+    gather would wait for its junk to the deadline. Its payload decoding again takes it back."""
+    asker, server = two_nodes
+    deadline = 2.0
+    served = PayloadServicer(0, deadline)
+    server.serve(served)
+    punctuality = Punctuality()
+    punctuality.met = True  # a first gather has ended, and brought the key's junk in time
+    punctuality.punctual.add(server.peer_id)
+    punctuality.judged([], [server.peer_id])  # the exchange refused it when decoding (`Transport.judged`)
+
+    async def publish_late(step: int) -> None:
+        await asyncio.sleep(deadline / 2)
+        served.publish(step, b"junk", b"fingerprint")
+
+    def gathered(step: int) -> Gathered:
+        server.loop.submit(publish_late(step))
+        return asker.loop.run(gather(asker.p2p, 0, step, [server.peer_id], deadline, punctuality), 2 * deadline)
+
+    first = gathered(1)
+    assert not first.payloads and first.seconds < deadline / 4  # not waited for
+    wait_for(lambda: server.peer_id not in punctuality.trailing, 2 * deadline, "the ask past the gather to end")
+    assert punctuality.bytes_received > len(b"junk")  # it brought the payload in time
+    assert server.peer_id not in punctuality.punctual
+    punctuality.judged([server.peer_id], [])  # a payload of it decoded (one that came while a gather was open)
+    assert server.peer_id not in punctuality.refused  # the next gather whose payload of it comes is its own again
 
 
 def test_a_replica_that_answered_gone_is_not_asked_again_until_its_payloads_could_be_there(two_nodes):

@@ -7,6 +7,7 @@ import logging
 import math
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -179,7 +180,7 @@ def test_in_an_open_swarm_a_strangers_made_up_fingerprint_alone_does_not_decide_
     round is due at every scheduled step whatever anyone's fingerprint says; where keys count, a
     member's fingerprint still decides."""
     optimizer = DeMoOptimizer(torch.nn.Linear(2, 2), DeMoConfig(), lr=2e-3)
-    exchange = Exchange(transport=None, own_id="me", replica_ids=list)
+    exchange = Exchange(transport=SimpleNamespace(judged=lambda *_: None), own_id="me", replica_ids=list)
     sync = DeMoSync(optimizer, exchange)
     open_swarm = ReconcileRound(None, None, None, 0, b"own", list, 60.0, spot_check=None, keys_count=lambda: False)
     members = ReconcileRound(None, None, None, 0, b"own", list, 60.0, spot_check=None, keys_count=lambda: True)

@@ -16,7 +16,7 @@ from swarm_helpers import wait_for
 
 from swarm.checkpoints.store import CheckpointStore
 from swarm.errors import SwarmError
-from swarm.lab.attacks import HostileNode
+from swarm.lab.attacks import HostileNode, RefusedPayloads
 from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.train import OpenStep, TrainConfig, Trainer
@@ -73,13 +73,18 @@ def test_two_replicas_that_get_every_payload_stay_identical(lent_swarm, tmp_path
 QUIET_RUN = 10  # steps the honest replicas train beside keys that never deliver
 
 
-@pytest.mark.parametrize("answer, honest", [("silent", 1), ("not yet", 1), ("silent", 2)])
+JUST_IN_TIME = 0.8  # share of the deadline a key that delivers junk "in time" waits before answering
+
+
+@pytest.mark.parametrize("answer, honest", [("silent", 1), ("not yet", 1), ("junk in time", 1), ("silent", 2)])
 def test_keys_that_never_deliver_cost_honest_replicas_one_deadline_not_one_a_step(lent_swarm, tmp_path, answer, honest):
     """Issue 57: two free keys whose records name them replicas of block 0, silent (nothing serves
-    their payloads) or answering each poll "not yet" after a full long poll. Each was waited for up
-    to the deadline on every step, forever: 10 steps, 10 deadlines of waiting. Now only the first
-    gather waits for them; from then on only replicas whose last payload came in time are waited
-    for, so the waits add up to less than 3 deadlines. Two honest replicas beside the keys still
+    their payloads), answering each poll "not yet" after a full long poll, or answering it with
+    junk bytes just before the deadline. Each was waited for up to the deadline on every step,
+    forever: 10 steps, 10 deadlines of waiting. Now only the first gather waits for them; from then
+    on only replicas whose last payload came in time and was not refused when decoded are waited
+    for, so the waits add up to less than 3 deadlines (the junk case, without the refusal making
+    its key unpunctual: about 0.8 of a deadline a step). Two honest replicas beside the keys still
     wait for each other in full and apply the same sets: identical, and no drift. (The start
     barrier counts the keys' records as replicas started, so it is set to wait for both honest
     replicas too: with --wait-for-replicas 2, r1 began beside the keys alone, before r2 trained,
@@ -95,13 +100,18 @@ def test_keys_that_never_deliver_cost_honest_replicas_one_deadline_not_one_a_ste
             stack.callback(node.leave, 0)  # before the node closes: no later test finds its record
             if answer == "not yet":
                 node.serve(PayloadServicer(0, deadline))  # publishes nothing: every poll waits the deadline
+            if answer == "junk in time":
+                node.serve(RefusedPayloads(0, delay_s=JUST_IN_TIME * deadline))
             node.announce(0, lifetime_s=300)
         r1 = local.start_peer("r1", "0", [*options, "--sync-trace", str(trace)])
         if honest == 2:
             local.start_peer("r2", "0", options)
         done = wait_for(lambda: finished(client.directory, honest), 150, "the honest replicas to finish")
     waits = [json.loads(line)["seconds"] for line in trace.read_text().splitlines() if '"wait"' in line]
-    assert f"no payload from 2 of the {honest + 1} replicas asked" in r1.log()  # the keys were asked
+    if answer == "junk in time":
+        assert "refused the step" in r1.log()  # the keys' junk came in time, and was refused
+    else:
+        assert f"no payload from 2 of the {honest + 1} replicas asked" in r1.log()  # the keys were asked
     assert len(waits) == QUIET_RUN and sum(waits) < 3 * deadline, waits
     if honest == 2:
         assert [a.sync_steps for a in done] == [QUIET_RUN] * 2 and all(a.drift is None for a in done), done

@@ -25,9 +25,10 @@ with the project's own code, or with a few lines around hivemind.
   - `LyingSyncReplies`: sync replies that are garbage, off-schema, or claim a step far ahead
     (`LyingSyncReplies.step_claims`: only the claim of step `STEP_CLAIM`);
   - `RefusedPayloads`: sync replies whose payload no replica can decode, with a fingerprint
-    that says the replicas drifted apart;
+    that says the replicas drifted apart, at once or just before the asker's deadline;
   - `JumpClaims`: sync replies that say "gone, the newest step is the one asked plus 1000" to
-    every other poll, and junk in time to the others: with a second key doing the same, a majority
+    every other poll, and junk in time to the others (refused, so from then on not waited for; its
+    asks go on past each gather and bring the claims): with a second key doing the same, a majority
     ahead from the first claim on;
   - `HostileReplica`: a DeMo replica that trains like an honest one and sends, each step, its
     own update (under a fingerprint of its own, which tells the others they drifted), negated,
@@ -477,22 +478,27 @@ class LyingSyncReplies(Impersonating, PayloadServicer):
 class RefusedPayloads(Impersonating, PayloadServicer):
     """Answers every poll with a well-formed reply for the step asked, whose payload no replica can
     decode, under a fingerprint unlike any honest replica's. Were the fingerprint of a refused
-    payload believed, the replicas would think they had drifted apart (issue 26, item 2)."""
+    payload believed, the replicas would think they had drifted apart (issue 26, item 2). With
+    `delay_s` it answers that late: just before an asker's deadline, junk that came in time kept
+    its key waited for in full on every step (issue 57)."""
 
     imitates = PayloadServicer
 
-    def __init__(self, block: int):
+    def __init__(self, block: int, delay_s: float = 0.0):
         super().__init__(block, deadline=5.0)
+        self.delay_s = delay_s
 
     async def _payload(self, request: runtime_pb2.ExpertRequest) -> PayloadReply:
         step = PayloadRequest.decode(request.metadata).step
+        await asyncio.sleep(self.delay_s)
         return PayloadReply(status="ok", payload=b"\x93 not a payload", fingerprint=b"drifted!", newest_step=step)
 
 
 class JumpClaims(Impersonating, PayloadServicer):
     """Answers every poll for an odd step t with "gone, the newest step is t + `ahead`" (`MAX_JUMP_STEPS`:
-    the most one jump takes), and for an even one with a payload (junk: any bytes that arrive in time
-    keep a key waited for, swarm/sync/transport.py; they are refused when decoded). Two such keys are
+    the most one jump takes), and for an even one with a payload (junk, refused when decoded: from then
+    on it is not waited for, swarm/sync/transport.py, and its "gone" answers come through the asks that
+    go on past each gather, and stand until the replica nears the step they name). Two such keys are
     a majority of a lone replica's fellows every other step: before its jumps had a budget over its
     life, they moved its step 1000 a step (issue 57)."""
 

@@ -6,7 +6,8 @@ between peers over P2P (transport.py), or between replicas in one process (in_pr
 benchmarks). A replica whose payload has not come by then is left out of that step: nobody
 waits longer for a slow or dead peer. Over P2P, after a replica's first gather, only those whose
 last payload came in time are waited for that long, so a key that never delivers costs the
-deadline once, not every step (transport.py). Payloads that fail the strategy's checks are
+deadline once, not every step, and one whose payload failed the strategy's checks is not waited
+for again until one decodes (transport.py). Payloads that fail the strategy's checks are
 logged and not applied, and say nothing about drift. Every replica decodes the gathered set in
 peer-id order, so replicas that gather the same set stay identical.
 
@@ -158,6 +159,11 @@ class Transport(Protocol):
     def gather(self, step: int, peer_ids: list[str]) -> Future:
         """Start gathering the payloads of `step` of `peer_ids` (a Future of `Gathered`; returns at once)."""
 
+    def judged(self, decoded: list[str], refused: list[str]) -> None:
+        """The payloads a gather brought were decoded: those of `refused` failed the strategy's
+        checks (a transport that waits only for some replicas waits no more for these, until one of
+        their payloads decodes: transport.py's `Punctuality`)."""
+
 
 @dataclass
 class Exchange:
@@ -261,13 +267,16 @@ class Exchange:
     def in_order(self, round_: Round, gathered: Gathered, decode: Callable[[bytes], D]) -> list[tuple[str, D]]:
         """Every payload of the round, own included, decoded in peer-id order, with its sender;
         refused ones are logged and left out."""
-        decoded = []
+        decoded, refused = [], []
         for peer_id, data in sorted({**gathered.payloads, self.own_id: round_.own}.items()):
             try:
                 decoded.append((peer_id, decode(data)))
             except PayloadError as error:
                 logger.warning("refused the step %d payload of %s: %s", round_.step, peer_id, error)
-        self._notice_drift(round_, gathered, [peer_id for peer_id, _ in decoded])
+                refused.append(peer_id)
+        accepted = [peer_id for peer_id, _ in decoded]
+        self.transport.judged([p for p in accepted if p != self.own_id], refused)
+        self._notice_drift(round_, gathered, accepted)
         return decoded
 
     def _notice_drift(self, round_: Round, gathered: Gathered, accepted: list[str]) -> None:

@@ -108,3 +108,6 @@ class LocalTransport:
 
     def gather(self, step: int, peer_ids: list[str]) -> Future:
         return self.board.gather(step, peer_ids)
+
+    def judged(self, decoded: list[str], refused: list[str]) -> None:
+        """Nothing: the board waits for every replica of a step up to the deadline."""

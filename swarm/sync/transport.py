@@ -18,9 +18,15 @@ the punctual replicas' asks have ended; the others' asks go on out of the traine
 the deadline (one such ask per replica at a time), and a payload that comes by then makes its
 replica punctual again: an honest replica that missed a step, or one that joined later, is
 waited for in full from a round or two on. Replicas punctual to each other wait for each other
-as before, and so still apply the same sets. What timing cannot deny a key: a payload (any
-bytes: they are decoded later) delivered just before each deadline keeps it punctual, waited
-for in full, as an honest replica that slow would be. What this costs an honest replica: one
+as before, and so still apply the same sets. A payload that came in time but failed the
+strategy's checks when decoded (junk bytes, NaN, values out of bounds: `Transport.judged`) makes
+its replica unpunctual until one of its payloads decodes, which only one that comes while a
+gather is open can (a trailing ask's payload is never decoded): a key delivering junk just before
+each deadline held every step to it (issue 57) and now costs one deadline. What timing cannot
+deny a key: a payload that decodes, delivered just before each deadline, keeps it punctual,
+waited for in full, as an honest replica that slow would be (the strategy may still leave it
+out of its vote: a judgment that honest replicas must be able to recover from, so it does not
+stop the waiting). What this costs an honest replica: one
 that falls more than a deadline behind the others at once (a stall of over two deadlines) is no
 longer waited for until its payloads come in time again; it still applies theirs (kept for late
 askers), but they go on without its own, where waiting in full every step let it catch up.
@@ -158,6 +164,7 @@ class Punctuality:
         self.punctual: set[str] = set()  # replicas whose last payload came within the deadline
         self.trailing: dict[str, asyncio.Task] = {}  # replicas whose ask goes on past the gather it began in
         self.gone: dict[str, int] = {}  # replicas that answered "gone": the newest step each reported
+        self.refused: set[str] = set()  # replicas whose last payload judged failed the checks: not punctual
         self.last_step: int | None = None  # the step of this replica's last gather
         self.bytes_sent = 0  # requests of those asks that got an answer
         self.bytes_received = 0  # their answers
@@ -185,7 +192,7 @@ class Punctuality:
         the event loop holds a task only weakly, and one collected mid-flight never ends, which
         left its replica trailing, never waited for again."""
         self.met = self.met or bool(asks)
-        self.punctual = {p for p in asks if p in gathered.payloads}
+        self.punctual = {p for p in asks if p in gathered.payloads and p not in self.refused}
         for peer_id, task in asks.items():
             if task.done():
                 continue
@@ -201,8 +208,16 @@ class Punctuality:
         del self.trailing[peer_id]
         self.bytes_sent += sink.bytes_sent
         self.bytes_received += sink.bytes_received
-        if peer_id in sink.payloads:
+        if peer_id in sink.payloads and peer_id not in self.refused:
             self.punctual.add(peer_id)
+
+    def judged(self, decoded: Iterable[str], refused: Iterable[str]) -> None:
+        """The payloads of a gather were decoded: a replica whose payload was refused is punctual
+        no more, nor made so by payloads that come in time but are never judged (a trailing ask's);
+        one whose payload decoded is taken back (module docstring)."""
+        self.refused.difference_update(decoded)
+        self.refused.update(refused)
+        self.punctual.difference_update(refused)
 
 
 async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline: float,
@@ -280,3 +295,8 @@ class P2PTransport:
     def gather(self, step: int, peer_ids: list[str]) -> Future:
         coro = gather(self.p2p, self.servicer.block, step, peer_ids, self.deadline, self.punctuality)
         return self.loop.submit(asyncio.wait_for(coro, self.deadline + GATHER_GRACE_S))
+
+    def judged(self, decoded: list[str], refused: list[str]) -> None:
+        """Called by the trainer's thread; the punctuality is the event loop's (`Punctuality.judged`),
+        and a gather submitted after this call sees it."""
+        self.loop.loop.call_soon_threadsafe(self.punctuality.judged, decoded, refused)
