@@ -93,7 +93,7 @@ from swarm.sync.compression import (
     unpack_message,
     working_dtype,
 )
-from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_share, majority_mean
+from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_of_own, kept_share, majority_mean
 
 Payload = dict[str, Compressed]
 DECODE_CHUNK = 1 << 20  # values of all voters' decoded tiles combined at a time (`_majorities`): 4 MB in float32,
@@ -211,15 +211,28 @@ class DeMoOptimizer:
         parameters is combined as it is decoded."""
         kept, self.evidence.record = self.trusted(gathered, own)
         voters = [gathered[i][1] for i in kept]
+        mine = [i for i in kept if gathered[i][0] == own]
         if len(gathered) == 2 and len(kept) == 2:  # neither of two moves a coordinate the other does not
             decoded = list(self._decoded(voters))
             kept = self._kept_two(gathered, decoded, own)
             combined: Iterable[tuple[list[str], torch.Tensor]] = (
                 (names, agreeing_minimum(group) if len(kept) == 2 else group[kept[0]]) for names, group in decoded
             )
+        elif len(kept) > 2 and mine:  # the vote must keep some of own's update (evidence.py `keeps_own`)
+            combined = list(self._majorities(voters))
+            alone = list(self._majorities([gathered[mine[0]][1]]))
+            keeps, self.kept.record = self.kept.keeps_own(own, kept_of_own(self._by_name(combined),
+                                                                           self._by_name(alone)))  # fmt: skip
+            if not keeps:
+                kept, combined = mine, alone
         else:
             combined = self._majorities(voters)
         return [gathered[i][0] for i in kept], self._scaled(combined)
+
+    def _by_name(self, combined: list[tuple[list[str], torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Groups of combined tiles (`_majorities`) as each parameter's tiles, by name (views, no copy)."""
+        return {name: tiles for names, group in combined
+                for name, tiles in zip(names, group.split([self.tiles[name][0] for name in names]))}  # fmt: skip
 
     def _scaled(self, combined: Iterable[tuple[list[str], torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         """Each parameter's combined update, (n_tiles, *tile), scaled to an RMS of 1, up by at most
