@@ -20,8 +20,8 @@ Of three or more, what those that count add up to must also keep some of own's u
 decodes to zero) or own's update negated were a majority of a lone replica's vote, which then
 froze it, or stepped it up its loss, every step (issue 57). Each round adds to a record (the
 pair of own and `THE_VOTE`) how much of own's update the vote keeps (`kept_of_own`: the share
-of own's sizes that their agreeing minimum keeps, or how far the vote goes along own over own's
-length, whichever is smaller); once its mean over the rounds remembered is at most
+of own's sizes that their agreeing minimum keeps, or the cosine of the angle between them,
+whichever is smaller); once its mean over the rounds remembered is at most
 `contradicted_at`, this replica steps on its own update alone. The same test as two senders'
 `kept_share`, with the vote in the other's place. What it does not stop: keys that leave own a
 little more than that, reshaping the rest (docs/trust.md).
@@ -143,15 +143,18 @@ def agreeing_minimum(changes: Sequence[torch.Tensor]) -> torch.Tensor:
 def kept_of_own(vote: Updates, own: Updates) -> float:
     """How much of own's update the vote keeps, out of 1 (own all zero: all of it): the smaller of
     the share of own's sizes, summed over its coordinates, that their agreeing minimum keeps, and
-    how far the vote goes along own, over own's length. Each sees what the other misses: a vote
-    that is own's few largest values alone goes far along own, yet keeps little of its
-    coordinates; one that is own with the signs of its largest values flipped keeps most of its
-    coordinates (the small ones), yet goes against it."""
+    the cosine of the angle between the vote and own (0 for a vote of zeros). Each sees what the
+    other misses: own with the signs of its largest values flipped keeps much of its coordinates
+    (the small ones), yet points against it; own shrunk a millionfold points its way, yet keeps
+    nothing. The angle, not how far the vote goes along own: a vote of many honest DeMo replicas
+    is small where only own sent a coefficient (8 replicas of the small block: it went 0.08 of own's
+    length along it, at an angle whose cosine was 0.25 or more: benchmarks/sync_vote.py)."""
     kept = sum(agreeing_minimum([vote[part], own[part]]).abs().sum(dtype=torch.float64) for part in own)
     size = sum(own[part].abs().sum(dtype=torch.float64) for part in own)
     along = sum((vote[part].double() * own[part].double()).sum() for part in own)
-    length = sum(own[part].double().pow(2).sum() for part in own)
-    return min(float(kept / size), float(along / length)) if size > 0 else 1.0
+    squares = [sum(u[part].double().pow(2).sum() for part in own) for u in (vote, own)]
+    cosine = float(along / (squares[0] * squares[1]).sqrt()) if squares[0] * squares[1] > 0 else 0.0
+    return min(float(kept / size), cosine) if size > 0 else 1.0
 
 
 def kept_share(a: Updates, b: Updates) -> tuple[float, float]:
