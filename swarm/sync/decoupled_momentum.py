@@ -225,7 +225,7 @@ class DeMoOptimizer:
             combined: Iterable[tuple[list[str], torch.Tensor]] = (
                 (names, agreeing_minimum(group) if len(kept) == 2 else group[kept[0]]) for names, group in decoded
             )
-        elif len(kept) > 2 and mine:  # the vote must keep some of own's update (evidence.py `keeps_own`)
+        elif len(gathered) > 2 and len(kept) > 1 and mine:  # the vote must keep some of own's (evidence.py `keeps_own`)
             combined = list(self._majorities(voters))
             alone = list(self._majorities([gathered[mine[0]][1]]))
             keeps, self.kept.record = self.kept.keeps_own(own, kept_of_own(self._by_name(combined),
