@@ -370,23 +370,62 @@ def test_of_two_senders_a_stranger_that_would_freeze_the_replica_leaves_and_it_t
     replica would move by its weight decay alone; the record of the share its step keeps drops
     the stranger, and the replica moves as a twin of it that trains alone on the same data."""
     demo = DeMoConfig(value_bits=value_bits)
-    blocks, (beside, alone) = replicas(tiny_config, 2, demo)
-    start = [p.detach().clone() for p in blocks[0].parameters()]
-    for step in range(10):
-        own = []
-        for block, replica in zip(blocks, (beside, alone)):
-            backward(block, tiny_windows, seed=step)  # the same data: the twin's update is the replica's
-            own.append(decode_payload(encode_payload(replica.make_payload(lr=2e-3), value_bits), replica))
-        if stranger == "zero values":
-            sent = {n: dataclasses.replace(c, values=torch.zeros_like(c.values)) for n, c in own[0].items()}
-        else:
-            sent = {}
-        voters = beside.apply([("r0", own[0]), ("r1", decode_payload(encode_payload(sent, value_bits), beside))], "r0")
-        alone.apply([("r0", own[1])], "r0")
-    assert voters == ["r0"]
+    voters, blocks, start = beside_a_twin_alone(tiny_config, tiny_windows, demo, FREE_KEYS[stranger], strangers=1)
+    assert voters[-1] == ["r0"]
     moved = distance(blocks[1].parameters(), start)
     decay_alone = (1 - (1 - demo.step_lr * demo.weight_decay) ** 10) * distance(start, [0 * p for p in start])
     assert moved > 10 * decay_alone  # the twin's steps are worth stopping
+    assert distance(blocks[0].parameters(), blocks[1].parameters()) <= 0.01 * moved
+
+
+def beside_a_twin_alone(config, windows, demo: DeMoConfig, send, strangers: int) -> tuple[list, list, list]:
+    """Ten steps of a replica beside `strangers` that each send `send` of its payload, and of its twin
+    alone on the same data: the voters of each step, both blocks (the replica's first), the start."""
+    blocks, (beside, alone) = replicas(config, 2, demo)
+    start = [p.detach().clone() for p in blocks[0].parameters()]
+    voters = []
+    for step in range(10):
+        own = []
+        for block, replica in zip(blocks, (beside, alone)):
+            backward(block, windows, seed=step)  # the same data: the twin's update is the replica's
+            own.append(decode_payload(encode_payload(replica.make_payload(lr=2e-3), demo.value_bits), replica))
+        sent = decode_payload(encode_payload(send(own[0]), demo.value_bits), beside)
+        voters.append(beside.apply([*[(f"k{i}", sent) for i in range(strangers)], ("r0", own[0])], "r0"))
+        alone.apply([("r0", own[1])], "r0")
+    return voters, blocks, start
+
+
+FREE_KEYS = {  # what two free keys send a lone replica, from its own payload (they can fetch it)
+    "zero values": lambda own: {n: dataclasses.replace(c, values=torch.zeros_like(c.values)) for n, c in own.items()},
+    "no parameter": lambda own: {},
+    "negated": lambda own: {n: dataclasses.replace(c, values=(-c.values.float()).to(c.values.dtype))
+                            for n, c in own.items()},  # fmt: skip
+    "largest signs flipped": lambda own: {n: dataclasses.replace(c, values=largest_flipped(c.values, 0.45))
+                                          for n, c in own.items()},  # fmt: skip
+}
+
+
+def largest_flipped(values: torch.Tensor, share: float) -> torch.Tensor:
+    """`values` with the signs of the largest `share` of them flipped: their agreeing minimum with
+    the originals keeps the small ones, while most of their size goes the other way."""
+    flat = values.float().flatten().clone()
+    flat[flat.abs().argsort(descending=True)[: int(share * flat.numel())]] *= -1
+    return flat.view_as(values).to(values.dtype)
+
+
+@pytest.mark.parametrize("keys", list(FREE_KEYS))
+def test_of_three_senders_two_free_keys_neither_freeze_nor_reverse_a_lone_replica(tiny_config, tiny_windows, keys):
+    """Issue 57: a lone replica beside two free keys that send a payload decoding to zero (no
+    fetch needed), or its own payload negated, or with the signs of its largest 45% of values
+    flipped. The two were a majority of its vote: nothing, the median of its update and two zeros,
+    moved it but weight decay; negated, they contradicted it out of the vote and stepped it up its
+    loss; flipped, the sign record kept them (most shared signs agree) and the step went against
+    its update. Now it always counts in its own vote, and a vote that keeps no more than `kept_at`
+    of its update (`Evidence.keeps_own`: of its sizes, or in its direction) is set aside: it moves
+    as a twin of it that trains alone on the same data."""
+    voters, blocks, start = beside_a_twin_alone(tiny_config, tiny_windows, DeMoConfig(), FREE_KEYS[keys], strangers=2)
+    assert voters == [["r0"]] * 10, voters
+    moved = distance(blocks[1].parameters(), start)
     assert distance(blocks[0].parameters(), blocks[1].parameters()) <= 0.01 * moved
 
 

@@ -5,7 +5,9 @@ announces itself as a replica of block 0 and answers every payload request with 
 payloads full of NaN (an honest replica that applied one would hold NaN weights), or replies
 that are garbage, off-schema, or claim a step of 10^12 (an honest replica that believed it
 would jump there and, with --max-steps, stop training). Beside a lone honest replica, two keys
-that claim a step 1000 ahead of every step asked move it within its jump budget alone.
+that claim a step 1000 ahead of every step asked move it within its jump budget alone, and two
+keys that send its own payload back negated, or payloads that decode to nothing, leave it
+training as it would alone.
 """
 
 from __future__ import annotations
@@ -17,11 +19,16 @@ import torch
 from safetensors.torch import load_file
 from swarm_helpers import tiny_swarm, wait_for
 
-from swarm.lab.attacks import HostileNode, HostileReplica, JumpClaims, LyingSyncReplies
-from swarm.model.data import load_corpus
+from swarm.lab.attacks import EmptyPayloads, HostileNode, HostileReplica, JumpClaims, LyingSyncReplies, NegatedEcho
+from swarm.model.data import Windows, load_corpus
+from swarm.model.denoiser import ModelConfig
 from swarm.peer.config import PeerConfig
-from swarm.sync.decoupled_momentum import DeMoConfig
-from swarm.sync.exchange import JUMP_SHARE, allowance_for
+from swarm.peer.life import replica_trainer
+from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer
+from swarm.sync.exchange import JUMP_SHARE, Exchange, allowance_for
+from swarm.sync.in_process import LocalBoard
+from swarm.sync.lockstep import DeMoSync
+from swarm.sync.strategy import train_step
 
 HONEST = ["--sync", "demo", "--wait-for-replicas", "3", "--max-steps", "8", "--save-every", "8",
           "--announce-period", "1", "--sync-deadline", "5", "--average-every", "0"]  # fmt: skip
@@ -82,6 +89,55 @@ def test_two_keys_reporting_a_step_ahead_on_every_step_move_a_lone_replica_withi
     assert config.lr_at(final.step - 1) > 1.01 * config.lr * config.min_lr_fraction
     assert "more than its jumps may still take" in log  # the keys were asked, and refused
     assert ("jumping from" in log) == (schedule is not None)  # on the default schedule, one late joiner's jump
+
+
+ECHO_STEPS = 6  # steps the lone replica trains beside the two keys
+
+
+@pytest.mark.parametrize("keys", ["negated", "empty"])
+def test_two_keys_that_send_a_lone_replicas_payload_negated_or_nothing_leave_it_training_as_alone(tmp_path, keys):
+    """Issue 57: two free keys fetch a lone honest replica's payload of each step (`rpc_payload`
+    serves anyone) and answer with it negated, or answer at once with a payload that decodes to
+    nothing. Two of three senders, they were a majority of its vote: negated, they contradicted it
+    out of the vote and stepped it up its loss; empty, the median was 0 and it moved by weight
+    decay alone. At the peer's defaults it counts in its own vote always, and a vote that keeps
+    no more than a tenth of its update is set aside (swarm/sync/evidence.py `keeps_own`), so every
+    step is its own: its checkpoint is, within float noise, that of the same replica replayed
+    here training alone."""
+    options = ["--sync", "demo", "--wait-for-replicas", "3", "--max-steps", str(ECHO_STEPS), "--save-every",
+               str(ECHO_STEPS), "--announce-period", "1", "--sync-deadline", "5", "--average-every", "0"]  # fmt: skip
+    with tiny_swarm(tmp_path, "turnedecho", {}) as (local, _, client):
+        config = client.directory.wait_for_model(30)
+        with HostileNode("turnedecho", local.initial_peers) as a, HostileNode("turnedecho", local.initial_peers) as b:
+            servicers = [NegatedEcho(node, config, 0, DeMoConfig(), 2e-3, [a.peer_id, b.peer_id]) if keys == "negated"
+                         else EmptyPayloads(0) for node in (a, b)]  # fmt: skip
+            for node, servicer in zip((a, b), servicers):
+                node.serve(servicer)
+                node.announce(0, lifetime_s=300)
+            honest = local.start_peer("r1", "0", options)
+            (record,) = wait_for(lambda: finished(client, 1), 150, "the honest replica to finish")
+        if keys == "negated":
+            assert all(len(echo.answered) >= ECHO_STEPS - 1 for echo in servicers), [e.answered for e in servicers]
+        assert "no payload from" not in honest.log()  # the keys' payloads came, every step
+        trained = load_file(local.workdir / "r1" / f"block_0_step_{ECHO_STEPS}.safetensors")
+        alone = replayed_alone(config, load_corpus(local.data).windows("train", config), record.peer_id)
+    assert max((trained[k] - alone[k]).abs().max().item() for k in alone) < 1e-6
+
+
+def replayed_alone(config: ModelConfig, windows: Windows, peer_id: str) -> dict:
+    """The weights of replica `peer_id` after ECHO_STEPS lockstep DeMo steps with no other replica,
+    as a peer at the defaults takes them (its start, batches and schedule), in one thread as the peers compute."""
+    trainer = replica_trainer(config, 0, windows, PeerConfig(max_steps=ECHO_STEPS).train_config(), peer_id)
+    exchange = Exchange(LocalBoard(deadline=1.0).transport(peer_id), peer_id, replica_ids=list)
+    sync = DeMoSync(DeMoOptimizer(trainer.module, DeMoConfig(), trainer.config.lr), exchange)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(ECHO_STEPS):
+            train_step(trainer, sync)
+    finally:
+        torch.set_num_threads(threads)
+    return trainer.module.state_dict()
 
 
 def finished(client, replicas: int) -> list:

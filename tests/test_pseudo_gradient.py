@@ -176,20 +176,57 @@ def test_of_two_senders_one_that_would_freeze_the_replica_leaves_and_it_steps_on
     negated, where the agreeing minimum would keep nothing; nothing at all; or the change shrunk
     a millionfold, where it would keep a millionth. The record shows the share kept at or below
     `contradicted_at`, the stranger leaves, and the replica's anchor moves by its own change."""
+    steps_on_its_own_beside(tiny_config, FREEZERS[stranger], strangers=1)
+
+
+def steps_on_its_own_beside(config, turn, strangers: int) -> OuterOptimizer:
+    """Four rounds of one replica beside `strangers` that each send its own change `turn`ed (as
+    decoded: they can fetch the payload), asserting that each round applies its own change alone."""
     outer = OuterConfig(compression="none")
-    replica = moved_replica(tiny_config, outer, scale=0.0)
+    replica = moved_replica(config, outer, scale=0.0)
     for round_ in range(4):
         change = correlated_change(replica, seed=0, round_=round_)
         with torch.no_grad():
             for name, param in replica.params.items():
                 param.copy_(replica.anchor[name] - change[name])
         own = replica.decode(replica.make_payload())
-        strange = {n: FREEZERS[stranger](c) for n, c in own.items()}
-        theirs = replica.decode(moved_by(tiny_config, outer, strange).make_payload())
+        theirs = replica.decode(moved_by(config, outer, {n: turn(c) for n, c in own.items()}).make_payload())
         before = {name: a.clone() for name, a in replica.anchor.items()}
-        assert replica.apply(senders([own, theirs]), "r0") == ["r0"], round_
+        assert replica.apply(senders([own, *[theirs] * strangers]), "r0") == ["r0"], (round_, replica.evidence.record)
         for name, anchor in replica.anchor.items():
             assert torch.equal(anchor, before[name] - own[name]), (round_, name)
+    return replica
+
+
+def largest_flipped(change: torch.Tensor, share: float = 0.45) -> torch.Tensor:
+    """`change` with the signs of its largest `share` of values flipped (their agreeing minimum with it
+    keeps the small ones, while most of its size goes the other way)."""
+    flat = change.flatten().clone()
+    flat[flat.abs().argsort(descending=True)[: int(share * flat.numel())]] *= -1
+    return flat.view_as(change)
+
+
+FREE_KEYS = {**FREEZERS, "largest signs flipped": largest_flipped}
+
+
+@pytest.mark.parametrize("stranger", list(FREE_KEYS))
+def test_of_three_senders_two_free_keys_that_would_freeze_the_replica_leave_it_stepping_on_its_own_change(
+    tiny_config, stranger
+):
+    """Issue 57: two free keys send a lone replica's own change negated, nothing, shrunk a
+    millionfold, or with the signs of its largest 45% of values flipped, round after round. They
+    were a majority of its vote: the median of its change and theirs is theirs, so its anchor
+    moved back up its loss, not at all, or against its change, and its local steps were thrown
+    away each round. Now a vote that keeps no more than `contradicted_at` of its own change (of
+    its sizes, or in its direction) is set aside (`Evidence.keeps_own`), and its anchor moves by
+    its own change. Three replicas whose changes share a common part keep each other."""
+    steps_on_its_own_beside(tiny_config, FREE_KEYS[stranger], strangers=2)
+    outer = OuterConfig(compression="none")
+    honest = moved_replica(tiny_config, outer, scale=0.0)
+    for round_ in range(4):
+        changes = [correlated_change(honest, seed, round_) for seed in range(3)]
+        gathered = senders(honest.decode(moved_by(tiny_config, outer, c).make_payload()) for c in changes)
+        assert honest.apply(gathered, "r0") == ["r0", "r1", "r2"], (round_, honest.evidence.record)
 
 
 def test_two_honest_replicas_keep_each_other_and_stay_identical(tiny_config):

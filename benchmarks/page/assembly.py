@@ -31,6 +31,7 @@ SECTIONS: dict[str, tuple[str, Renderer]] = {  # results folder: its section's h
     "chaos": ("Chaos", network.chaos),
     "spot_check_noise": ("How many windows a spot check needs", trust.spot_check_noise),
     "attacks": ("Attacks", trust.attacks),
+    "sync_vote": ("The sync vote beside free keys", trust.sync_vote),
     "identity_cost": ("Identity cost", trust.identity_cost),
     "fuzz": ("Fuzzing", trust.fuzz),
     "health": ("Health page", network.health),

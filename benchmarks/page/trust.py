@@ -179,3 +179,32 @@ def fuzz(folder: Folder) -> list[str]:
         table(["decoder", "inputs", "accepted", "refused", "anything else"], decoders),
         ["What went wrong, first of each kind:", "", *findings, ""] if findings else "",
     )  # fmt: skip
+
+
+def sync_vote(folder: Folder) -> list[str]:
+    """sync_vote.json: honest replicas' votes (set aside or not, parted or not) and one replica beside free keys."""
+    v = folder.json("sync_vote.json")
+    honest = [honest_vote(mode, run) for mode, runs in v["honest"].items() for run in runs]
+    attacked = [[mode, plain(name), fixed(row.num("loss_over_alone")), yes(row["met"]), plain(row["on_own_alone"])]
+                for mode, rows in v["attacks"].items()
+                for name, row in rows.items() if isinstance(row, Node)]  # fmt: skip
+    return section(
+        "The sync vote of three senders or more, in one process (the optimizers the peers run, no network): a replica "
+        "counts in its own vote always, and sets aside a vote that keeps no more than a tenth of its update, of its "
+        "sizes or in its direction (the cosine; `swarm/sync/evidence.py` `keeps_own`). Honest: n replicas of one "
+        "block on their own batches, every payload gathered by every replica (parted: the first step, or outer "
+        "round, after which they no longer held the same weights; none: never). Attacks: one replica beside k free "
+        "keys that send its own payload turned against it, its validation loss over the same replica's alone (issue "
+        "57's bound: 1.05), and the steps (outer: rounds) it took on its own update alone.",
+        command("sync_vote.py", {}),
+        settings(v["settings"]),
+        table(["mode", "replicas", "steps or rounds", "votes set aside", "parted at", "least share kept"], honest),
+        table(["mode", "what the keys send", "loss over alone", "met", "on its own alone"], attacked),
+    )
+
+
+def honest_vote(mode: str, run: Node) -> list[str]:
+    """One honest run's row: an outer run counts rounds, a DeMo run steps."""
+    unit = "round" if mode == "outer" else "step"
+    return [mode, plain(run["replicas"]), plain(run[f"{unit}s"]), plain(run["votes_set_aside"]),
+            plain(run[f"first_parted_{unit}"]), fixed(run.num("least_kept_share"))]  # fmt: skip

@@ -33,6 +33,8 @@ with the project's own code, or with a few lines around hivemind.
   - `HostileReplica`: a DeMo replica that trains like an honest one and sends, each step, its
     own update (under a fingerprint of its own, which tells the others they drifted), negated,
     at the largest values allowed against it, with random signs, or NaN;
+  - `EmptyPayloads`: a key that answers each step at once with a DeMo payload naming no parameter
+    (it decodes, and votes 0 everywhere);
   - `NegatedEcho`: a key that answers each step with the honest replicas' payload of that step,
     fetched from them, negated (two such keys outvoted a lone replica in a vote that counted keys);
   - `MergePoisoner`: a `HostileReplica` sending honest updates that, at the merge step the
@@ -584,6 +586,23 @@ class HostileReplica(Impersonating, PayloadServicer):
                 signs = torch.randint(0, 2, values.shape, generator=self.rng) * 2 - 1
                 values = signs.float() * values.abs().clamp(min=1e-8)
             yield name, dataclasses.replace(sent, values=values.to(sent.values.dtype))
+
+
+class EmptyPayloads(Impersonating, PayloadServicer):
+    """Answers every poll at once with a DeMo payload that names no parameter: it decodes, and a
+    voter that sent nothing for a parameter votes 0 there. Two such keys beside a lone honest
+    replica were a majority of its vote, whose median was then 0: it moved by weight decay alone
+    (issue 57). Costs the keys nothing: no training, no fetch."""
+
+    imitates = PayloadServicer
+
+    def __init__(self, block: int, value_bits: int = DeMoConfig.value_bits):
+        super().__init__(block, deadline=5.0)
+        self.empty = encode_payload({}, value_bits)
+
+    async def _payload(self, request: runtime_pb2.ExpertRequest) -> PayloadReply:
+        step = PayloadRequest.decode(request.metadata).step
+        return PayloadReply(status="ok", payload=self.empty, fingerprint=b"\0" * 8, newest_step=step)
 
 
 class NegatedEcho(Impersonating, PayloadServicer):

@@ -9,9 +9,22 @@ and at most `contradicted_at` of it agreed. The record follows from the sets a r
 applied alone, so replicas that applied the same sets judge the same way.
 
 Who then counts: of three senders or more, every one but those a strict majority of the
-others contradict (unless that leaves no majority: then all). Of two, neither can outvote
+others contradict (unless that leaves no majority: then all), and `own`, this replica itself,
+always (in an open swarm a majority of the others may be free keys, and their contradicting
+the update this replica computed itself is no evidence against it). Of two, neither can outvote
 the other: both count until the pair contradicts, then only `own`, this replica itself (the
 other may be the honest one: each replica steps on its own, which no stranger can freeze).
+
+Of three or more, what those that count add up to must also keep some of own's update
+(`keeps_own`): in an open swarm keys are free, and two keys that send nothing (a payload that
+decodes to zero) or own's update negated were a majority of a lone replica's vote, which then
+froze it, or stepped it up its loss, every step (issue 57). Each round adds to a record (the
+pair of own and `THE_VOTE`) how much of own's update the vote keeps (`kept_of_own`: the share
+of own's sizes that their agreeing minimum keeps, or the cosine of the angle between them,
+whichever is smaller); once its mean over the rounds remembered is at most
+`contradicted_at`, this replica steps on its own update alone. The same test as two senders'
+`kept_share`, with the vote in the other's place. What it does not stop: keys that leave own a
+little more than that, reshaping the rest (docs/trust.md).
 
 What the updates of those that count add up to, coordinate by coordinate, is here too:
 `majority_mean` and, of two senders, `agreeing_minimum` (DeMo's step and the outer step each
@@ -26,6 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+THE_VOTE = "(the vote)"  # in a record, what those that count make together (no peer id is this): `keeps_own`
 FORGOTTEN_BELOW = 0.01  # a pair's record is dropped once its compared count has decayed below this (senders gone)
 Record = dict[tuple[str, str], tuple[float, float]]  # per pair of senders (sorted): agreed and compared, decayed
 Comparison = Callable[[int, int], tuple[float, float]]  # senders i, j: what they agreed on, what was compared
@@ -62,8 +76,15 @@ class Evidence:
         if len(senders) == 2:
             return ([senders.index(own)] if contradicted[0] and own in senders else [0, 1]), record
         others = len(senders) - 1
-        kept = [i for i, count in enumerate(contradicted) if 2 * count <= others]
+        kept = [i for i, count in enumerate(contradicted) if 2 * count <= others or senders[i] == own]
         return (kept if 2 * len(kept) > len(senders) else list(range(len(senders)))), record
+
+    def keeps_own(self, own: str, share: float) -> tuple[bool, Record]:
+        """Whether the vote of three senders or more counts, with this round's `share` of own's
+        update that it keeps (`kept_of_own`) in the record (kept by the caller, as in `judged`):
+        not once the mean share over the rounds remembered is at most `contradicted_at`."""
+        kept, record = self.judged([own, THE_VOTE], lambda i, j: (share, 1.0), own)
+        return len(kept) == 2, record
 
 
 def majority_mean(changes: list[torch.Tensor]) -> torch.Tensor:
@@ -117,6 +138,23 @@ def agreeing_minimum(changes: Sequence[torch.Tensor]) -> torch.Tensor:
     (the unanimity of two senders: neither moves a coordinate further than, or another way than, the other)."""
     a, b = changes
     return torch.where(a.sign() == b.sign(), a.sign() * torch.minimum(a.abs(), b.abs()), 0.0)
+
+
+def kept_of_own(vote: Updates, own: Updates) -> float:
+    """How much of own's update the vote keeps, out of 1 (own all zero: all of it): the smaller of
+    the share of own's sizes, summed over its coordinates, that their agreeing minimum keeps, and
+    the cosine of the angle between the vote and own (0 for a vote of zeros). Each sees what the
+    other misses: own with the signs of its largest values flipped keeps much of its coordinates
+    (the small ones), yet points against it; own shrunk a millionfold points its way, yet keeps
+    nothing. The angle, not how far the vote goes along own: a vote of many honest DeMo replicas
+    is small where only own sent a coefficient (8 replicas of the small block: it went 0.08 of own's
+    length along it, at an angle whose cosine was 0.25 or more: benchmarks/sync_vote.py)."""
+    kept = sum(agreeing_minimum([vote[part], own[part]]).abs().sum(dtype=torch.float64) for part in own)
+    size = sum(own[part].abs().sum(dtype=torch.float64) for part in own)
+    along = sum((vote[part].double() * own[part].double()).sum() for part in own)
+    squares = [sum(u[part].double().pow(2).sum() for part in own) for u in (vote, own)]
+    cosine = float(along / (squares[0] * squares[1]).sqrt()) if squares[0] * squares[1] > 0 else 0.0
+    return min(float(kept / size), cosine) if size > 0 else 1.0
 
 
 def kept_share(a: Updates, b: Updates) -> tuple[float, float]:

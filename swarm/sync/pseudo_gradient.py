@@ -80,7 +80,7 @@ from swarm.sync.compression import (
     unpack_message,
     working_dtype,
 )
-from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_share, majority_mean
+from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_of_own, kept_share, majority_mean
 
 COMPRESSIONS = ("dct", "raw", "none")
 Changes = dict[str, torch.Tensor]  # decoded pseudo-gradient, by parameter name
@@ -165,7 +165,8 @@ class OuterOptimizer:
     def apply(self, gathered: Sequence[tuple[str, Changes]], own: str, progress: Changes | None = None) -> list[str]:
         """The outer step on the gathered (sender, changes) pairs that count (`trusted`; `own` is
         this replica's sender name): of two, their agreeing minimum, or this replica's own changes
-        once the other leaves; of one, or three and more, what a majority vouches for. Every
+        once the other leaves; of one, or three and more, what a majority vouches for, unless it
+        keeps too little of own's change (`Evidence.keeps_own`: then own's alone). Every
         replica's weights become the new anchor, plus `progress` where given: the change of its
         own local steps since it made the payload (an overlapped round, applied some steps late).
         With nothing to apply (every payload refused, our own included) the round changes
@@ -175,9 +176,14 @@ class OuterOptimizer:
         kept, self.evidence.record = self.trusted(gathered, own)
         applied = [gathered[i][1] for i in kept]
         combine = agreeing_minimum if len(applied) == 2 else majority_mean
+        updates = {name: combine([changes[name] for changes in applied]) for name in self.params}
+        mine = [i for i in kept if gathered[i][0] == own]
+        if len(gathered) > 2 and len(kept) > 1 and mine:  # the vote must keep some of own's (evidence.py `keeps_own`)
+            keeps, self.evidence.record = self.evidence.keeps_own(own, kept_of_own(updates, gathered[mine[0]][1]))
+            if not keeps:
+                kept, updates = mine, gathered[mine[0]][1]
         for name, param in self.params.items():
-            update = combine([changes[name] for changes in applied])
-            self.anchor[name].sub_(update, alpha=self.config.outer_lr)
+            self.anchor[name].sub_(updates[name], alpha=self.config.outer_lr)
             param.copy_(self.anchor[name])
             if progress is not None:
                 param.add_(progress[name])
