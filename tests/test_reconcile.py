@@ -61,8 +61,11 @@ def test_a_liar_among_three_drifted_replicas_cannot_move_a_weight_outside_the_ho
         assert bool(((low <= merged) & (merged <= high)).all()), (lie, merged)
 
 
-def test_two_replicas_that_disagree_change_nothing():
-    assert median_of([voice("aa", 1, 0.1), voice("bb", 1, 5.0)]) is None
+def test_the_median_of_two_voices_of_equal_weight_is_their_mean():
+    """Of two checkpoints that pass in an open swarm (one voice each), the median was the lower of
+    the two at every coordinate: each merge pulled every weight down."""
+    merged = median_of([voice("aa", 1, 0.1, 4.0), voice("bb", 1, 0.3, -2.0)], keys_count=False)["w"]
+    assert torch.allclose(merged, torch.tensor([0.2, 1.0]))
 
 
 def test_in_an_open_swarm_the_keys_behind_a_checkpoint_add_no_weight():
@@ -194,8 +197,8 @@ def test_in_an_open_swarm_a_strangers_made_up_fingerprint_alone_does_not_decide_
 
 
 def lowered(block: torch.nn.Module) -> torch.nn.Module:
-    """A copy of `block` with every weight lowered by twice its tensor's RMS and more: below the
-    block's own value at every coordinate, so the lower median of the two is this copy bit for bit."""
+    """A copy of `block` with every weight lowered by twice its tensor's RMS and more: the median
+    of the two moves every weight of the block down by its tensor's RMS or more."""
     copied = copy.deepcopy(block)
     with torch.no_grad():
         for param in copied.parameters():
@@ -208,8 +211,8 @@ def test_two_free_keys_announcing_a_poisoned_checkpoint_at_the_merge_step_leave_
 ):
     """Issue 57, A6: one honest replica, and two free keys on 127.0.0.1 that announce one checkpoint
     stamped at the merge step: the replica's own weights, each lowered (`lowered`), so that without
-    the spot check the median of own and theirs is the poison bit for bit (counted by keys, two
-    against one, it was too). At the peer's defaults (its deadline, a spot check on private windows
+    the spot check the median of own and theirs is half poison (counted by keys, two against one,
+    it was the poison bit for bit). At the peer's defaults (its deadline, a spot check on private windows
     of its text, an open swarm), the poison measures far worse than the replica's own weights and
     takes no part: the replica's loss on held-out windows stays within 1.05x of its own."""
     step = PeerConfig().average_every
@@ -238,3 +241,34 @@ def test_two_free_keys_announcing_a_poisoned_checkpoint_at_the_merge_step_leave_
     assert after <= 1.05 * before, (before, after, caplog.text)
     assert not all(torch.equal(p, q) for p, q in zip(honest.parameters(), poison.parameters()))
     assert "takes no part in the merge" in caplog.text
+
+
+def test_a_replica_whose_own_weights_measure_worse_than_two_others_takes_their_checkpoint(
+    start, tiny_config, text_file, tmp_path
+):
+    """A laptop that dozed and trained alone: its weights trained 10 steps, the others' 60 (one
+    checkpoint, two hosts on 127.0.0.1). At the peer's defaults its own weights measure worse than
+    theirs by more than `NOISE` on its private windows, so they take no part in the median, and it
+    takes the others' weights bit for bit. Before, its own always took part: the median of its
+    weights and theirs left it apart from them, round after round (tests/test_sync.py's dozing
+    replica)."""
+    step = PeerConfig().average_every
+    corpus = load_corpus(str(text_file))
+    trainer = block_trainer(tiny_config, 0, corpus.windows("train", tiny_config), TrainConfig(batch_size=16, seed=3))
+    for _ in range(10):
+        trainer.step()
+    dozed = copy.deepcopy(trainer.module)
+    for _ in range(50):
+        trainer.step()
+    ahead = trainer.module
+    keys = [start(f"key{i}") for i in range(2)]
+    infos = [key.store.save(ahead, step) for key in keys]
+    own_info = CheckpointStore(tmp_path / "own", tiny_config, 0, HOSTS_SWARM).save(dozed, step)
+    own = BlockAnnouncement(peer_id="dozed", state="training", step=step, checkpoint=own_info)
+    with client_of(*keys) as client:
+        spot_check = SpotCheck.from_corpus(corpus, tiny_config)
+        merge = ReconcileRound(client.p2p, client.loop, tiny_config, 0, b"dozed key",
+                               lambda: [key.host(info) for key, info in zip(keys, infos)], RECONCILE_DEADLINE_S,
+                               spot_check, lambda: client.directory.keys_count)  # fmt: skip
+        assert merge.run(dozed, own, replicas=2) is True
+    assert all(torch.equal(p, q) for p, q in zip(dozed.parameters(), ahead.parameters()))

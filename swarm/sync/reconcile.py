@@ -8,14 +8,18 @@ downloads the distinct ones all at once within the round's one deadline, verifie
 (swarm/checkpoints/measure.py, spot_check.py), and takes the coordinate-wise median of its own
 weights and the others' that passed.
 
-Evidence first. A downloaded checkpoint takes part only if it measures within `NOISE` of this
-replica's own weights or better, on the same windows and draws (`passed`); its own weights always
-take part. A checkpoint is a claim, whoever announces it: two free keys that announced one
-checkpoint at the merge step beside a lone replica were a strict majority of the voices, the
-median was their tensors bit for bit, and the replica then saved and announced them under its
-honest key (issue 57). Now nothing that measures worse than what the replica holds reaches its
-weights. Left open: a checkpoint that measures as well as own (within `NOISE`) and is bad where the
-spot check does not look, which no measurement here can tell from an honest one.
+Evidence first. A downloaded checkpoint takes part only if it measures within `NOISE` of the best
+of the round, this replica's own weights included, on the same windows and draws (`_passed`). A
+checkpoint is a claim, whoever announces it: two free keys that announced one checkpoint at the
+merge step beside a lone replica were a strict majority of the voices, the median was their
+tensors bit for bit, and the replica then saved and announced them under its honest key (issue
+57). Now nothing that measures worse than what the replica holds reaches its weights. Its own
+weights take part on the same terms: a replica that dozed and trained alone meanwhile measures
+worse than the others, and takes their weights instead of pulling the median its way (before, it
+stayed apart round after round). Left open: a checkpoint that measures as well as the best (within
+`NOISE`) and is bad where the spot check does not look, which no measurement here can tell from an
+honest one; one that measures better than own by more than `NOISE` now replaces it, where before
+it was averaged with it.
 
 How the checkpoints that passed are weighed depends on what a key costs (`SwarmDirectory.keys_count`):
 - in an open swarm (the default) a key is free, so a count of keys is no evidence: each distinct
@@ -96,19 +100,22 @@ class Voice:
 
 def weighted_median(stacked: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """The coordinate-wise weighted median of `stacked` (groups x ...) with one weight per group:
-    at each coordinate, the smallest value whose cumulative weight reaches half of the total."""
+    at each coordinate, the smallest value whose cumulative weight reaches half of the total, or,
+    where it reaches exactly half, the mean of that value and the next (of two voices, their mean:
+    the smaller alone pulled every merged weight down)."""
     values, order = stacked.sort(dim=0)
     cumulative = weights.to(stacked.device)[order].cumsum(dim=0)
-    first = (cumulative * 2 >= weights.sum()).to(torch.int8).argmax(dim=0, keepdim=True)
-    return values.gather(0, first).squeeze(0)
+    total = weights.sum().to(stacked.device)
+    first = (cumulative * 2 >= total).to(torch.int8).argmax(dim=0, keepdim=True)
+    low = values.gather(0, first)
+    high = values.gather(0, (first + 1).clamp(max=len(stacked) - 1))
+    return torch.where(cumulative.gather(0, first) * 2 == total, (low + high) / 2, low).squeeze(0)
 
 
-def median_of(voices: list[Voice], keys_count: bool = True) -> dict[str, torch.Tensor] | None:
+def median_of(voices: list[Voice], keys_count: bool = True) -> dict[str, torch.Tensor]:
     """The coordinate-wise median of the voices' tensors, each weighted by its vouchers where `keys_count`,
-    else one each (module docstring); None when fewer than `MIN_VOICES` vouchers speak. A voice that
-    outweighs all the others together is returned as it is."""
-    if sum(v.vouchers for v in voices) < MIN_VOICES:
-        return None
+    else one each (module docstring). A voice that outweighs all the others together is returned as it
+    is. Whether enough voices spoke for a median is the round's to judge (`ReconcileRound.run`)."""
     voices = sorted(voices, key=lambda v: v.sha256)
     weights = torch.tensor([float(v.vouchers) if keys_count else 1.0 for v in voices], device="cpu")
     leader = int(weights.argmax())
@@ -199,20 +206,19 @@ class ReconcileRound:
         if measured is None:
             logger.info("step %d: stopping: the merge round ends, weights kept", checkpoint.step)
             return None
-        passed = self._passed(module, measured, checkpoint.step)
+        own_passes, passed = self._passed(module, measured, checkpoint.step)
         weights = weigh(own_host, {c: groups[c] for c in [checkpoint, *(m.candidate.checkpoint for m in passed)]
                                    if c in groups})  # fmt: skip
-        if not passed and sum(weights.values()) >= MIN_VOICES:
+        if (heard := sum(weights.values())) < MIN_VOICES:  # downloads that failed or did not pass
+            logger.info("step %d: only %d voices' checkpoints arrived and measured as well as the best of the round "
+                        "(%d needed to judge): weights kept", checkpoint.step, heard, MIN_VOICES)  # fmt: skip
+            return None
+        if not passed:
             return False  # every voice that counts holds these very weights: they are the median already
-        voices = [Voice(checkpoint.sha256, _tensors(module), weights[checkpoint])]
+        voices = [Voice(checkpoint.sha256, _tensors(module), weights[checkpoint])] if own_passes else []
         voices += [Voice(m.candidate.checkpoint.sha256, self._tensors_of(m, module), weights[m.candidate.checkpoint])
                    for m in passed]  # fmt: skip
         merged = median_of(voices, self.keys_count())
-        if merged is None:  # downloads that failed or did not pass: fewer voices than announced
-            logger.info("step %d: only %d voices' checkpoints arrived and measured as well as this replica's own "
-                        "(%d needed to judge): weights kept", checkpoint.step, sum(weights.values()),
-                        MIN_VOICES)  # fmt: skip
-            return None
         return self._adopt(module, merged, checkpoint.step)
 
     def _checkpoints_of(self, own: CheckpointInfo, replicas: int, started: float) -> dict[CheckpointInfo, list[Host]]:
@@ -276,20 +282,29 @@ class ReconcileRound:
             logger.warning("block %d: the others' checkpoints were not measured in time: none takes part", self.block)
             return []
 
-    def _passed(self, module: torch.nn.Module, measured: list[Measured], step: int) -> list[Measured]:
-        """Those of `measured` whose loss is within `NOISE` of this replica's own weights' or better, on the
-        same windows and draws (a NaN passes nothing); the others are logged."""
+    def _passed(self, module: torch.nn.Module, measured: list[Measured], step: int) -> tuple[bool, list[Measured]]:
+        """Whether this replica's own weights take part, and which of `measured` do: those whose loss
+        is within `NOISE` of the best of the round, own included, on the same windows and draws (a
+        NaN passes nothing); the others are logged. Own weights that measure worse than that (a
+        replica that dozed and trained alone meanwhile) give way to the better ones, so it is
+        brought back to the others, not averaged with them."""
         if not measured:
-            return []
-        own, passed = self.spot_check.measure(self._on_cpu(module), self.config, self.block), []
+            return True, []
+        own = self.spot_check.measure(self._on_cpu(module), self.config, self.block)
+        best = min((loss for loss in [own, *(m.loss for m in measured)] if math.isfinite(loss)), default=math.inf)
+        passed = []
         for m in measured:
-            if m.loss <= own + NOISE:
+            if m.loss <= best + NOISE:
                 passed.append(m)
             else:
                 logger.warning("step %d: the checkpoint %s of %s takes no part in the merge: it measures %.3f here, "
-                               "more than %.3f above this replica's own %.3f", step, m.candidate.checkpoint.sha256[:12],
-                               sorted(h.peer_id for h in m.candidate.hosts)[:3], m.loss, NOISE, own)  # fmt: skip
-        return passed
+                               "more than %.3f above the best of the round, %.3f (this replica's own: %.3f)", step,
+                               m.candidate.checkpoint.sha256[:12], sorted(h.peer_id for h in m.candidate.hosts)[:3],
+                               m.loss, NOISE, best, own)  # fmt: skip
+        if own > best + NOISE:
+            logger.info("step %d: this replica's own weights measure %.3f, more than %.3f above the best of the round "
+                        "(%.3f): they take no part in the merge", step, own, NOISE, best)  # fmt: skip
+        return own <= best + NOISE, passed
 
     def _on_cpu(self, module: torch.nn.Module) -> torch.nn.Module:
         """A copy of `module`'s weights in a block on the CPU: measured as the downloaded ones are."""
