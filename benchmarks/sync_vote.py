@@ -1,10 +1,10 @@
 """The sync vote of three senders or more against free keys, and what it costs honest replicas.
 
 Issue 57: in an open swarm keys are free, so k keys beside a lone replica are a majority of its
-vote. A replica always counts in its own vote, and a vote that keeps no more than a tenth of its
-update (of its sizes, or in its direction: swarm/sync/evidence.py `keeps_own`) is set aside for its own
-update alone. This measures both sides, in one process (the optimizers the peers run, no network),
-on block --block of benchmarks/sync.py's small model and the built-in corpus:
+vote. A vote that keeps no more than a tenth of a replica's update (of its sizes, or in its
+direction: swarm/sync/evidence.py `keeps_own`) is set aside for its own update alone. This
+measures both sides, in one process (the optimizers the peers run, no network), on block --block
+of benchmarks/sync.py's small model and the built-in corpus:
 - honest: n replicas (3, 4, 8) on their own batches, every payload gathered by every replica:
   how often a replica set its vote aside, whether they stayed identical, and the least share of
   a replica's update its vote kept (the record's mean), for DeMo at 16 and 1 bits and outer steps;

@@ -420,9 +420,9 @@ def test_of_three_senders_two_free_keys_neither_freeze_nor_reverse_a_lone_replic
     flipped. The two were a majority of its vote: nothing, the median of its update and two zeros,
     moved it but weight decay; negated, they contradicted it out of the vote and stepped it up its
     loss; flipped, the sign record kept them (most shared signs agree) and the step went against
-    its update. Now it always counts in its own vote, and a vote that keeps no more than `kept_at`
-    of its update (`Evidence.keeps_own`: of its sizes, or in its direction) is set aside: it moves
-    as a twin of it that trains alone on the same data."""
+    its update. Now a vote that keeps no more than `kept_at` of its update (own in it or not;
+    `Evidence.keeps_own`: of its sizes, or in its direction) is set aside: it moves as a twin of
+    it that trains alone on the same data."""
     voters, blocks, start = beside_a_twin_alone(tiny_config, tiny_windows, DeMoConfig(), FREE_KEYS[keys], strangers=2)
     assert voters == [["r0"]] * 10, voters
     moved = distance(blocks[1].parameters(), start)

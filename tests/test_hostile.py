@@ -100,10 +100,9 @@ def test_two_keys_that_send_a_lone_replicas_payload_negated_or_nothing_leave_it_
     serves anyone) and answer with it negated, or answer at once with a payload that decodes to
     nothing. Two of three senders, they were a majority of its vote: negated, they contradicted it
     out of the vote and stepped it up its loss; empty, the median was 0 and it moved by weight
-    decay alone. At the peer's defaults it counts in its own vote always, and a vote that keeps
-    no more than a tenth of its update is set aside (swarm/sync/evidence.py `keeps_own`), so every
-    step is its own: its checkpoint is, within float noise, that of the same replica replayed
-    here training alone."""
+    decay alone. At the peer's defaults a vote that keeps no more than a tenth of its update is set
+    aside (swarm/sync/evidence.py `keeps_own`), so every step is its own: its checkpoint is, within
+    float noise, that of the same replica replayed here training alone."""
     options = ["--sync", "demo", "--wait-for-replicas", "3", "--max-steps", str(ECHO_STEPS), "--save-every",
                str(ECHO_STEPS), "--announce-period", "1", "--sync-deadline", "5", "--average-every", "0"]  # fmt: skip
     with tiny_swarm(tmp_path, "turnedecho", {}) as (local, _, client):

@@ -190,8 +190,8 @@ def sync_vote(folder: Folder) -> list[str]:
                 for name, row in rows.items() if isinstance(row, Node)]  # fmt: skip
     return section(
         "The sync vote of three senders or more, in one process (the optimizers the peers run, no network): a replica "
-        "counts in its own vote always, and sets aside a vote that keeps no more than a tenth of its update, of its "
-        "sizes or in its direction (the cosine; `swarm/sync/evidence.py` `keeps_own`). Honest: n replicas of one "
+        "sets aside a vote that keeps no more than a tenth of its update, of its sizes or in its direction (the "
+        "cosine; `swarm/sync/evidence.py` `keeps_own`). Honest: n replicas of one "
         "block on their own batches, every payload gathered by every replica (parted: the first step, or outer "
         "round, after which they no longer held the same weights; none: never). Attacks: one replica beside k free "
         "keys that send its own payload turned against it, its validation loss over the same replica's alone (issue "

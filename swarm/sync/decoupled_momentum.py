@@ -33,10 +33,10 @@ strict majority of the others contradict on the sign of the DCT coefficients the
 (an update negated or sent against its own direction) leaves the vote
 (`DeMoOptimizer.trusted`: judged on the counts of the last ~10 steps), and the honest ones'
 disagreements are settled between them. Replicas that gathered the same sets compute the same update.
-This replica's own payload always votes here, and a vote of three or more that keeps no more than
-`kept_at` of its own update (of its sizes, or in its direction) is set aside for its own update
-alone (evidence.py `keeps_own`): in an open swarm two free keys are a majority beside a lone
-replica, and payloads that decode to nothing, or its own negated, froze or reversed it (issue 57).
+This replica's own payload is judged as the others' are, and a vote of three or more that keeps
+no more than `kept_at` of its own update (of its sizes, or in its direction) is set aside for its
+own update alone (evidence.py `keeps_own`): in an open swarm two free keys are a majority beside a
+lone replica, and payloads that decode to nothing, or its own negated, froze or reversed it (issue 57).
 
 Two senders (a block with two replicas, or one replica and a stranger) cannot outvote each
 other, so the rule there is unanimity, by the smaller of the two (`agreeing_minimum`), and the
@@ -179,7 +179,7 @@ class DeMoOptimizer:
         `own` is this replica's sender name. Returns the senders that voted. Where nothing has to
         be judged on the whole step first, each group of parameters is stepped as soon as its
         direction is known (at 60 M parameters, 240 MB the allocator would hand out and take back
-        every step); a vote of two senders, or of three or more with own among them, is judged
+        every step); a vote of two senders, or of three or more, own's among them, is judged
         whole (`_directions`)."""
         voters, directions = self._directions(gathered, own)
         self._take(directions)
@@ -212,20 +212,20 @@ class DeMoOptimizer:
         """`step`'s voters, with the records kept now, and its directions as they are computed,
         parameter by parameter. Of two senders that the signs of their coefficients leave
         together, the step's kept share is judged too (`_kept_two`), so both updates are decoded
-        before either counts (twice the block's size in memory); of three or more with own among
+        before either counts (twice the block's size in memory); of three or more, own's among
         them, the vote and own's update alone are both computed whole before either is taken
         (`keeps_own`: twice the block's size too); otherwise each group of parameters is
         combined as it is decoded."""
         kept, self.evidence.record = self.trusted(gathered, own)
         voters = [gathered[i][1] for i in kept]
-        mine = [i for i in kept if gathered[i][0] == own]
+        mine = [i for i, (sender, _) in enumerate(gathered) if sender == own]
         if len(gathered) == 2 and len(kept) == 2:  # neither of two moves a coordinate the other does not
             decoded = list(self._decoded(voters))
             kept = self._kept_two(gathered, decoded, own)
             combined: Iterable[tuple[list[str], torch.Tensor]] = (
                 (names, agreeing_minimum(group) if len(kept) == 2 else group[kept[0]]) for names, group in decoded
             )
-        elif len(gathered) > 2 and len(kept) > 1 and mine:  # the vote must keep some of own's (evidence.py `keeps_own`)
+        elif len(gathered) > 2 and mine:  # the vote must keep some of own's (evidence.py `keeps_own`)
             combined = list(self._majorities(voters))
             alone = list(self._majorities([gathered[mine[0]][1]]))
             keeps, self.kept.record = self.kept.keeps_own(own, kept_of_own(self._by_name(combined),

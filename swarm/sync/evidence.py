@@ -8,20 +8,22 @@ per round. A pair is contradicting once, so counted, at least `min_shared` could
 and at most `contradicted_at` of it agreed. The record follows from the sets a replica
 applied alone, so replicas that applied the same sets judge the same way.
 
-Who then counts: of three senders or more, every one but those a strict majority of the
-others contradict (unless that leaves no majority: then all), and `own`, this replica itself,
-always (in an open swarm a majority of the others may be free keys, and their contradicting
-the update this replica computed itself is no evidence against it). Of two, neither can outvote
-the other: both count until the pair contradicts, then only `own`, this replica itself (the
-other may be the honest one: each replica steps on its own, which no stranger can freeze).
+Who then counts: of three senders or more, every one but those a strict majority of the others
+contradict (unless that leaves no majority: then all), this replica itself (`own`) included:
+replicas that agree among themselves leave out the one they contradict, and it must leave itself
+out too, or it applies other sets than they do and drifts from them (counted in always, a
+replica that dozed and came back with momentum of its own did: tests/test_sync.py). Of two,
+neither can outvote the other: both count until the pair contradicts, then only `own`, this
+replica itself (the other may be the honest one: each replica steps on its own, which no
+stranger can freeze).
 
-Of three or more, what those that count add up to must also keep some of own's update
-(`keeps_own`): in an open swarm keys are free, and two keys that send nothing (a payload that
-decodes to zero) or own's update negated were a majority of a lone replica's vote, which then
-froze it, or stepped it up its loss, every step (issue 57). Each round adds to a record (the
-pair of own and `THE_VOTE`) how much of own's update the vote keeps (`kept_of_own`: the share
-of own's sizes that their agreeing minimum keeps, or the cosine of the angle between them,
-whichever is smaller); once its mean over the rounds remembered is at most
+Of three or more, what those that count add up to, own among them or not, must also keep some of
+own's update (`keeps_own`): in an open swarm keys are free, and two keys that send nothing (a
+payload that decodes to zero) or own's update negated were a majority of a lone replica's vote,
+which then froze it, or stepped it up its loss, every step (issue 57). Each round adds to a
+record (the pair of own and `THE_VOTE`) how much of own's update the vote keeps (`kept_of_own`:
+the share of own's sizes that their agreeing minimum keeps, or the cosine of the angle between
+them, whichever is smaller); once its mean over the rounds remembered is at most
 `contradicted_at`, this replica steps on its own update alone. The same test as two senders'
 `kept_share`, with the vote in the other's place. What it does not stop: keys that leave own a
 little more than that, reshaping the rest (docs/trust.md).
@@ -76,7 +78,7 @@ class Evidence:
         if len(senders) == 2:
             return ([senders.index(own)] if contradicted[0] and own in senders else [0, 1]), record
         others = len(senders) - 1
-        kept = [i for i, count in enumerate(contradicted) if 2 * count <= others or senders[i] == own]
+        kept = [i for i, count in enumerate(contradicted) if 2 * count <= others]
         return (kept if 2 * len(kept) > len(senders) else list(range(len(senders)))), record
 
     def keeps_own(self, own: str, share: float) -> tuple[bool, Record]:

@@ -177,8 +177,8 @@ class OuterOptimizer:
         applied = [gathered[i][1] for i in kept]
         combine = agreeing_minimum if len(applied) == 2 else majority_mean
         updates = {name: combine([changes[name] for changes in applied]) for name in self.params}
-        mine = [i for i in kept if gathered[i][0] == own]
-        if len(gathered) > 2 and len(kept) > 1 and mine:  # the vote must keep some of own's (evidence.py `keeps_own`)
+        mine = [i for i, (sender, _) in enumerate(gathered) if sender == own]
+        if len(gathered) > 2 and mine:  # the vote must keep some of own's (evidence.py `keeps_own`)
             keeps, self.evidence.record = self.evidence.keeps_own(own, kept_of_own(updates, gathered[mine[0]][1]))
             if not keeps:
                 kept, updates = mine, gathered[mine[0]][1]
