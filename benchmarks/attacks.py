@@ -112,6 +112,11 @@ of its weights from the lone run's over the lone run's distance from the start w
   step (its jumps' budget bounds the difference: swarm/sync/exchange.py), its loss over the lone
   run's (met at <= 1.05) and its seconds per step over the lone run's (met at <= 1.5, both read off
   its log's clock from its first step to its last save).
+- negated_echo_every_step, empty_payloads_every_step (issue 57): the same replica beside k = 2, 4
+  and 8 free keys that fetch its payload of each step and answer with it negated (`NegatedEcho`), or
+  answer at once with a payload that decodes to nothing (`EmptyPayloads`): a majority of its vote,
+  which a vote that counted keys stepped up its loss, or froze (swarm/sync/evidence.py
+  `keeps_own`). Figures and bounds as jump_every_step's (`<row>_<k>keys`).
 
     python benchmarks/attacks.py            # about 55 minutes on 2 cores (part 1 about 25)
     python benchmarks/attacks.py --steps 20 --train-steps 20 --save-every 10 --average-every 10 \\
@@ -150,12 +155,14 @@ from swarm.files import write_atomic, write_picture
 from swarm.lab.attacks import (
     STEP_LIE,
     BusyJustInTime,
+    EmptyPayloads,
     HonestThenWrong,
     HostileNode,
     HostileReplica,
     JumpClaims,
     LyingSyncReplies,
     MergePoisoner,
+    NegatedEcho,
     RefusedPayloads,
     TricklingDownloads,
     WrongAnswers,
@@ -905,8 +912,10 @@ def part_one(args, workdir: Path) -> dict:
 # ---- parts 2 and 3: training beside a stranger ----------------------------------------------
 
 
-def stranger_services(args, node: HostileNode, config: ModelConfig, kind: str, value_bits: int, folder: Path) -> list:
-    """What the stranger of a training run serves: `kind` names it (the module docstring)."""
+def stranger_services(args, node: HostileNode, config: ModelConfig, kind: str, value_bits: int, folder: Path,
+                      fellows: list[str]) -> list:  # fmt: skip
+    """What the stranger of a training run serves: `kind` names it (the module docstring); `fellows`:
+    the peer ids of every stranger of the run."""
     if kind == "lying-replies":
         return [LyingSyncReplies(0)]
     if kind == "step-claims":
@@ -915,6 +924,8 @@ def stranger_services(args, node: HostileNode, config: ModelConfig, kind: str, v
         return [JumpClaims(0)]
     if kind == "refused-payloads":
         return [RefusedPayloads(0)]
+    if kind == "empty-payloads":
+        return [EmptyPayloads(0, value_bits)]
     windows = load_corpus(None).windows("train", config)
     de_mo = dataclasses.replace(PEER.de_mo, value_bits=value_bits)
     if kind == "merge-poison":
@@ -922,6 +933,8 @@ def stranger_services(args, node: HostileNode, config: ModelConfig, kind: str, v
         poison = garbage_block(config, 0)
         poisoner = MergePoisoner(node, config, 0, de_mo, PEER.lr, windows, store, poison, args.average_every)
         return [InfoServicer(lambda: node.info(0)), BlockServicer(0, store), poisoner]
+    if kind == "negated-echo":
+        return [NegatedEcho(node, config, 0, de_mo, PEER.lr, fellows)]
     return [HostileReplica(node, config, 0, de_mo, PEER.lr, kind, windows)]
 
 
@@ -935,9 +948,11 @@ def train_block(args, workdir: Path, honest: dict[str, list[str]], stranger: str
     with LocalSwarm(workdir, swarm="training", config_path=str(config_path)) as local:
         local.start_bootstrap(refresh_period=2)
         with contextlib.ExitStack() as strangers, local.client() as client:
-            for index in range(keys if stranger else 0):
-                node = strangers.enter_context(HostileNode(local.swarm, local.initial_peers))
-                node.serve(*stranger_services(args, node, config, stranger, value_bits, workdir / f"stranger{index}"))
+            nodes = [strangers.enter_context(HostileNode(local.swarm, local.initial_peers))
+                     for _ in range(keys if stranger else 0)]  # fmt: skip
+            for index, node in enumerate(nodes):
+                node.serve(*stranger_services(args, node, config, stranger, value_bits, workdir / f"stranger{index}",
+                                              [n.peer_id for n in nodes]))  # fmt: skip
                 node.announce(0, lifetime_s=3600)
             started = time.monotonic()
             peers = [(local.start_peer(name, "0", options), 0) for name, options in honest.items()]
@@ -1038,25 +1053,32 @@ def part_three(args, workdir: Path) -> dict:
             run["weight_distance_over_travel"] = distance(finals[name][0], lone) / distance(lone, start)
         run["met"] = trained_as_asked(run) and (name == "lone" or run.get("loss_over_lone", math.inf) <= LOSS_BOUND)
     runs["met"] = all(runs[name]["met"] for name in ("lone", "step-claims", "negated"))
-    runs |= jump_every_step(args, workdir, options, runs["lone"])
-    runs["met"] = runs["met"] and all(runs[f"jump_every_step_{keys}keys"]["met"] for keys in FREE_KEYS)
+    for row, kind in FREE_KEY_ROWS.items():
+        rows = free_keys_every_step(args, workdir, options, runs["lone"], row, kind)
+        runs |= rows
+        runs["met"] = runs["met"] and all(run["met"] for run in rows.values())
     return runs
 
 
-def jump_every_step(args, workdir: Path, options: list[str], lone: dict) -> dict[str, dict]:
-    """Issue 57's repeated step jumps: the lone replica (`options`, its identity included) beside each k of
-    `FREE_KEYS` free keys claiming, on every step, the step asked plus 1000 (module docstring). Met when it
-    trains every step, its final step is within its jumps' budget (its allowance, a tenth of its schedule
-    at most 1000, plus `JUMP_SHARE` of its steps), and its loss and seconds per step beside them are within
-    `ALONE_LOSS_BOUND` and `ALONE_SECONDS_BOUND` of the lone run's."""
+FREE_KEY_ROWS = {"jump_every_step": "jump-claims", "negated_echo_every_step": "negated-echo",
+                 "empty_payloads_every_step": "empty-payloads"}  # fmt: skip (part 3's rows of k free keys, by kind)
+
+
+def free_keys_every_step(args, workdir: Path, options: list[str], lone: dict, row: str, kind: str) -> dict[str, dict]:
+    """Issue 57's free keys beside a lone replica (`options`, its identity included): for each k of
+    `FREE_KEYS`, k keys of `kind` (module docstring: claiming on every step the step asked plus 1000,
+    or sending its payload negated, or nothing). Met when it trains every step, its final step is
+    within its jumps' budget (its allowance, a tenth of its schedule at most 1000, plus `JUMP_SHARE`
+    of its steps), and its loss and seconds per step beside them are within `ALONE_LOSS_BOUND` and
+    `ALONE_SECONDS_BOUND` of the lone run's."""
     schedule = dataclasses.replace(PEER, max_steps=args.train_steps).train_config().steps
     bound = args.train_steps + allowance_for(schedule) + JUMP_SHARE * args.train_steps
     rows = {}
     for keys in FREE_KEYS:
-        name = f"jump_every_step_{keys}keys"
+        name = f"{row}_{keys}keys"
         logger.info("two-replica run: %s", name)
-        figures, _ = train_block(args, workdir / name, {"h0": options}, "jump-claims", keys=keys)
-        run = rows[name] = {"attack": f"jump-claims, {keys} free keys", "free_keys": keys, **figures,
+        figures, _ = train_block(args, workdir / name, {"h0": options}, kind, keys=keys)
+        run = rows[name] = {"attack": f"{kind}, {keys} free keys", "free_keys": keys, **figures,
                             "final_step_bound": bound}  # fmt: skip
         beside_clean(run["honest_peers"], lone["honest_peers"])
         if run["validation_loss"] is not None and lone["validation_loss"]:

@@ -93,10 +93,11 @@ def attack_training(part: Node) -> list[str]:
 
 def attack_two_replicas(part: Node) -> list[str]:
     rows = [[plain(run["attack"]), fixed(run.num("validation_loss")), times(run.get("loss_over_lone")),
-             fixed(run.get("weight_distance_over_travel")), plain(run["final_steps"]), honest_peers(run)[0],
-             yes(run["hung"]), yes(run["met"])] for _, run in part.items() if isinstance(run, Node)]  # fmt: skip
-    header = ["part 3: beside the replica", "loss", "loss / alone", "weight distance / travel", "final step",
-              "peak RSS / alone", "hung", "met"]  # fmt: skip
+             times(run.get("seconds_per_step_over_lone")), fixed(run.get("weight_distance_over_travel")),
+             plain(run["final_steps"]), honest_peers(run)[0], yes(run["hung"]), yes(run["met"])]
+            for _, run in part.items() if isinstance(run, Node)]  # fmt: skip
+    header = ["part 3: beside the replica", "loss", "loss / alone", "seconds a step / alone",
+              "weight distance / travel", "final step", "peak RSS / alone", "hung", "met"]  # fmt: skip
     start = f"The start weights' loss: {fixed(part.num('start_loss'))}."
     return table(header, rows) + [start, ""]
 
