@@ -162,8 +162,9 @@ def test_finishing_a_round_applies_its_set_in_order_records_it_and_follows_a_maj
     peer-id order (own included), applied, recorded as applied, and a majority ahead followed."""
     gathering = Future()
     gathering.set_result(Gathered(asked=3, payloads={"b": b"2", "a": b"1"}, reported_steps={"c": 60, "d": 60}))
-    exchange = Exchange(transport=SimpleNamespace(deadline=1.0, judged=lambda *_: None), own_id="me",
-                        replica_ids=list)  # fmt: skip
+    set_aside = []
+    transport = SimpleNamespace(deadline=1.0, judged=lambda *_: None, set_aside=lambda *both: set_aside.append(both))
+    exchange = Exchange(transport=transport, own_id="me", replica_ids=list)
     seen = []
 
     def apply(decoded: list[tuple[str, str]]) -> list[str]:
@@ -174,6 +175,7 @@ def test_finishing_a_round_applies_its_set_in_order_records_it_and_follows_a_maj
     assert exchange.finish(round_, 5, bytes.decode, apply) == 60
     assert seen == [[("a", "1"), ("b", "2"), ("me", "0")]]
     assert exchange.applied == applied_fingerprint(5, ["a", "me"]) and exchange.rounds == 1
+    assert set_aside == [(["b"], ["a"])]  # the transport hears whose decoded payload the update left out
 
 
 def test_a_round_finished_between_steps_is_not_counted_as_waiting():
@@ -193,12 +195,30 @@ def test_demo_replicas_that_step_the_same_set_at_different_rates_fingerprint_it_
         own = encode_payload(optimizer.make_payload(lr), 16)  # no gradients yet: no parameter, a valid payload
         gathering = Future()
         gathering.set_result(Gathered(asked=1))
-        exchange = Exchange(transport=SimpleNamespace(deadline=1.0, judged=lambda *_: None), own_id="me",
-                        replica_ids=list)  # fmt: skip
+        transport = SimpleNamespace(deadline=1.0, judged=lambda *_: None, set_aside=lambda *_: None)
+        exchange = Exchange(transport=transport, own_id="me", replica_ids=list)
         sync = DeMoSync(optimizer, exchange)
         sync.apply(Round(step=5, own=own, fingerprint=b"started", gathering=gathering), 5)
         applied.append(exchange.applied)
     assert applied[0] != applied[1]
+
+
+def test_a_sender_set_aside_again_and_again_is_waited_for_less_and_less_and_at_once_when_it_counts():
+    """Issue 57: free keys whose payloads decode, and that the vote sets aside every step (a payload
+    that decodes to nothing, its own negated), were punctual, so every gather waited for them in
+    full. A sender set aside n times in a row is not waited for in the next 2^n gathers; one whose
+    payload counts is waited for again at once (an honest replica the others contradicted a while)."""
+    punctuality, ask, waited = Punctuality(), SimpleNamespace(done=lambda: True), []  # an ask that has ended
+    for _ in range(16):
+        in_full = punctuality.waited_in_full(["key", "honest"])
+        waited.append("key" in in_full)
+        payloads = {"honest": b"y", **({"key": b"x"} if "key" in in_full else {})}  # else it comes after the gather
+        punctuality.ended(Gathered(asked=2, payloads=payloads), {"key": ask, "honest": ask}, {})
+        punctuality.punctual.add("key")  # its ask went on and brought its payload in time (`_trailed`)
+        punctuality.set_aside(["key"] if "key" in payloads else [], ["honest"])
+    assert waited == [True, False, False, True, False, False, False, False, True] + [False] * 7, waited
+    punctuality.set_aside([], ["key"])
+    assert punctuality.waited_in_full(["key", "honest"]) == ["key", "honest"]
 
 
 @pytest.fixture

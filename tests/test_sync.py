@@ -328,6 +328,7 @@ class StepOrderExchange:
     with the trainer's step at the time it was applied."""
 
     own_id = "self"
+    transport = SimpleNamespace(set_aside=lambda uncounted, counted: None)  # hears nothing here: no payloads
 
     def __init__(self, trainer):
         self.trainer, self.wait_seconds, self.applied = trainer, 0.0, []

@@ -164,6 +164,11 @@ class Transport(Protocol):
         checks (a transport that waits only for some replicas waits no more for these, until one of
         their payloads decodes: transport.py's `Punctuality`)."""
 
+    def set_aside(self, uncounted: list[str], counted: list[str]) -> None:
+        """The update was made without the decoded payloads of `uncounted` and with those of
+        `counted` (a transport that waits only for some replicas waits less for those set aside
+        again and again: transport.py's `Punctuality.set_aside`)."""
+
 
 @dataclass
 class Exchange:
@@ -248,9 +253,14 @@ class Exchange:
         returns the peer ids whose payloads made the update), record that set (`applied_set`), and
         return the step to continue from when a majority of the replicas is past the round of the
         trainer's `step` (`majority_ahead`), else None. `how`: what else decides the update besides
-        the set (DeMo: its rate), in the fingerprint, so replicas that applied it differently notice."""
+        the set (DeMo: its rate), in the fingerprint, so replicas that applied it differently notice.
+        The transport learns whose decoded payloads the update left out (`Transport.set_aside`)."""
         gathered = self.collect(round_)
-        self.applied_set(round_, apply(self.in_order(round_, gathered, decode)), how)
+        decoded = self.in_order(round_, gathered, decode)
+        counted = apply(decoded)
+        self.applied_set(round_, counted, how)
+        others = [peer_id for peer_id, _ in decoded if peer_id != self.own_id]
+        self.transport.set_aside([p for p in others if p not in counted], [p for p in others if p in counted])
         return self.majority_ahead(gathered, step, round_steps)
 
     @contextmanager

@@ -111,3 +111,6 @@ class LocalTransport:
 
     def judged(self, decoded: list[str], refused: list[str]) -> None:
         """Nothing: the board waits for every replica of a step up to the deadline."""
+
+    def set_aside(self, uncounted: list[str], counted: list[str]) -> None:
+        """Nothing, as `judged`."""

@@ -22,11 +22,17 @@ as before, and so still apply the same sets. A payload that came in time but fai
 strategy's checks when decoded (junk bytes, NaN, values out of bounds: `Transport.judged`) makes
 its replica unpunctual until one of its payloads decodes, which only one that comes while a
 gather is open can (a trailing ask's payload is never decoded): a key delivering junk just before
-each deadline held every step to it (issue 57) and now costs one deadline. What timing cannot
-deny a key: a payload that decodes, delivered just before each deadline, keeps it punctual,
-waited for in full, as an honest replica that slow would be (the strategy may still leave it
-out of its vote: a judgment that honest replicas must be able to recover from, so it does not
-stop the waiting). What this costs an honest replica: one
+each deadline held every step to it (issue 57) and now costs one deadline. A payload that decodes
+but that the strategy's update left out (contradicted, or a vote set aside: `Transport.set_aside`)
+benches its replica: set aside n times in a row, it is not waited for in full in the next 2^n
+gathers (n at most `MAX_BENCH_STRIKES`), and one of its payloads that counts ends the bench at once.
+Free keys whose payloads a lone replica's vote sets aside every step (nothing, or its own payload
+negated) were waited for in full every step; now they are waited for at gathers 1, 4, 9, 18, ...
+and about 64 apart at most, while an honest replica the others contradicted a while is waited for
+again as soon as one of its payloads counts (it still comes to gathers while they are open: a
+bench is no ban). What timing cannot deny a key: a payload that decodes and counts, delivered
+just before each deadline, keeps it punctual, waited for in full, as an honest replica that slow
+would be. What this costs an honest replica: one
 that falls more than a deadline behind the others at once (a stall of over two deadlines) is no
 longer waited for until its payloads come in time again; it still applies theirs (kept for late
 askers), but they go on without its own, where waiting in full every step let it catch up.
@@ -65,6 +71,7 @@ logger = logging.getLogger(__name__)
 
 KEEP_PAYLOADS = 8  # own payloads (steps or outer rounds) kept for late askers: twice MAX_STEPS_IN_FLIGHT
 RETRY_S = 0.2  # pause before asking a peer again that could not answer yet
+MAX_BENCH_STRIKES = 6  # a sender set aside n times in a row is not waited for in the next 2^n gathers, n <= this
 PENDING_STEPS = 16  # steps far from this replica's own that polls may wait for at once (made-up ones, mostly)
 POLLS_PER_PEER = MAX_STEPS_IN_FLIGHT + 1  # long polls one replica may have waiting here at once
 
@@ -166,6 +173,9 @@ class Punctuality:
         self.gone: dict[str, int] = {}  # replicas that answered "gone": the newest step each reported
         self.refused: set[str] = set()  # replicas whose last payload judged failed the checks: not punctual
         self.last_step: int | None = None  # the step of this replica's last gather
+        self.gathers = 0  # gathers that have ended
+        self.strikes: dict[str, int] = {}  # replicas whose payloads the strategy set aside, times in a row
+        self.benched: dict[str, int] = {}  # replicas not waited for in full until this many gathers have ended
         self.bytes_sent = 0  # requests of those asks that got an answer
         self.bytes_received = 0  # their answers
 
@@ -181,8 +191,9 @@ class Punctuality:
         return dict(self.gone)
 
     def waited_in_full(self, peer_ids: Iterable[str]) -> list[str]:
-        """The replicas a gather waits for up to the deadline: all in the first gather, then the punctual ones."""
-        return [p for p in peer_ids if not self.met or p in self.punctual]
+        """The replicas a gather waits for up to the deadline: all in the first gather, then the punctual
+        ones; neither those benched (`set_aside`)."""
+        return [p for p in peer_ids if (not self.met or p in self.punctual) and self.benched.get(p, 0) <= self.gathers]
 
     def ended(self, gathered: Gathered, asks: dict[str, asyncio.Task], sinks: dict[str, Gathered]) -> None:
         """A gather ended: those whose payload it brought are punctual (only those: replicas no longer
@@ -192,7 +203,10 @@ class Punctuality:
         the event loop holds a task only weakly, and one collected mid-flight never ends, which
         left its replica trailing, never waited for again."""
         self.met = self.met or bool(asks)
+        self.gathers += 1
         self.punctual = {p for p in asks if p in gathered.payloads and p not in self.refused}
+        self.strikes = {p: n for p, n in self.strikes.items() if p in asks}  # replicas no longer asked are forgotten
+        self.benched = {p: until for p, until in self.benched.items() if p in asks and until > self.gathers}
         for peer_id, task in asks.items():
             if task.done():
                 continue
@@ -218,6 +232,18 @@ class Punctuality:
         self.refused.difference_update(decoded)
         self.refused.update(refused)
         self.punctual.difference_update(refused)
+
+    def set_aside(self, uncounted: Iterable[str], counted: Iterable[str]) -> None:
+        """The strategy's update was made without the decoded payloads of `uncounted` (contradicted, or
+        a vote set aside: swarm/sync/evidence.py) and with those of `counted`: one set aside n times in a
+        row is not waited for in full in the next 2^n gathers (n at most `MAX_BENCH_STRIKES`), one that
+        counts is waited for again at once (module docstring)."""
+        for peer_id in counted:
+            self.strikes.pop(peer_id, None)
+            self.benched.pop(peer_id, None)
+        for peer_id in uncounted:
+            self.strikes[peer_id] = min(self.strikes.get(peer_id, 0) + 1, MAX_BENCH_STRIKES)
+            self.benched[peer_id] = self.gathers + 2 ** self.strikes[peer_id]
 
 
 async def gather(p2p: P2P, block: int, step: int, peer_ids: list[str], deadline: float,
@@ -300,3 +326,7 @@ class P2PTransport:
         """Called by the trainer's thread; the punctuality is the event loop's (`Punctuality.judged`),
         and a gather submitted after this call sees it."""
         self.loop.loop.call_soon_threadsafe(self.punctuality.judged, decoded, refused)
+
+    def set_aside(self, uncounted: list[str], counted: list[str]) -> None:
+        """As `judged`, for `Punctuality.set_aside`."""
+        self.loop.loop.call_soon_threadsafe(self.punctuality.set_aside, uncounted, counted)
