@@ -9,13 +9,15 @@ import threading
 import time
 from types import SimpleNamespace
 
+import datasets
 import pytest
 import torch
+from conftest import SAMPLE_TEXT
 from swarm_helpers import HOSTS_SWARM, client_of
 
-from swarm.checkpoints.spot_check import SpotCheck
+from swarm.checkpoints.spot_check import NOISE, SpotCheck, suspicion
 from swarm.checkpoints.store import CheckpointStore
-from swarm.model.data import load_corpus
+from swarm.model.data import Corpus, load_corpus
 from swarm.model.evaluate import block_elbo_bits
 from swarm.model.train import TrainConfig, block_trainer
 from swarm.p2p.directory import Host
@@ -272,3 +274,48 @@ def test_a_replica_whose_own_weights_measure_worse_than_two_others_takes_their_c
                                spot_check, lambda: client.directory.keys_count)  # fmt: skip
         assert merge.run(dozed, own, replicas=2) is True
     assert all(torch.equal(p, q) for p, q in zip(dozed.parameters(), ahead.parameters()))
+
+
+def documents(text: str) -> datasets.Dataset:
+    """`text` as documents of 300 characters, as `text_file` holds them."""
+    return datasets.Dataset.from_dict({"text": [text[i : i + 300] for i in range(0, len(text), 300)]})
+
+
+def test_a_checkpoint_that_has_seen_the_held_out_text_neither_sets_the_merges_bar_nor_takes_part(
+    start, tiny_config, tmp_path, caplog
+):
+    """A lone replica (10 steps on the training text), and two free keys on 127.0.0.1 announcing one
+    checkpoint trained 100 steps on the training text, then fine-tuned on the held-out text until it
+    scores much better there than on the training text (`spot_check.suspicion`). Its spot-check score
+    (the worse of its sources) is still far better than the replica's own, so if it set the round's
+    bar, the replica's own weights would measure more than `NOISE` above it, take no part, and the
+    replica would take the keys' checkpoint bit for bit. It is suspicious, so it neither sets the bar
+    nor takes part: the replica keeps its weights."""
+    step = PeerConfig().average_every
+    corpus = Corpus(documents(SAMPLE_TEXT), documents("0123456789 " * 200))
+    trainer = block_trainer(tiny_config, 0, corpus.windows("train", tiny_config), TrainConfig(batch_size=16, seed=3))
+    for _ in range(10):
+        trainer.step()
+    own_weights = copy.deepcopy(trainer.module)
+    for _ in range(90):
+        trainer.step()
+    tuned = block_trainer(tiny_config, 0, corpus.windows("validation", tiny_config), TrainConfig(batch_size=16, seed=5))
+    tuned.module.load_state_dict(trainer.module.state_dict())
+    for _ in range(35):
+        tuned.step()
+    spot_check = SpotCheck.from_corpus(corpus, tiny_config)
+    seen = spot_check.losses(tuned.module, tiny_config, 0)
+    assert suspicion(seen) and seen.score + NOISE < spot_check.measure(own_weights, tiny_config, 0)  # the scenario
+    keys = [start(f"key{i}") for i in range(2)]
+    infos = [key.store.save(tuned.module, step) for key in keys]
+    own_info = CheckpointStore(tmp_path / "own", tiny_config, 0, HOSTS_SWARM).save(own_weights, step)
+    own = BlockAnnouncement(peer_id="lone", state="training", step=step, checkpoint=own_info)
+    before = copy.deepcopy(own_weights)
+    caplog.set_level(logging.INFO, logger="swarm.sync.reconcile")
+    with client_of(*keys) as client:
+        merge = ReconcileRound(client.p2p, client.loop, tiny_config, 0, b"lone key",
+                               lambda: [key.host(info) for key, info in zip(keys, infos)], RECONCILE_DEADLINE_S,
+                               spot_check, lambda: client.directory.keys_count)  # fmt: skip
+        assert merge.run(own_weights, own, replicas=2) is None, caplog.text  # only its own voice is left
+    assert all(torch.equal(p, q) for p, q in zip(own_weights.parameters(), before.parameters()))
+    assert "better on held-out text" in caplog.text

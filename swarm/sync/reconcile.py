@@ -9,7 +9,10 @@ downloads the distinct ones all at once within the round's one deadline, verifie
 weights and the others' that passed.
 
 Evidence first. A downloaded checkpoint takes part only if it measures within `NOISE` of the best
-of the round, this replica's own weights included, on the same windows and draws (`_passed`). A
+of the round, this replica's own weights included, on the same windows and draws (`_passed`), and
+only if it is not much better on held-out text than on the training text (`spot_check.suspicion`:
+it has seen the held-out text; a fetch refuses to prefer one, and here it neither sets the bar,
+which would leave honest weights out, nor takes part). A
 checkpoint is a claim, whoever announces it: two free keys that announced one checkpoint at the
 merge step beside a lone replica were a strict majority of the voices, the median was their
 tensors bit for bit, and the replica then saved and announced them under its honest key (issue
@@ -71,7 +74,7 @@ import torch
 from hivemind.p2p import P2P
 
 from swarm.checkpoints.measure import Candidate, Measured, measure_candidates, vouchers_among
-from swarm.checkpoints.spot_check import NOISE, SpotCheck
+from swarm.checkpoints.spot_check import NOISE, SpotCheck, suspicion
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import ModelConfig, build_block
@@ -285,15 +288,16 @@ class ReconcileRound:
     def _passed(self, module: torch.nn.Module, measured: list[Measured], step: int) -> tuple[bool, list[Measured]]:
         """Whether this replica's own weights take part, and which of `measured` do: those whose loss
         is within `NOISE` of the best of the round, own included, on the same windows and draws (a
-        NaN passes nothing); the others are logged. Own weights that measure worse than that (a
-        replica that dozed and trained alone meanwhile) give way to the better ones, so it is
-        brought back to the others, not averaged with them."""
+        NaN passes nothing), and that are not suspicious (`_suspicious`); the others are logged. Own
+        weights that measure worse than that (a replica that dozed and trained alone meanwhile) give
+        way to the better ones, so it is brought back to the others, not averaged with them."""
         if not measured:
             return True, []
         own = self.spot_check.measure(self._on_cpu(module), self.config, self.block)
-        best = min((loss for loss in [own, *(m.loss for m in measured)] if math.isfinite(loss)), default=math.inf)
+        fair = [m for m in measured if not self._suspicious(m, step)]
+        best = min((loss for loss in [own, *(m.loss for m in fair)] if math.isfinite(loss)), default=math.inf)
         passed = []
-        for m in measured:
+        for m in fair:
             if m.loss <= best + NOISE:
                 passed.append(m)
             else:
@@ -305,6 +309,18 @@ class ReconcileRound:
             logger.info("step %d: this replica's own weights measure %.3f, more than %.3f above the best of the round "
                         "(%.3f): they take no part in the merge", step, own, NOISE, best)  # fmt: skip
         return own <= best + NOISE, passed
+
+    @staticmethod
+    def _suspicious(measured: Measured, step: int) -> bool:
+        """Whether `measured` scores so much better on held-out text than on the training text that it has
+        seen the held-out text (`spot_check.suspicion`, as a fetch judges it): such a checkpoint neither
+        sets the round's bar nor takes part, logged."""
+        why = suspicion(measured.losses) if measured.losses is not None else None
+        if why:
+            logger.warning("step %d: the checkpoint %s of %s takes no part in the merge: %s", step,
+                           measured.candidate.checkpoint.sha256[:12],
+                           sorted(h.peer_id for h in measured.candidate.hosts)[:3], why)  # fmt: skip
+        return why is not None
 
     def _on_cpu(self, module: torch.nn.Module) -> torch.nn.Module:
         """A copy of `module`'s weights in a block on the CPU: measured as the downloaded ones are."""
