@@ -2,7 +2,9 @@
 
 Issue 57: in an open swarm keys are free, so k keys beside a lone replica are a majority of its
 vote. A vote that keeps no more than a tenth of a replica's update (of its sizes, or in its
-direction: swarm/sync/evidence.py `keeps_own`) is set aside for its own update alone. This
+direction: swarm/sync/evidence.py `keeps_own`) is set aside for its own update alone, and an
+outer replica also sets aside a vote that measures clearly worse than its own change on a private
+held-out batch (swarm/sync/descent.py; each outer replica here has the probe a peer makes). This
 measures both sides, in one process (the optimizers the peers run, no network), on block --block
 of benchmarks/sync.py's small model and the built-in corpus:
 - honest: n replicas (3, 4, 8) on their own batches, every payload gathered by every replica:
@@ -31,12 +33,14 @@ import torch
 from sync import SMALL_MODEL  # the model of benchmarks/sync.py, beside this
 from tqdm import tqdm
 
+from swarm.checkpoints.spot_check import SPOT_CHECK_WINDOWS
 from swarm.cli.console import setup_logging
 from swarm.files import write_atomic
 from swarm.model.data import Windows, load_corpus
 from swarm.model.denoiser import ModelConfig, build_block
 from swarm.model.train import DENOISER_LR, diffusion_loss_fn
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer, Payload, decode_payload, encode_payload
+from swarm.sync.descent import DescentProbe
 from swarm.sync.evidence import THE_VOTE
 from swarm.sync.pseudo_gradient import OuterConfig, OuterOptimizer
 
@@ -44,6 +48,7 @@ logger = logging.getLogger("sync_vote")
 LOSS_TARGET = 1.05  # issue 57: honest replicas within 1.05x of training alone in loss
 OUTER_H = 5  # local steps a round, short so that a run has many rounds
 VALIDATION_BATCHES = 4  # of 32 windows, at fixed seeds no replica trains on
+PROBE_SEED = 57  # of the outer replicas' held-out probes (a peer draws its own in private)
 
 
 def arguments() -> argparse.Namespace:
@@ -65,6 +70,11 @@ class Setting:
         corpus = load_corpus()
         self.train: Windows = corpus.windows("train", self.config)
         self.validation: Windows = corpus.windows("validation", self.config)
+        self.held_out = self.validation.fixed(SPOT_CHECK_WINDOWS, seed=PROBE_SEED)  # as a peer's spot check draws them
+
+    def probe(self, block: torch.nn.Module, index: int) -> DescentProbe:
+        """The held-out measure an outer replica of a peer makes (swarm/peer/life.py), at a seed of its own."""
+        return DescentProbe(block, self.held_out, self.block, seed=PROBE_SEED + 1 + index)
 
     def blocks(self, n: int) -> list[torch.nn.Module]:
         torch.manual_seed(0)
@@ -120,7 +130,8 @@ def honest_demo(setting: Setting, n: int, steps: int, value_bits: int) -> dict:
 
 def honest_outer(setting: Setting, n: int, rounds: int) -> dict:
     blocks = setting.blocks(n)
-    replicas = [OuterOptimizer(b, OuterConfig(steps=OUTER_H), DENOISER_LR) for b in blocks]
+    replicas = [OuterOptimizer(b, OuterConfig(steps=OUTER_H), DENOISER_LR, setting.probe(b, i))
+                for i, b in enumerate(blocks)]
     inner = [torch.optim.AdamW(b.parameters(), lr=DENOISER_LR) for b in blocks]
     alone, least, parted = 0, 1.0, None
     for round_ in tqdm(range(rounds), desc=f"honest outer x{n}", leave=False):
@@ -181,7 +192,7 @@ def demo_beside_keys(setting: Setting, keys: int, turn: Callable | None, steps: 
 def outer_beside_keys(setting: Setting, keys: int, turn: Callable | None, rounds: int) -> tuple[float, int]:
     """A lone outer-step replica beside `keys` keys sending its change (as decoded) turned."""
     (block,) = setting.blocks(1)
-    replica = OuterOptimizer(block, OuterConfig(steps=OUTER_H), DENOISER_LR)
+    replica = OuterOptimizer(block, OuterConfig(steps=OUTER_H), DENOISER_LR, setting.probe(block, 0))
     adamw = torch.optim.AdamW(block.parameters(), lr=DENOISER_LR)
     alone = 0
     for round_ in range(rounds):

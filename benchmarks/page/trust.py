@@ -192,7 +192,9 @@ def sync_vote(folder: Folder) -> list[str]:
     return section(
         "The sync vote of three senders or more, in one process (the optimizers the peers run, no network): a replica "
         "sets aside a vote that keeps no more than a tenth of its update, of its sizes or in its direction (the "
-        "cosine; `swarm/sync/evidence.py` `keeps_own`). Honest: n replicas of one "
+        "cosine; `swarm/sync/evidence.py` `keeps_own`), and an outer replica one that measures worse than its own "
+        "change alone by more than 6 standard errors on a private held-out batch (`swarm/sync/descent.py`). "
+        "Honest: n replicas of one "
         "block on their own batches, every payload gathered by every replica (parted: the first step, or outer "
         "round, after which they no longer held the same weights; none: never). Attacks: one replica beside k free "
         "keys that send its own payload turned against it, its validation loss over the same replica's alone (issue "

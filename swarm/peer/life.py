@@ -48,6 +48,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm import __version__
 from swarm.checkpoints.choice import Choice, SpotCheck, choose_checkpoint
+from swarm.checkpoints.spot_check import private_seed
 from swarm.checkpoints.store import CheckpointStore
 from swarm.checkpoints.transfer import BlockServicer
 from swarm.errors import SwarmError
@@ -75,6 +76,7 @@ from swarm.peer.memory import return_freed_memory
 from swarm.peer.parts import Claimed, Entered, Joined, Joining, Replica, Synced, Wired
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.dense import block_averager
+from swarm.sync.descent import DescentProbe
 from swarm.sync.exchange import Exchange, allowance_for
 from swarm.sync.modes import MODES, SyncInputs
 from swarm.sync.reconcile import ReconcileRound
@@ -409,8 +411,10 @@ class Peer:
                                        lambda: directory.hosts(block), RECONCILE_DEADLINE_S, replica.spot_check,
                                        lambda: directory.keys_count, self.stopping,
                                        voters=(lambda: exchange.voters) if exchange else None)  # fmt: skip
+        probe = DescentProbe(replica.trainer.module, replica.spot_check.windows["validation"], block,
+                             private_seed()) if mode.outer_rounds else None  # fmt: skip
         sync = mode.build(SyncInputs(replica.trainer.module, self.config.lr, self.config.de_mo, self.config.outer,
-                                     self.config.overlap_steps, timeout, exchange, averager))  # fmt: skip
+                                     self.config.overlap_steps, timeout, exchange, averager, probe))  # fmt: skip
         return Synced(sync, averager, reconcile, payloads)
 
     def _exchange(self, payloads: PayloadServicer, peer_id: str, claimed: Claimed, wired: Wired,

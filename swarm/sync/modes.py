@@ -15,6 +15,7 @@ from torch import nn
 
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer
 from swarm.sync.dense import CountingAverager, DenseSync
+from swarm.sync.descent import DescentProbe
 from swarm.sync.exchange import Exchange
 from swarm.sync.lockstep import DeMoSync
 from swarm.sync.outer import OuterOverlapSync, OuterSync
@@ -36,6 +37,7 @@ class SyncInputs:
     timeout: float  # dense: how long a step's all-reduce may take
     exchange: Exchange | None = None
     averager: CountingAverager | None = None
+    probe: DescentProbe | None = None  # outer rounds: the replica's private held-out measure of a vote (descent.py)
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,11 @@ def _demo_overlap(given: SyncInputs) -> SyncStrategy:
 
 
 def _outer(given: SyncInputs) -> SyncStrategy:
-    return OuterSync(OuterOptimizer(given.module, given.outer, given.lr), given.exchange)
+    return OuterSync(OuterOptimizer(given.module, given.outer, given.lr, given.probe), given.exchange)
 
 
 def _outer_overlap(given: SyncInputs) -> SyncStrategy:
-    return OuterOverlapSync(OuterOptimizer(given.module, given.outer, given.lr), given.exchange)
+    return OuterOverlapSync(OuterOptimizer(given.module, given.outer, given.lr, given.probe), given.exchange)
 
 
 def _dense(given: SyncInputs) -> SyncStrategy:

@@ -56,6 +56,7 @@ at most about lr per AdamW step, and the error buffer adds a few rounds' worth a
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,7 +81,10 @@ from swarm.sync.compression import (
     unpack_message,
     working_dtype,
 )
+from swarm.sync.descent import DescentProbe
 from swarm.sync.evidence import Evidence, Record, agreeing_minimum, kept_of_own, kept_share, majority_mean
+
+logger = logging.getLogger(__name__)
 
 COMPRESSIONS = ("dct", "raw", "none")
 Changes = dict[str, torch.Tensor]  # decoded pseudo-gradient, by parameter name
@@ -122,9 +126,11 @@ class OuterConfig:
 class OuterOptimizer:
     """One replica's outer optimizer: the anchor, the error buffer, the payloads in and out, and the outer step."""
 
-    def __init__(self, module: nn.Module, config: OuterConfig, lr: float):
-        """`lr`: the peak inner learning rate (it bounds honest changes)."""
+    def __init__(self, module: nn.Module, config: OuterConfig, lr: float, probe: DescentProbe | None = None):
+        """`lr`: the peak inner learning rate (it bounds honest changes). `probe`: this replica's private
+        held-out measure of a vote of three or more against its own change (descent.py; None: not measured)."""
         self.config = config.checked()
+        self.probe = probe
         self.params = dict(module.named_parameters())
         self.names = list(self.params)  # a parameter's position is its name on the wire
         self.error = {name: torch.zeros_like(p) for name, p in self.params.items()}
@@ -178,10 +184,16 @@ class OuterOptimizer:
         combine = agreeing_minimum if len(applied) == 2 else majority_mean
         updates = {name: combine([changes[name] for changes in applied]) for name in self.params}
         mine = [i for i, (sender, _) in enumerate(gathered) if sender == own]
-        if len(gathered) > 2 and mine:  # the vote must keep some of own's (evidence.py `keeps_own`)
-            keeps, self.evidence.record = self.evidence.keeps_own(own, kept_of_own(updates, gathered[mine[0]][1]))
+        if len(gathered) > 2 and mine:  # the vote must keep some of own's, and not measure worse than it
+            own_changes = gathered[mine[0]][1]
+            keeps, self.evidence.record = self.evidence.keeps_own(own, kept_of_own(updates, own_changes))
+            if keeps and kept != mine and self.probe is not None:
+                keeps = not self.probe.vote_is_worse(self.anchor, updates, own_changes, self.config.outer_lr)
+                if not keeps:
+                    logger.info("the vote's outer update measures worse than this replica's own on a private "
+                                "held-out batch (%.1f standard errors): its own alone", self.probe.last_z)
             if not keeps:
-                kept, updates = mine, gathered[mine[0]][1]
+                kept, updates = mine, own_changes
         for name, param in self.params.items():
             self.anchor[name].sub_(updates[name], alpha=self.config.outer_lr)
             param.copy_(self.anchor[name])
