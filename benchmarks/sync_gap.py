@@ -50,7 +50,7 @@ from swarm.model.data import Windows, load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import block_denoise_ce
 from swarm.model.train import TrainConfig, Trainer, trainable
-from swarm.peer.life import replica_trainer
+from swarm.peer.replica import replica_trainer
 from swarm.sync.decoupled_momentum import DeMoConfig
 from swarm.sync.exchange import Exchange
 from swarm.sync.in_process import LocalBoard

@@ -114,8 +114,9 @@ ROOT = Path(__file__).resolve().parent.parent
 KEEP_POLL_S = 0.5  # a peer deletes an old checkpoint only once it is older than its records may live (30 s and more)
 CHECKPOINT = re.compile(r"^block_\d+_step_(\d+)\.safetensors$")
 LOG_STAMP = "%Y-%m-%d %H:%M:%S,%f"  # swarm.cli.console.setup_logging's %(asctime)s
-STARTED = re.compile(r"^(\S+ \S+) INFO swarm\.peer\.life: block \d+: training from step \d+")
-SAVED = re.compile(r"^(\S+ \S+) INFO swarm\.peer\.life: block \d+: saved step (\d+) ")
+# the peer's log lines a run is timed by (swarm/peer/training.py and served.py write them)
+STARTED = re.compile(r"^(\S+ \S+) INFO swarm\.peer\.\w+: block \d+: training from step \d+")
+SAVED = re.compile(r"^(\S+ \S+) INFO swarm\.peer\.\w+: block \d+: saved step (\d+) ")
 
 
 # ---- reading a run ----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from swarm import __version__
 from swarm.p2p.records import CheckpointInfo
 from swarm.peer.announcer import Announcer
 from swarm.peer.life import Peer
+from swarm.peer.served import Served
 
 
 def a_peer(state: str) -> SimpleNamespace:
@@ -23,8 +24,8 @@ def a_peer(state: str) -> SimpleNamespace:
         synced=SimpleNamespace(sync=sync, averager=SimpleNamespace(bytes_sent=20), reconcile=None),
     )  # the records of its join (swarm/peer/parts.py)
     checkpoint = CheckpointInfo(step=10, sha256="a" * 64, size=1, chunks="b" * 64)
-    return SimpleNamespace(state=state, parts=parts, checkpoint=checkpoint, checkpoint_time=123.0,
-                           config=SimpleNamespace(public_name="alice"), lineage=None)  # fmt: skip
+    return SimpleNamespace(state=state, parts=parts, served=Served(checkpoint, time=123.0),
+                           config=SimpleNamespace(public_name="alice"))  # fmt: skip
 
 
 def test_a_training_peer_announces_its_figures():

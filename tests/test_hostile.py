@@ -23,7 +23,7 @@ from swarm.lab.attacks import EmptyPayloads, HostileNode, HostileReplica, JumpCl
 from swarm.model.data import Windows, load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.peer.config import PeerConfig
-from swarm.peer.life import replica_trainer
+from swarm.peer.replica import replica_trainer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer
 from swarm.sync.exchange import JUMP_SHARE, Exchange, allowance_for
 from swarm.sync.in_process import LocalBoard

@@ -104,6 +104,19 @@ def test_no_module_imports_itself_round_a_circle():
     assert import_circle(graph) == []
 
 
+def test_the_peer_only_runs_its_phases():
+    """swarm/peer/life.py runs the phases of a peer's life, each in a module of its own, and holds what
+    changes while it runs: it must not grow back into the junction box it was (633 lines importing 35
+    swarm modules, issue 60). A module counts once, under the name its import statement gives:
+    `import swarm.x.y` and `from swarm.x.y import a, b` count `swarm.x.y`; `from swarm import
+    __version__` counts `swarm`."""
+    life = LIBRARY / "peer" / "life.py"
+    lines = len(life.read_text().splitlines())
+    modules = sorted(name for name in imported_modules(life) if name == "swarm" or name.startswith("swarm."))
+    assert lines <= 350, f"swarm/peer/life.py has {lines} lines"
+    assert len(modules) <= 20, f"swarm/peer/life.py imports {len(modules)} swarm modules: {modules}"
+
+
 def test_every_part_is_a_known_room():
     parts = {p.name for p in LIBRARY.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     modules = {p.stem for p in LIBRARY.glob("*.py")} - {"__init__"}

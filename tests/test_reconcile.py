@@ -23,7 +23,7 @@ from swarm.model.train import TrainConfig, block_trainer
 from swarm.p2p.directory import Host
 from swarm.p2p.records import BlockAnnouncement, CheckpointInfo, owner_fingerprint
 from swarm.peer.config import PeerConfig
-from swarm.peer.life import RECONCILE_DEADLINE_S
+from swarm.peer.sync_setup import RECONCILE_DEADLINE_S
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer
 from swarm.sync.exchange import Exchange, Gathered, Round
 from swarm.sync.lockstep import DeMoSync

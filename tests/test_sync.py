@@ -21,8 +21,10 @@ from swarm.model.data import load_corpus
 from swarm.model.denoiser import ModelConfig
 from swarm.model.train import OpenStep, TrainConfig, Trainer
 from swarm.peer.config import PeerConfig
-from swarm.peer.life import Peer, replica_trainer
+from swarm.peer.life import Peer
 from swarm.peer.parts import Claimed, Joined, Replica, Synced
+from swarm.peer.replica import replica_trainer
+from swarm.peer.training import TrainingLoop
 from swarm.serving.server import DenoiseServicer
 from swarm.sync.decoupled_momentum import DeMoConfig, DeMoOptimizer
 from swarm.sync.evidence import agreeing_minimum
@@ -279,12 +281,12 @@ def test_overlapped_replicas_stay_identical(lent_swarm, tmp_path, sync, rounds):
     assert [e["t"] for e in events] == sorted(e["t"] for e in events)
 
 
-class OneStepLatePeer:
-    """The peer's training loop (`Peer._train`, `Peer._settle`) around a sync that applies each
-    step's update one step late, as demo-overlap does; records what each save holds."""
+class OneStepLateLoop:
+    """The peer's training loop (`TrainingLoop.run`, `TrainingLoop._settle`) around a sync that applies
+    each step's update one step late, as demo-overlap does; records what each save holds."""
 
-    _train = Peer._train
-    _settle = Peer._settle
+    run = TrainingLoop.run
+    _settle = TrainingLoop._settle
 
     def __init__(self, max_steps: int, save_every: int):
         self.config = SimpleNamespace(max_steps=max_steps, save_every=save_every)
@@ -296,6 +298,7 @@ class OneStepLatePeer:
             replica=SimpleNamespace(trainer=self.trainer),
             synced=SimpleNamespace(sync=self.sync),
         )
+        self.served = SimpleNamespace(save=self._save)  # the checkpoint it serves (swarm/peer/served.py)
         self.applied = 0  # the last step whose update the weights hold
         self.saves: list[tuple[int, int]] = []  # (checkpoint step, last update it holds)
 
@@ -311,16 +314,16 @@ class OneStepLatePeer:
     def _keep_replicas_together(self) -> None:
         pass
 
-    def _save(self, replica) -> None:  # as Peer._save: a step already saved is not saved again
+    def _save(self, replica) -> None:  # as Served.save: a step already saved is not saved again
         if not self.saves or self.saves[-1][0] != self.trainer.step_count:
             self.saves.append((self.trainer.step_count, self.applied))
 
 
 @pytest.mark.parametrize("max_steps", [12, 13])
 def test_every_checkpoint_holds_the_update_still_in_flight_at_its_step(max_steps):
-    peer = OneStepLatePeer(max_steps=max_steps, save_every=6)
-    peer._train()
-    assert peer.saves == [(6, 6), (12, 12), *([(13, 13)] if max_steps > 12 else [])]
+    loop = OneStepLateLoop(max_steps=max_steps, save_every=6)
+    loop.run()
+    assert loop.saves == [(6, 6), (12, 12), *([(13, 13)] if max_steps > 12 else [])]
 
 
 class StepOrderExchange:
@@ -405,7 +408,7 @@ def test_a_demo_overlap_peer_that_fails_mid_training_leaves_no_step_ahead_in_its
     tiny_config, tiny_windows, tmp_path
 ):
     """Replicas a and b of block 0 in one process (a `LocalBoard`), a run by a `Peer`'s own loop,
-    leaving and store. a's trainer fails at step 2: `_train` stops before its last settle, and a's
+    leaving and store. a's trainer fails at step 2: its loop stops before its last settle, and a's
     weights hold its own update of step 1 ahead of step 1's set (a's and b's payloads voted on).
     `_leave` settles before its save, so a's last checkpoint holds b's weights after b's own
     settle, bit for bit; saving the step ahead would have kept it off the weights its replicas share."""
@@ -430,11 +433,11 @@ def test_a_demo_overlap_peer_that_fails_mid_training_leaves_no_step_ahead_in_its
     peer = Peer(PeerConfig(sync="demo-overlap", save_every=100))
     peer.parts = leaving_parts(CheckpointStore(tmp_path / "a", tiny_config, 0, "test"), a, a_sync, tiny_config)
     with pytest.raises(RuntimeError, match="the data ran out"):
-        peer._train()
+        peer._train_until_stopped()
     b_sync.settle(b)
     assert a_sync.ahead and differing_bits(a.module.state_dict(), b.module.state_dict())  # a step ahead, apart
     peer._leave()
-    assert peer.state == "leaving" and peer.checkpoint.step == b.step_count == 2
+    assert peer.state == "leaving" and peer.served.checkpoint.step == b.step_count == 2
     saved = load_file(peer.parts.replica.store.path_for(2))
     assert not (apart := differing_bits(saved, b.module.state_dict())), apart
 

@@ -47,7 +47,8 @@ from swarm.p2p.records import (
     owner_fingerprint,
     parse_record,
 )
-from swarm.peer.life import Peer
+from swarm.peer.served import Served
+from swarm.peer.start import start_from
 from swarm.serving.vetting import Vetting
 
 BAD, GOOD = "b" * 64, "a" * 64  # the sha256 of a stranger's checkpoint, and of the honest one
@@ -185,11 +186,10 @@ def test_a_peer_restarted_from_a_checkpoint_it_adopted_announces_its_lineage_aga
     adopted = store.save(trainer.module, 10)
     stranger = "ab" * 16
     store.keep_lineage(adopted, (stranger,))
-    restarted = Peer.__new__(Peer)  # the one method under test; nothing of the network is needed
-    restarted.checkpoint = restarted.lineage = None
+    restarted = Served()  # what the restarted peer serves: nothing yet; nothing of the network is needed
     data = store.path_for(10).read_bytes()
     own = Choice(data, adopted, 1.0, chosen=None)  # its own newest won: no host
-    restarted._start_from(own, tiny_config, SimpleNamespace(trainer=trainer, store=store))
+    start_from(own, tiny_config, SimpleNamespace(trainer=trainer, store=store), restarted)
     assert restarted.lineage == (adopted, (stranger,))
     trained = store.save(trainer.module, 11)
     assert store.lineage_of(trained) is None

@@ -74,8 +74,9 @@ class PeerConfig:
         if self.average_every < 0:
             raise SwarmError("--average-every must be 0 (never) or a number of steps")
         if self.reachability not in REACHABILITY_CHOICES:
-            raise SwarmError(f"--reachability must be one of {', '.join(REACHABILITY_CHOICES)}, "
-                             f"not {self.reachability!r}")
+            raise SwarmError(
+                f"--reachability must be one of {', '.join(REACHABILITY_CHOICES)}, not {self.reachability!r}"
+            )
         checked_device(self.device)
         if (self.member_key is None) != (self.certificate is None):
             raise SwarmError("--member-key and --certificate go together: the key, and the certificate that names it")

@@ -1,15 +1,15 @@
 """What a peer makes while it joins: one record per phase, and the record of the whole join.
 
 `Peer._join` (life.py) runs the phases in this order, each a function of the records before it:
-- `Entered` (`_enter_swarm`): the DHT, who this peer is in it, and the model the swarm trains;
-- `Claimed` (`_take_block`): its block, announced as taken from then on;
-- `Wired` (`_open_p2p`): its P2P handle, the loop its services run on, and who they answer;
-- `Replica` (`_make_replica`): the block's trainer, its checkpoints and its denoise service;
-- `Synced` (`_set_up_sync`): how it keeps in step with the block's other replicas.
+- `Entered` (`enter_swarm`, entering.py): the DHT, who this peer is in it, and the model the swarm trains;
+- `Claimed` (`take_block`, start.py): its block, announced as taken from then on;
+- `Wired` (`open_p2p`, services.py): its P2P handle, the loop its services run on, and who they answer;
+- `Replica` (`make_replica`, replica.py): the block's trainer, its checkpoints and its denoise service;
+- `Synced` (`set_up_sync`, sync_setup.py): how it keeps in step with the block's other replicas.
 
 `Joined` holds all five, none missing. `Joining` holds those made so far: what the peer's record,
 its `rpc_info` and its leaving read before the join ends (or after a stop or a failure mid-join).
-What changes while the peer runs (its state, its checkpoint) stays on the peer.
+What changes while the peer runs (its state, its checkpoint: `Served`, served.py) stays on the peer.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ past the budget is refused whole (no jump part-way: nobody is there). A replica 
 others' kept payloads that does not jump (one of a block of two, or one past its budget) steps
 alone, without waiting, while the others wait up to the deadline for each of its steps, until it
 reaches them and they are in step again. The peer's `--max-steps` counts the steps it trained
-from the step it started at, never the steps a jump added (swarm/peer/life.py), so jumps cannot
+from the step it started at, never the steps a jump added (swarm/peer/training.py), so jumps cannot
 end a run either.
 
 Bytes are counted as whole messages on both ends: a replica's sent bytes are every reply it

@@ -1,7 +1,7 @@
 """Bringing a block's drifted replicas back together, on evidence measured here.
 
 Replicas that applied the same payloads hold the same weights and announce the same sha256
-for a checkpoint of the same step. At a round's step (every `average_every` steps: swarm/peer/life.py
+for a checkpoint of the same step. At a round's step (every `average_every` steps: swarm/peer/training.py
 and `ReconcileRound.due`) each saves its checkpoint, reads the others' checkpoints of that step,
 downloads the distinct ones all at once within the round's one deadline, verified like any other
 (size, sha256, finite weights of this block) and spot-checked on this replica's private windows
