@@ -69,23 +69,21 @@ from swarm.model.denoiser import ModelConfig
 from swarm.model.evaluate import block_denoise_ce
 from swarm.p2p.directory import DHTUnavailable, SwarmDirectory
 from swarm.sync.decoupled_momentum import DeMoConfig
+from swarm.sync.modes import MODES as PEER_MODES
 from swarm.sync.pseudo_gradient import OuterConfig
 from swarm.waiting import wait_for
 
 logger = logging.getLogger("benchmarks.sync")
 
-MODES = {
-    "dense": ["--sync", "dense"],
-    "demo": ["--sync", "demo", "--value-bits", "16", "--top-k", "8"],
-    "demo-overlap": ["--sync", "demo-overlap", "--value-bits", "16", "--top-k", "8"],
-    # two steps late
-    "demo-overlap2": ["--sync", "demo-overlap", "--overlap-steps", "2", "--value-bits", "16", "--top-k", "8"],
-    "demo-overlap3": ["--sync", "demo-overlap", "--overlap-steps", "3", "--value-bits", "16", "--top-k", "8"],
-    "outer": ["--sync", "outer"],  # the peer's defaults (OuterConfig)
-    "outer-overlap": ["--sync", "outer-overlap"],  # the same, each round's exchange overlapped with the next round
-    "outer-k128": ["--sync", "outer", "--outer-top-k", "128"],  # less compressed: what the bytes buy in loss
-    "demo1": ["--sync", "demo", "--value-bits", "1", "--top-k", "4"],
-}  # fmt: skip
+# every mode of the peer's table (swarm/sync/modes.py) under its own name, on the peer's defaults (dense first:
+# the baseline of every ratio; not "none", which keeps nothing in step), then variants: a mode with options changed
+MODES = {name: ["--sync", name] for name in sorted(PEER_MODES, key=lambda name: name != "dense") if name != "none"}
+MODES |= {
+    "demo-overlap2": [*MODES["demo-overlap"], "--overlap-steps", "2"],  # each step's set applied two steps late
+    "demo-overlap3": [*MODES["demo-overlap"], "--overlap-steps", "3"],
+    "outer-k128": [*MODES["outer"], "--outer-top-k", "128"],  # less compressed: what the bytes buy in loss
+    "demo1": [*MODES["demo"], "--value-bits", "1", "--top-k", "4"],
+}
 # the same as their namesakes, but a replica computes spare batches instead of waiting (--spare-batch-size, in run_mode)
 MODES |= {f"{mode}-spare": MODES[mode] for mode in ("demo", "demo-overlap", "demo-overlap2", "outer-overlap")}
 # a -spare mode's spare batches hold an eighth of a step's batch: a wait ends at most that late

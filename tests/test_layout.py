@@ -15,7 +15,7 @@ LIBRARY = ROOT / "swarm"
 
 # each part of the library, and the parts it may import (besides itself and the shared base)
 # __main__: `python -m swarm` lists the commands
-BASE = {"swarm", "swarm.errors", "swarm.waiting", "swarm.files", "swarm.__main__"}
+BASE = {"swarm", "swarm.errors", "swarm.waiting", "swarm.files", "swarm.schema", "swarm.__main__"}
 MAY_IMPORT = {
     "model": set(),
     "p2p": {"model"},
@@ -120,7 +120,7 @@ def test_the_peer_only_runs_its_phases():
 def test_every_part_is_a_known_room():
     parts = {p.name for p in LIBRARY.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     modules = {p.stem for p in LIBRARY.glob("*.py")} - {"__init__"}
-    assert parts | modules == set(MAY_IMPORT) | {"errors", "waiting", "files", "__main__"}
+    assert parts | modules == set(MAY_IMPORT) | {"errors", "waiting", "files", "schema", "__main__"}
 
 
 def test_setup_installs_every_package_and_the_programs_under_their_own_names():

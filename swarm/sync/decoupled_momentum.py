@@ -71,13 +71,14 @@ import dataclasses
 import functools
 import math
 from collections.abc import Hashable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
 from swarm.model.train import DENOISER_LR
+from swarm.schema import option
 from swarm.sync.compression import (
     Compressed,
     PayloadError,
@@ -111,10 +112,16 @@ class DeMoConfig:
     peak rate is twice the denoiser's AdamW rate (swarm/model/train.py's DENOISER_LR): measured
     in the module docstring's setting, 600 steps, one replica: 6.638 against 6.742 at 1x."""
 
-    top_k: int = 8  # coefficients kept per 64 x 64 tile (scaled with the tile's size)
-    value_bits: int = 16  # 16: bfloat16 values; 1: signs only
-    momentum_decay: float = 0.95  # not the paper's 0.999: docs/decisions.md, "Momentum decay 0.95"
-    step_lr: float = 2 * DENOISER_LR  # the RMS of each parameter's step at the schedule's peak
+    # the fields with an `option` are swarm-peer's options of that name (swarm/schema.py)
+    # coefficients kept per 64 x 64 tile (scaled with the tile's size)
+    top_k: int = field(default=8, metadata=option("DeMo: kept per 64x64 tile.", min=1))
+    value_bits: int = field(default=16, metadata=option("DeMo: bfloat16 values or 1-bit signs.", choices=(16, 1)))
+    # not the paper's 0.999: docs/decisions.md, "Momentum decay 0.95"
+    momentum_decay: float = field(default=0.95, metadata=option(
+        "DeMo: how much of its local momentum a replica keeps each step.", min=0, max=1, max_open=True))
+    step_lr: float = field(default=2 * DENOISER_LR, metadata=option(
+        "DeMo: the step's peak rate (the RMS of each parameter's step; it follows the --lr schedule).",
+        name="--demo-lr", min=0, min_open=True))
     weight_decay: float = 0.01
     # the largest coefficient accepted, in units of the peak learning rate: a step adds at most
     # lr x (clipped gradient norm 1) to a coefficient, and top-k takes out the large ones every step

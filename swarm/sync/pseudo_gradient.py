@@ -59,12 +59,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
+from swarm.schema import check_options, option
 from swarm.sync.compression import (
     PayloadError,
     check_fully_read,
@@ -103,11 +104,18 @@ class OuterConfig:
     benchmarks/outer_rounds.py measures each (benchmarks/results/outer_rounds/; docs/decisions.md
     says what each setting gave)."""
 
-    steps: int = 30  # H: local AdamW steps between outer steps
-    compression: str = "dct"  # "dct": top-k of each tile's DCT; "raw": top-k of the change itself; "none": float32
-    top_k: int = 96  # values kept per 64 x 64 tile (scaled with the tile's size, at least 1)
-    value_bits: int = 2  # 2: sign and one of two sizes per tile; 1: sign and one size per tile
-    outer_lr: float = 1.0
+    # the fields with an `option` are swarm-peer's options of that name (swarm/schema.py)
+    steps: int = field(default=30, metadata=option(  # H: local AdamW steps between outer steps
+        "outer, outer-overlap: local steps between outer steps (H).", name="--outer-steps", min=1))
+    compression: str = field(default="dct", metadata=option(
+        "outer: top-k of each tile's DCT, of the raw change, or none (every value, float32).",
+        name="--outer-compression", choices=COMPRESSIONS))
+    # values kept per 64 x 64 tile (scaled with the tile's size, at least 1)
+    top_k: int = field(default=96, metadata=option("outer: kept per 64x64 tile.", name="--outer-top-k", min=1))
+    value_bits: int = field(default=2, metadata=option(
+        "outer: sign and one of two sizes per tile, or sign and one size.", name="--outer-value-bits", choices=(2, 1)))
+    outer_lr: float = field(default=1.0, metadata=option(
+        "outer: the outer step's learning rate.", min=0, min_open=True))
     error_decay: float = 0.5  # the error buffer is multiplied by this before each round's change is added
     max_change_per_lr: float = 10.0  # refused: a decoded change above this many lr x H
     # of two senders, the other leaves when the update keeps at most this share of the larger
@@ -116,10 +124,8 @@ class OuterConfig:
     evidence_decay: float = 0.5  # each round the shares of the rounds before weigh this much less
 
     def checked(self) -> OuterConfig:
-        if self.compression not in COMPRESSIONS or self.value_bits not in (1, 2) or self.steps < 1:
-            raise ValueError(
-                f"outer steps: compression {self.compression!r}, value bits {self.value_bits}, H {self.steps}"
-            )
+        """This config, or a SwarmError naming the first option out of its bounds (those of swarm-peer --help)."""
+        check_options(self)
         return self
 
 
