@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
@@ -33,7 +34,13 @@ class Option:
     max: float | None = None
     min_open: bool = False
     max_open: bool = False
-    choices: tuple | None = None  # the values taken, of the field's type (16 and 1 for --value-bits)
+    # the values taken, of the field's type (16 and 1 for --value-bits), or what gives them when asked
+    # (a table that may grow: --sync's modes)
+    choices: tuple | Callable[[], tuple] | None = None
+
+    def allowed(self) -> tuple | None:
+        """The values taken now (None: any within the bounds)."""
+        return self.choices() if callable(self.choices) else self.choices
 
 
 def option(help: str, **facts: Any) -> dict[str, Option]:
@@ -59,8 +66,8 @@ class ConfigOption:
     def bounds(self) -> str:
         """The values taken, in words, for an error message ("" where any value of the type is taken)."""
         declared = self.declared
-        if declared.choices is not None:
-            return "one of " + ", ".join(str(c) for c in declared.choices)
+        if (allowed := declared.allowed()) is not None:
+            return "one of " + ", ".join(str(c) for c in allowed)
         low = None if declared.min is None else f"{'above' if declared.min_open else 'at least'} {declared.min}"
         high = None if declared.max is None else f"{'below' if declared.max_open else 'at most'} {declared.max}"
         return " and ".join(part for part in (low, high) if part)
@@ -70,8 +77,8 @@ class ConfigOption:
         declared = self.declared
         if value is None:
             return self.optional
-        if declared.choices is not None:
-            return value in declared.choices
+        if (allowed := declared.allowed()) is not None:
+            return value in allowed
         above = declared.min is None or (value > declared.min if declared.min_open else value >= declared.min)
         below = declared.max is None or (value < declared.max if declared.max_open else value <= declared.max)
         return above and below

@@ -49,8 +49,8 @@ def _click_option(entry: ConfigOption, prefix: str, callback: Callable | None) -
                                 "help": declared.help, "callback": callback}  # fmt: skip
     if entry.kind is bool:
         settings["is_flag"] = True
-    elif declared.choices is not None:  # shown and typed as words: "16" and "1" for an int field
-        settings["type"] = click.Choice([str(choice) for choice in declared.choices])
+    elif (allowed := declared.allowed()) is not None:  # shown and typed as words: "16" and "1" for an int field
+        settings["type"] = click.Choice([str(choice) for choice in allowed])
         settings["default"] = None if entry.default is None else str(entry.default)
     else:
         plain, ranged = CLICK_TYPES[entry.kind]
@@ -67,8 +67,8 @@ def config_from(config_class: type[Config], values: dict[str, Any], **given: Any
     fields: dict[tuple[str, ...], Any] = {}
     for entry in options_of(config_class):
         value = values.pop(_parameter(entry))
-        if entry.declared.choices is not None and value is not None:
-            value = {str(choice): choice for choice in entry.declared.choices}[value]
+        if (allowed := entry.declared.allowed()) is not None and value is not None:
+            value = {str(choice): choice for choice in allowed}[value]
         fields[entry.path] = value
     return _built(config_class, fields, {**values, **given})
 

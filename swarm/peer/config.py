@@ -66,7 +66,7 @@ class PeerConfig:
         "Use less memory for more time: each layer's activations are recomputed in the backward pass instead of "
         "kept (the same gradients), and freed tensors' memory goes back to the system at once (figures: "
         "benchmarks/README.md, 'Cost as a block grows')."))
-    sync: str = field(default="demo", metadata=option(modes_help(), choices=tuple(MODES)))
+    sync: str = field(default="demo", metadata=option(modes_help(), choices=lambda: tuple(MODES)))  # read when asked
     sync_deadline: float = field(default=5.0, metadata=option(
         "Seconds a step waits for the other replicas.", min=0.1))
     overlap_steps: int = field(default=1, metadata=option(
