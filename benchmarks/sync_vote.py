@@ -73,7 +73,7 @@ class Setting:
         self.held_out = self.validation.fixed(SPOT_CHECK_WINDOWS, seed=PROBE_SEED)  # as a peer's spot check draws them
 
     def probe(self, block: torch.nn.Module, index: int) -> DescentProbe:
-        """The held-out measure an outer replica of a peer makes (swarm/peer/life.py), at a seed of its own."""
+        """The held-out measure an outer replica of a peer makes (swarm/peer/sync_setup.py), at a seed of its own."""
         return DescentProbe(block, self.held_out, self.block, seed=PROBE_SEED + 1 + index)
 
     def blocks(self, n: int) -> list[torch.nn.Module]:

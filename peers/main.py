@@ -18,10 +18,11 @@ from swarm.cli.console import Command, run_command
 from swarm.cli.options import checked_text_source, member_options, network_options, swarm_options
 from swarm.peer.config import PAYLOAD_MODES, PeerConfig
 from swarm.peer.life import Peer, PeerHooks
+from swarm.schema import PEER_ENVVAR_PREFIX
 from swarm.serving.ar_pipeline import untrained_stage
 from swarm.sync.exchange import json_lines
 
-ENVVAR_PREFIX = "BLOCKSWARM_PEER"
+ENVVAR_PREFIX = PEER_ENVVAR_PREFIX
 
 
 @click.command("swarm-peer", cls=Command)
@@ -36,10 +37,14 @@ ENVVAR_PREFIX = "BLOCKSWARM_PEER"
               "for slower replicas.")  # fmt: skip
 def peer_command(serve_ar_stage: bool, sync_trace: str | None, **kwargs) -> None:
     """Join a swarm and train one block of its model."""
-    network = network_options(kwargs)
     hooks = PeerHooks(servicers=untrained_stage if serve_ar_stage else None,
                       sync_trace=json_lines(sync_trace) if sync_trace else None)  # fmt: skip
-    Peer(config_from(PeerConfig, kwargs, network=network), hooks).run()
+    Peer(peer_config(kwargs), hooks).run()
+
+
+def peer_config(values: dict) -> PeerConfig:
+    """The `PeerConfig` that swarm-peer's parsed options describe (all but the benchmarks' two)."""
+    return config_from(PeerConfig, values, network=network_options(values))
 
 
 def main() -> None:

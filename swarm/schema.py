@@ -22,6 +22,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from swarm.errors import SwarmError
 
 METADATA_KEY = "option"
+PEER_ENVVAR_PREFIX = "BLOCKSWARM_PEER"  # swarm-peer's options as environment variables: BLOCKSWARM_PEER_<NAME>
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Option:
     min_open: bool = False
     max_open: bool = False
     # the values taken, of the field's type (16 and 1 for --value-bits), or what gives them when asked
-    # (a table that may grow: --sync's modes)
+    # (a table that may grow: --sync's modes; `check_options` asks each time, a command line once, at import)
     choices: tuple | Callable[[], tuple] | None = None
 
     def allowed(self) -> tuple | None:

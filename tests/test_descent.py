@@ -106,3 +106,23 @@ def test_a_probe_needs_enough_held_out_windows(tiny_config, corpus):
     trainer, _ = replica(tiny_config, corpus, seed=0, probe_seed=None)
     with pytest.raises(ValueError, match="held-out windows"):
         DescentProbe(trainer.module, corpus.windows("validation", tiny_config).fixed(WINDOWS - 1), 0, seed=1)
+
+
+def test_a_probe_that_fails_decides_nothing_and_leaves_no_trial_weights(tiny_config, corpus, monkeypatch):
+    """A probe whose measurement fails (out of memory, say) after it set the weights to a trial
+    value: the round goes on as if there were no probe (the vote applied, logged), and the weights
+    are the new anchor, not the trial's (a save after it would have announced them)."""
+    trainer, outer = replica(tiny_config, corpus, seed=3, probe_seed=11)
+
+    def fails(anchor, update, rate, windows, seeds):
+        for param in outer.probe.params.values():
+            param.data.fill_(7.0)
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(outer.probe, "_chunk_losses", fails)
+    for _ in range(H):
+        trainer.step()
+    own = outer.decode(outer.make_payload())
+    turned = {name: TURNS["largest 5% alone"](change) for name, change in own.items()}
+    assert outer.apply([("r0", own), ("key1", turned), ("key2", turned)], "r0") == ["r0", "key1", "key2"]
+    assert all(torch.equal(param, outer.anchor[name]) for name, param in outer.params.items())

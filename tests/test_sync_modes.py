@@ -9,10 +9,7 @@ import dataclasses
 import signal
 import threading
 
-from peers.main import peer_command
-from swarm.cli.config_options import config_from
-from swarm.cli.options import network_options
-from swarm.peer.config import PeerConfig
+from peers.main import peer_command, peer_config
 from swarm.peer.life import Peer
 from swarm.sync.modes import MODES, Mode, SyncInputs
 from swarm.sync.strategy import NoSync
@@ -43,7 +40,7 @@ def test_a_mode_registered_in_the_table_alone_is_built_and_run_by_a_peer(lent_sw
     with peer_command.make_context("swarm-peer", args) as context:
         values = dict(context.params)
     values.pop("serve_ar_stage"), values.pop("sync_trace")
-    config = dataclasses.replace(config_from(PeerConfig, values, network=network_options(values)), sync="toy")
+    config = dataclasses.replace(peer_config(values), sync="toy")  # the command line read the table at import
     peer = Peer(config)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # Peer.run takes them over
     trained = threading.Event()

@@ -32,6 +32,7 @@ from swarm.p2p.bootstrap import JOIN_VARIABLES
 from swarm.p2p.client import SwarmClient
 from swarm.p2p.members import Credentials
 from swarm.p2p.network import NetworkOptions, load_key
+from swarm.schema import PEER_ENVVAR_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -98,10 +99,12 @@ class LocalSwarm:
         self.close()
 
     def _env(self) -> dict:
-        """This environment for the swarm's processes, less the join line's variables: they join this
-        swarm by its own options, and must not pick up a real swarm's creator or addresses from a user's shell."""
+        """This environment for the swarm's processes, less the join line's variables and swarm-peer's
+        options (`BLOCKSWARM_PEER_...`): they join this swarm by its own options, and must not pick up a
+        real swarm's creator or addresses, or a device or folder, from a user's shell."""
         threads = str(self.threads_per_process)
-        kept = {k: v for k, v in os.environ.items() if k not in JOIN_VARIABLES.values()}
+        kept = {k: v for k, v in os.environ.items()
+                if k not in JOIN_VARIABLES.values() and not k.startswith(PEER_ENVVAR_PREFIX + "_")}  # fmt: skip
         return {**kept, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
 
     def _placed(self, name: str, args: list[str]) -> list[str]:

@@ -178,7 +178,8 @@ class OuterOptimizer:
         """The outer step on the gathered (sender, changes) pairs that count (`trusted`; `own` is
         this replica's sender name): of two, their agreeing minimum, or this replica's own changes
         once the other leaves; of one, or three and more, what a majority vouches for, unless it
-        keeps too little of own's change (`Evidence.keeps_own`: then own's alone). Every
+        keeps too little of own's change (`Evidence.keeps_own`) or measures worse than own's on
+        this replica's private held-out batch (`probe`, descent.py): then own's alone. Every
         replica's weights become the new anchor, plus `progress` where given: the change of its
         own local steps since it made the payload (an overlapped round, applied some steps late).
         With nothing to apply (every payload refused, our own included) the round changes
@@ -194,10 +195,7 @@ class OuterOptimizer:
             own_changes = gathered[mine[0]][1]
             keeps, self.evidence.record = self.evidence.keeps_own(own, kept_of_own(updates, own_changes))
             if keeps and kept != mine and self.probe is not None:
-                keeps = not self.probe.vote_is_worse(self.anchor, updates, own_changes, self.config.outer_lr)
-                if not keeps:
-                    logger.info("the vote's outer update measures worse than this replica's own on a private "
-                                "held-out batch (%.1f standard errors): its own alone", self.probe.last_z)
+                keeps = not self._measures_worse(updates, own_changes)
             if not keeps:
                 kept, updates = mine, own_changes
         for name, param in self.params.items():
@@ -206,6 +204,20 @@ class OuterOptimizer:
             if progress is not None:
                 param.add_(progress[name])
         return [gathered[i][0] for i in kept]
+
+    def _measures_worse(self, vote: Changes, own_changes: Changes) -> bool:
+        """Whether the probe finds the vote worse than own's change alone (descent.py), logged. A probe
+        that fails (out of memory, say) is logged and decides nothing: the weights it left at its trial
+        values are set right after, with the rest of the round, so no save holds them."""
+        try:
+            worse = self.probe.vote_is_worse(self.anchor, vote, own_changes, self.config.outer_lr)
+        except Exception as error:  # noqa: BLE001 - a measurement that failed is no evidence either way
+            logger.warning("the held-out probe failed (%s): the vote is judged without it", error)
+            return False
+        if worse:
+            logger.info("the vote's outer update measures worse than this replica's own on a private held-out "
+                        "batch (%.1f standard errors): its own alone", self.probe.last_z)  # fmt: skip
+        return worse
 
     def trusted(self, gathered: Sequence[tuple[str, Changes]], own: str) -> tuple[list[int], Record]:
         """The positions of the (sender, changes) pairs applied, and the record with this round's

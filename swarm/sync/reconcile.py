@@ -313,8 +313,9 @@ class ReconcileRound:
     @staticmethod
     def _suspicious(measured: Measured, step: int) -> bool:
         """Whether `measured` scores so much better on held-out text than on the training text that it has
-        seen the held-out text (`spot_check.suspicion`, as a fetch judges it): such a checkpoint neither
-        sets the round's bar nor takes part, logged."""
+        seen the held-out text (`spot_check.suspicion`, the test a fetch applies): such a checkpoint neither
+        sets the round's bar nor takes part, logged. A fetch may still take one, last, where nothing else
+        passes; a merge has its own weights to keep instead."""
         why = suspicion(measured.losses) if measured.losses is not None else None
         if why:
             logger.warning("step %d: the checkpoint %s of %s takes no part in the merge: %s", step,
