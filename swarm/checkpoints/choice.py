@@ -66,7 +66,7 @@ from swarm.checkpoints.measure import (
     voices,
     vouchers_among,
 )
-from swarm.checkpoints.spot_check import NOISE, SPOT_CHECK_WINDOWS, Losses, SpotCheck, suspicion, weights_hash
+from swarm.checkpoints.spot_check import NOISE, SPOT_CHECK_WINDOWS, Losses, SpotCheck, weights_hash
 from swarm.checkpoints.transfer import max_checkpoint_bytes
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block
@@ -293,8 +293,7 @@ def believable(
     own checkpoint's), and with `uniform` (`uniform_ce`: what knowing nothing scores); each is
     marked suspicious or not (`spot_check.suspicion`, logged), and every rejection is logged."""
     for m in measured:
-        m.suspicious = suspicion(m.losses) if m.losses is not None else None
-        if m.suspicious:
+        if m.judge_suspicion():
             logger.warning("block %d: the step %d checkpoint of %s is suspicious (not preferred): %s", m.host.block,
                            m.candidate.checkpoint.step, m.host.peer_id, m.suspicious)  # fmt: skip
     unsuspicious = [m for m in measured if not m.suspicious] or measured  # all suspicious: none is singled out

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from hivemind.p2p import P2P
 
 from swarm.checkpoints.download import Progress, download_verified, independent, key_of
-from swarm.checkpoints.spot_check import Losses, SpotCheck, weights_hash
+from swarm.checkpoints.spot_check import Losses, SpotCheck, suspicion, weights_hash
 from swarm.checkpoints.transfer import TransferError
 from swarm.errors import SwarmError
 from swarm.model.denoiser import ModelConfig
@@ -115,7 +115,13 @@ class Measured:
     loss: float  # the spot check's score (`Losses.score`)
     losses: Losses | None = None  # per source
     weights: str = ""  # the sha256 of its decoded tensors (`weights_hash`): one for the same weights under any stamp
-    suspicious: str | None = None  # why its losses look tuned to the check (`believable` sets it)
+    suspicious: str | None = None  # why its losses look tuned to the check (`judge_suspicion` sets it)
+
+    def judge_suspicion(self) -> str | None:
+        """Why its losses look tuned to the check rather than learnt (`spot_check.suspicion`), or None;
+        kept in `suspicious`. A fetch prefers others to it (choice.py), a merge leaves it out (reconcile.py)."""
+        self.suspicious = suspicion(self.losses) if self.losses is not None else None
+        return self.suspicious
 
 
 async def measure_candidates(p2p: P2P, candidates: list[Candidate], config: ModelConfig, block: int,

@@ -74,7 +74,7 @@ import torch
 from hivemind.p2p import P2P
 
 from swarm.checkpoints.measure import Candidate, Measured, measure_candidates, vouchers_among
-from swarm.checkpoints.spot_check import NOISE, SpotCheck, suspicion
+from swarm.checkpoints.spot_check import NOISE, SpotCheck
 from swarm.errors import SwarmError
 from swarm.model.checkpoint import decode_block
 from swarm.model.denoiser import ModelConfig, build_block
@@ -316,7 +316,7 @@ class ReconcileRound:
         seen the held-out text (`spot_check.suspicion`, the test a fetch applies): such a checkpoint neither
         sets the round's bar nor takes part, logged. A fetch may still take one, last, where nothing else
         passes; a merge has its own weights to keep instead."""
-        why = suspicion(measured.losses) if measured.losses is not None else None
+        why = measured.judge_suspicion()
         if why:
             logger.warning("step %d: the checkpoint %s of %s takes no part in the merge: %s", step,
                            measured.candidate.checkpoint.sha256[:12],
