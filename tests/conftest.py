@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -11,6 +12,9 @@ from hypothesis import HealthCheck, settings
 
 from swarm.model.data import Windows
 from swarm.model.denoiser import ModelConfig
+
+if TYPE_CHECKING:
+    from swarm.peer.config import PeerConfig
 
 # property-based tests (test_fuzz*.py): few examples, the same ones every run (derandomized, no
 # example database), no per-example deadline (a loaded 2-core machine is slow now and then)
@@ -92,3 +96,26 @@ def lent_swarm(module_bootstrap, tmp_path):
 
     with one_tests_peers(*module_bootstrap, tmp_path) as lent:
         yield lent
+
+
+@pytest.fixture
+def parsed(monkeypatch):
+    import peers.main  # the command, only for the tests that parse it
+
+    """Parse swarm-peer's arguments into the PeerConfig it would run (the environment as monkeypatch left it)."""
+    given = []
+
+    class Kept:  # in place of the peer: keeps the config it is handed, joins nothing
+        def __init__(self, config, hooks):
+            given.append(config)
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(peers.main, "Peer", Kept)
+
+    def parse(*args: str) -> PeerConfig:
+        peers.main.peer_command.main(list(args), standalone_mode=False)
+        return given[-1]
+
+    return parse

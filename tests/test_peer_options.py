@@ -19,27 +19,6 @@ from swarm.sync.pseudo_gradient import OuterConfig
 NOT_OPTIONS = {"join_timeout"}  # PeerConfig's fields no option sets (its tests and the library's callers do)
 
 
-@pytest.fixture
-def parsed(monkeypatch):
-    """Parse swarm-peer's arguments into the PeerConfig it would run (the environment as monkeypatch left it)."""
-    given = []
-
-    class Kept:  # in place of the peer: keeps the config it is handed, joins nothing
-        def __init__(self, config, hooks):
-            given.append(config)
-
-        def run(self) -> None:
-            pass
-
-    monkeypatch.setattr(peers.main, "Peer", Kept)
-
-    def parse(*args: str) -> PeerConfig:
-        peers.main.peer_command.main(list(args), standalone_mode=False)
-        return given[-1]
-
-    return parse
-
-
 def shown_options() -> dict[str, click.Option]:
     return {name: p for p in peers.main.peer_command.params if isinstance(p, click.Option) for name in p.opts}
 

@@ -245,6 +245,17 @@ def test_two_free_keys_announcing_a_poisoned_checkpoint_at_the_merge_step_leave_
     assert "takes no part in the merge" in caplog.text
 
 
+def trained_then_on(config, corpus, first: int, then: int) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Block 0 trained `first` steps on the training text (a copy), and the same trained `then` more."""
+    trainer = block_trainer(config, 0, corpus.windows("train", config), TrainConfig(batch_size=16, seed=3))
+    for _ in range(first):
+        trainer.step()
+    early = copy.deepcopy(trainer.module)
+    for _ in range(then):
+        trainer.step()
+    return early, trainer.module
+
+
 def test_a_replica_whose_own_weights_measure_worse_than_two_others_takes_their_checkpoint(
     start, tiny_config, text_file, tmp_path
 ):
@@ -256,13 +267,7 @@ def test_a_replica_whose_own_weights_measure_worse_than_two_others_takes_their_c
     replica)."""
     step = PeerConfig().average_every
     corpus = load_corpus(str(text_file))
-    trainer = block_trainer(tiny_config, 0, corpus.windows("train", tiny_config), TrainConfig(batch_size=16, seed=3))
-    for _ in range(10):
-        trainer.step()
-    dozed = copy.deepcopy(trainer.module)
-    for _ in range(50):
-        trainer.step()
-    ahead = trainer.module
+    dozed, ahead = trained_then_on(tiny_config, corpus, 10, 50)
     keys = [start(f"key{i}") for i in range(2)]
     infos = [key.store.save(ahead, step) for key in keys]
     own_info = CheckpointStore(tmp_path / "own", tiny_config, 0, HOSTS_SWARM).save(dozed, step)
@@ -293,14 +298,9 @@ def test_a_checkpoint_that_has_seen_the_held_out_text_neither_sets_the_merges_ba
     nor takes part: the replica keeps its weights."""
     step = PeerConfig().average_every
     corpus = Corpus(documents(SAMPLE_TEXT), documents("0123456789 " * 200))
-    trainer = block_trainer(tiny_config, 0, corpus.windows("train", tiny_config), TrainConfig(batch_size=16, seed=3))
-    for _ in range(10):
-        trainer.step()
-    own_weights = copy.deepcopy(trainer.module)
-    for _ in range(90):
-        trainer.step()
+    own_weights, further = trained_then_on(tiny_config, corpus, 10, 90)
     tuned = block_trainer(tiny_config, 0, corpus.windows("validation", tiny_config), TrainConfig(batch_size=16, seed=5))
-    tuned.module.load_state_dict(trainer.module.state_dict())
+    tuned.module.load_state_dict(further.state_dict())
     for _ in range(35):
         tuned.step()
     spot_check = SpotCheck.from_corpus(corpus, tiny_config)

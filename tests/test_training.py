@@ -120,23 +120,10 @@ def test_checkpointed_layers_run_once_outside_training(tiny_config, tiny_windows
     assert len(layer_runs) == len(trainer.module.layers)
 
 
-def test_swarm_peer_low_memory_checkpoints_the_trainers_activations(monkeypatch):
+def test_swarm_peer_low_memory_checkpoints_the_trainers_activations(parsed):
     """--low-memory is off unless given, and given, activation checkpointing is on in the config the peer's
     trainer is built from."""
-    import peers.main
-
-    given = []
-
-    class Joined:  # in place of the peer: keeps the config it is handed, joins nothing
-        def __init__(self, config, hooks):
-            given.append(config)
-
-        def run(self) -> None:
-            pass
-
-    monkeypatch.setattr(peers.main, "Peer", Joined)
-    for args in ([], ["--low-memory"]):
-        peers.main.peer_command.main(args, standalone_mode=False)
+    given = [parsed(*args) for args in ([], ["--low-memory"])]
     assert [config.low_memory for config in given] == [False, True]
     assert [config.train_config().checkpoint_activations for config in given] == [False, True]
 
